@@ -1,0 +1,47 @@
+// Pt2Archive: read access to the zip container torch.export.save writes.
+// Entries are streamed from the file on demand; nothing is cached, so a weight
+// is never held twice (callers read it straight into its final destination).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+struct zip;
+
+namespace kiln::pt2 {
+
+class Pt2Archive {
+ public:
+  // Opens `path`; throws kiln::Error naming the file if it is not a readable zip.
+  explicit Pt2Archive(const std::string& path);
+  ~Pt2Archive();
+  Pt2Archive(const Pt2Archive&) = delete;
+  Pt2Archive& operator=(const Pt2Archive&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<std::string>& entries() const { return entries_; }
+  bool contains(const std::string& entry) const;
+  uint64_t entry_size(const std::string& entry) const;
+
+  // Whole entry as a string (for the small JSON entries).
+  std::string read_text(const std::string& entry) const;
+  // Reads out.size() bytes starting at `offset` within the entry into `out`.
+  void read(const std::string& entry, uint64_t offset, std::span<std::byte> out) const;
+  // Streams the entry from `offset` for `length` bytes through `sink` in chunks.
+  void stream(const std::string& entry, uint64_t offset, uint64_t length,
+              const std::function<void(std::span<const std::byte>)>& sink) const;
+
+ private:
+  int64_t index_of(const std::string& entry) const;
+
+  std::string path_;
+  zip* zip_ = nullptr;
+  std::vector<std::string> entries_;
+};
+
+}  // namespace kiln::pt2

@@ -1,0 +1,59 @@
+// The .pt2 reader: a torch.export archive (torch 2.13, torch.export.save) into
+// kiln's graph IR plus a table of the program's constant tensors (parameters,
+// buffers, tensor constants) whose bytes stay in the archive until read.
+// Both IR flavors are accepted: the default export IR and core ATen
+// (after run_decompositions()).
+#pragma once
+
+#include "kiln/graph/graph.h"
+#include "kiln/pt2/archive.h"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kiln::pt2 {
+
+// A parameter, buffer or tensor constant of the exported program.
+struct ConstantTensor {
+  enum class Kind : uint8_t { Parameter, Buffer, TensorConstant };
+  std::string name;           // fully qualified name, "model.transformer.wte.weight"
+  Kind kind = Kind::Parameter;
+  graph::TensorMeta meta;     // sizes, strides and storage offset into its storage entry
+  std::string entry;          // archive entry holding the storage bytes
+  uint64_t entry_bytes = 0;   // size of that entry
+};
+
+std::string_view constant_kind_name(ConstantTensor::Kind kind);
+
+struct ExportedProgram {
+  std::string path;
+  std::string model_name;       // archive's model name ("model")
+  std::string torch_version;
+  std::string schema_version;   // "major.minor"
+  std::string dialect;          // verifier: "TRAINING" (default export IR) or "ATEN" (core ATen)
+  graph::Graph graph;
+  graph::GraphSignature signature;
+  std::vector<ConstantTensor> constants;
+  std::shared_ptr<const Pt2Archive> archive;
+
+  const ConstantTensor* find_constant(std::string_view name) const;
+
+  // The tensor's elements, row-major and contiguous, streamed in chunks
+  // (strided views are gathered through one storage-sized buffer).
+  void stream_constant(const ConstantTensor& c, const std::function<void(std::span<const std::byte>)>& sink) const;
+  // The tensor's elements, row-major and contiguous, into `out` (size must be meta.nbytes()).
+  void read_constant(const ConstantTensor& c, std::span<std::byte> out) const;
+  // CRC-32 (zlib) of the tensor's row-major contiguous bytes: content identity
+  // that torch's side can compute as zlib.crc32(t.contiguous().numpy().tobytes()).
+  uint32_t content_crc32(const ConstantTensor& c) const;
+};
+
+// Reads and validates `path`. Throws kiln::Error with a one-line message that
+// names the file and the offending entry, node or argument.
+ExportedProgram read_pt2(const std::string& path);
+
+}  // namespace kiln::pt2

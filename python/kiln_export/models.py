@@ -1,0 +1,63 @@
+"""Model builders for the export front end.
+
+Each builder returns (module, example_inputs, spec_extra): an eval-mode
+torch.nn.Module, the tuple of example inputs used for torch.export, and a dict
+of model-specific fields that go into model_spec.json.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class _LogitsOnly(torch.nn.Module):
+    """Wraps a HF causal LM so forward(input_ids) returns only the logits tensor."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+
+
+def gpt2_config(config: str):
+    from transformers import GPT2Config
+
+    if config == "small":
+        # The GPT-2 124M configuration (HF "gpt2").
+        return "openai-community/gpt2", GPT2Config(
+            vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12
+        )
+    if config == "tiny":
+        return "kiln/gpt2-tiny", GPT2Config(
+            vocab_size=1000, n_positions=256, n_embd=64, n_layer=2, n_head=4,
+            bos_token_id=0, eos_token_id=0,
+        )
+    raise ValueError(f"unknown gpt2 config '{config}' (expected small or tiny)")
+
+
+def build_gpt2(config: str, seq_len: int, seed: int, checkpoint: str | None):
+    from transformers import GPT2LMHeadModel
+
+    model_id, cfg = gpt2_config(config)
+    if seq_len < 1 or seq_len > cfg.n_positions:
+        raise ValueError(f"--seq-len {seq_len} outside 1..{cfg.n_positions} for gpt2 {config}")
+    cfg.use_cache = False
+    # eager attention gives the plain matmul/softmax graph; sdpa would too, but
+    # eager is what the reference tutorial exported and is stable across versions.
+    cfg._attn_implementation = "eager"
+    if checkpoint:
+        model = GPT2LMHeadModel.from_pretrained(checkpoint, config=cfg, local_files_only=True)
+        model_id = checkpoint
+    else:
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(cfg)
+    model.eval()
+    module = _LogitsOnly(model).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    input_ids = torch.randint(0, cfg.vocab_size, (1, seq_len), dtype=torch.int64, generator=gen)
+    return module, (input_ids,), {"model_id": model_id, "config": config,
+                                  "vocab_size": cfg.vocab_size}
+
+
+BUILDERS = {"gpt2": build_gpt2}

@@ -1,0 +1,31 @@
+// kiln: lower torch.export programs (.pt2) to ExecuTorch programs (.pte) and run them.
+#include "commands.h"
+#include "kiln/core/error.h"
+
+#include <cstdio>
+#include <exception>
+#include <new>
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: lower PyTorch exported programs (.pt2) to ExecuTorch programs (.pte) and run them on CPUs",
+               "kiln"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kiln 0.1.0");
+  std::function<int()> run;
+  kiln::cli::add_inspect_command(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return run ? run() : 2;
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kiln: error: out of memory\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: error: internal: %s\n", e.what());
+  }
+  return 1;
+}

@@ -1,0 +1,126 @@
+#include "kiln/graph/graph.h"
+
+#include "kiln/core/error.h"
+
+namespace kiln::graph {
+
+int64_t TensorMeta::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+bool TensorMeta::is_contiguous() const {
+  if (strides.size() != sizes.size()) return false;
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] != 1 && strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+int64_t TensorMeta::storage_extent() const {
+  if (numel() == 0) return 0;
+  int64_t last = storage_offset;
+  for (size_t i = 0; i < sizes.size() && i < strides.size(); ++i) last += (sizes[i] - 1) * strides[i];
+  return last + 1;
+}
+
+std::vector<ValueId> Argument::tensor_ids() const {
+  switch (kind) {
+    case Kind::Tensor: return {std::get<ValueId>(payload)};
+    case Kind::Tensors: return std::get<std::vector<ValueId>>(payload);
+    case Kind::OptionalTensors: {
+      std::vector<ValueId> ids;
+      for (const auto& v : std::get<std::vector<std::optional<ValueId>>>(payload))
+        if (v) ids.push_back(*v);
+      return ids;
+    }
+    default: return {};
+  }
+}
+
+std::string_view argument_kind_name(Argument::Kind kind) {
+  switch (kind) {
+    case Argument::Kind::None: return "none";
+    case Argument::Kind::Tensor: return "tensor";
+    case Argument::Kind::Tensors: return "tensors";
+    case Argument::Kind::OptionalTensors: return "optional_tensors";
+    case Argument::Kind::Int: return "int";
+    case Argument::Kind::Ints: return "ints";
+    case Argument::Kind::Float: return "float";
+    case Argument::Kind::Floats: return "floats";
+    case Argument::Kind::Bool: return "bool";
+    case Argument::Kind::Bools: return "bools";
+    case Argument::Kind::String: return "string";
+    case Argument::Kind::Strings: return "strings";
+    case Argument::Kind::ScalarType: return "scalar_type";
+    case Argument::Kind::MemoryFormat: return "memory_format";
+    case Argument::Kind::Layout: return "layout";
+    case Argument::Kind::Device: return "device";
+  }
+  return "?";
+}
+
+const NamedArgument* Node::input(std::string_view arg_name) const {
+  for (const auto& a : inputs)
+    if (a.name == arg_name) return &a;
+  return nullptr;
+}
+
+std::vector<ValueId> Node::output_ids() const {
+  std::vector<ValueId> ids;
+  for (const auto& o : outputs)
+    for (ValueId v : o.tensor_ids()) ids.push_back(v);
+  return ids;
+}
+
+std::string_view input_kind_name(InputSpec::Kind kind) {
+  switch (kind) {
+    case InputSpec::Kind::UserInput: return "user_input";
+    case InputSpec::Kind::Parameter: return "parameter";
+    case InputSpec::Kind::Buffer: return "buffer";
+    case InputSpec::Kind::TensorConstant: return "tensor_constant";
+    case InputSpec::Kind::ConstantInput: return "constant_input";
+    case InputSpec::Kind::CustomObj: return "custom_obj";
+    case InputSpec::Kind::Token: return "token";
+  }
+  return "?";
+}
+
+std::string_view output_kind_name(OutputSpec::Kind kind) {
+  switch (kind) {
+    case OutputSpec::Kind::UserOutput: return "user_output";
+    case OutputSpec::Kind::BufferMutation: return "buffer_mutation";
+    case OutputSpec::Kind::UserInputMutation: return "user_input_mutation";
+    case OutputSpec::Kind::ParameterMutation: return "parameter_mutation";
+    case OutputSpec::Kind::LossOutput: return "loss_output";
+    case OutputSpec::Kind::GradientToParameter: return "gradient_to_parameter";
+    case OutputSpec::Kind::GradientToUserInput: return "gradient_to_user_input";
+    case OutputSpec::Kind::Token: return "token";
+  }
+  return "?";
+}
+
+ValueId Graph::add_value(std::string name, TensorMeta meta) {
+  check(!by_name_.contains(name), "duplicate tensor value '{}'", name);
+  auto id = static_cast<ValueId>(values.size());
+  by_name_.emplace(name, id);
+  values.push_back(Value{std::move(name), std::move(meta), -1});
+  return id;
+}
+
+std::optional<ValueId> Graph::find_value(std::string_view name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::map<std::string, int64_t> Graph::operator_histogram() const {
+  std::map<std::string, int64_t> h;
+  for (const auto& n : nodes) ++h[n.target];
+  return h;
+}
+
+}  // namespace kiln::graph

@@ -1,0 +1,89 @@
+#include "kiln/pt2/model_spec.h"
+
+#include "kiln/core/error.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace kiln::pt2 {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string resolve(const fs::path& dir, const std::string& p) {
+  fs::path path(p);
+  return (path.is_absolute() ? path : dir / path).lexically_normal().string();
+}
+
+std::vector<SpecTensor> tensors(const json& doc, const char* key, const fs::path& dir, const std::string& file) {
+  std::vector<SpecTensor> out;
+  auto it = doc.find(key);
+  if (it == doc.end()) return out;
+  check(it->is_array(), "{}: '{}' is not a list", file, key);
+  for (const auto& t : *it) {
+    check(t.is_object(), "{}: entries of '{}' must be objects", file, key);
+    SpecTensor st;
+    st.name = t.value("name", "");
+    st.dtype = t.value("dtype", "");
+    if (auto s = t.find("shape"); s != t.end()) {
+      check(s->is_array(), "{}: '{}' shape of '{}' is not a list", file, key, st.name);
+      for (const auto& d : *s) {
+        check(d.is_number_integer(), "{}: '{}' shape of '{}' has a non-integer dim", file, key, st.name);
+        st.shape.push_back(d.get<int64_t>());
+      }
+    }
+    if (auto r = t.find("reference"); r != t.end() && r->is_string()) st.reference = resolve(dir, *r);
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+}  // namespace
+
+ModelSpec read_model_spec(const std::string& path) {
+  std::error_code ec;
+  check(fs::is_regular_file(path, ec), "{}: model spec not found", path);
+  std::ifstream in(path);
+  check(in.good(), "{}: cannot open model spec", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json doc;
+  try {
+    doc = json::parse(ss.str());
+  } catch (const json::exception& e) {
+    fail("{}: model spec is not valid JSON ({})", path, e.what());
+  }
+  check(doc.is_object(), "{}: model spec must be a JSON object", path);
+  ModelSpec spec;
+  spec.path = path;
+  fs::path dir = fs::absolute(fs::path(path)).parent_path();
+  spec.directory = dir.string();
+  auto str = [&](const char* key, bool required) -> std::string {
+    auto it = doc.find(key);
+    if (it == doc.end() || it->is_null()) {
+      check(!required, "{}: model spec has no '{}'", path, key);
+      return {};
+    }
+    check(it->is_string(), "{}: model spec field '{}' must be a string", path, key);
+    return it->get<std::string>();
+  };
+  spec.name = str("name", true);
+  spec.model_id = str("model_id", false);
+  spec.ir = str("ir", false);
+  spec.exported_program = resolve(dir, str("exported_program", true));
+  if (auto it = doc.find("seq_len"); it != doc.end()) {
+    check(it->is_number_integer() && it->get<int64_t>() > 0, "{}: model spec 'seq_len' must be a positive integer", path);
+    spec.seq_len = it->get<int64_t>();
+  }
+  spec.inputs = tensors(doc, "inputs", dir, path);
+  spec.outputs = tensors(doc, "outputs", dir, path);
+  check(fs::is_regular_file(spec.exported_program, ec), "{}: exported program '{}' not found", path,
+        spec.exported_program);
+  return spec;
+}
+
+}  // namespace kiln::pt2

@@ -1,0 +1,540 @@
+#include "kiln/pt2/pt2_reader.h"
+
+#include "kiln/core/error.h"
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+// Reads the torch.export archive layout (torch/export/pt2_archive) and the
+// serialized ExportedProgram JSON (torch/_export/serde/schema.py, schema 8.x).
+// Every field is checked before use: a malformed archive is a kiln::Error with
+// one line naming the file and the place, never a crash.
+
+namespace kiln::pt2 {
+namespace {
+
+using json = nlohmann::json;
+using graph::Argument;
+using graph::TensorMeta;
+using graph::ValueId;
+
+constexpr std::string_view kOpPrefix = "torch.ops.";
+
+// Parsing context: the file name and a breadcrumb for error messages.
+struct Reader {
+  std::string file;
+  graph::Graph* graph = nullptr;
+
+  [[noreturn]] void bad(const std::string& where, const std::string& what) const {
+    fail("{}: {}: {}", file, where, what);
+  }
+
+  const json& field(const json& obj, const char* key, const std::string& where) const {
+    if (!obj.is_object()) bad(where, "expected a JSON object");
+    auto it = obj.find(key);
+    if (it == obj.end()) bad(where, fmt::format("missing field '{}'", key));
+    return *it;
+  }
+
+  int64_t as_int(const json& j, const std::string& where) const {
+    if (!j.is_number_integer()) bad(where, "expected an integer");
+    return j.get<int64_t>();
+  }
+
+  double as_float(const json& j, const std::string& where) const {
+    if (j.is_number()) return j.get<double>();
+    if (j.is_string()) {  // non-finite floats are spelled as strings
+      const auto& s = j.get_ref<const std::string&>();
+      if (s == "Infinity") return std::numeric_limits<double>::infinity();
+      if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
+      if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
+    }
+    bad(where, "expected a number");
+  }
+
+  const std::string& as_string(const json& j, const std::string& where) const {
+    if (!j.is_string()) bad(where, "expected a string");
+    return j.get_ref<const std::string&>();
+  }
+
+  const json& as_array(const json& j, const std::string& where) const {
+    if (!j.is_array()) bad(where, "expected a list");
+    return j;
+  }
+
+  // The single key of a tagged union ({"as_int": 3}).
+  std::pair<std::string, const json*> union_member(const json& j, const std::string& where) const {
+    if (!j.is_object() || j.size() != 1) bad(where, "expected a tagged union with exactly one member");
+    auto it = j.begin();
+    return {it.key(), &it.value()};
+  }
+
+  // SymInt: kiln supports static shapes only.
+  int64_t sym_int(const json& j, const std::string& where) const {
+    auto [kind, v] = union_member(j, where);
+    if (kind == "as_int") return as_int(*v, where);
+    if (kind == "as_expr")
+      bad(where, "symbolic (dynamic) size; kiln lowers static shapes only (export without dynamic_shapes)");
+    bad(where, fmt::format("unknown SymInt kind '{}'", kind));
+  }
+
+  std::vector<int64_t> sym_ints(const json& j, const std::string& where) const {
+    std::vector<int64_t> out;
+    for (const auto& e : as_array(j, where)) out.push_back(sym_int(e, where));
+    return out;
+  }
+
+  ScalarType scalar_type(const json& j, const std::string& where) const {
+    int64_t code = as_int(j, where);
+    auto t = scalar_type_from_export_code(code);
+    if (!t) bad(where, fmt::format("unknown dtype code {}", code));
+    return *t;
+  }
+
+  TensorMeta tensor_meta(const json& j, const std::string& where) const {
+    TensorMeta m;
+    m.dtype = scalar_type(field(j, "dtype", where), where + " dtype");
+    m.sizes = sym_ints(field(j, "sizes", where), where + " sizes");
+    m.strides = sym_ints(field(j, "strides", where), where + " strides");
+    if (m.strides.size() != m.sizes.size())
+      bad(where, fmt::format("{} sizes but {} strides", m.sizes.size(), m.strides.size()));
+    for (size_t i = 0; i < m.sizes.size(); ++i) {
+      if (m.sizes[i] < 0) bad(where, fmt::format("negative size {} in dim {}", m.sizes[i], i));
+      if (m.strides[i] < 0) bad(where, fmt::format("negative stride {} in dim {}", m.strides[i], i));
+    }
+    if (auto it = j.find("storage_offset"); it != j.end()) m.storage_offset = sym_int(*it, where + " storage_offset");
+    if (m.storage_offset < 0) bad(where, "negative storage offset");
+    if (auto it = j.find("requires_grad"); it != j.end() && it->is_boolean()) m.requires_grad = it->get<bool>();
+    if (auto it = j.find("layout"); it != j.end() && it->is_number_integer() && it->get<int64_t>() != 7)
+      bad(where, fmt::format("layout code {} is not strided; kiln handles dense strided tensors only",
+                             it->get<int64_t>()));
+    return m;
+  }
+
+  ValueId tensor_ref(const json& j, const std::string& where) const {
+    const auto& name = as_string(field(j, "name", where), where);
+    auto id = graph->find_value(name);
+    if (!id) bad(where, fmt::format("refers to unknown tensor '{}'", name));
+    return *id;
+  }
+
+  graph::Device device(const json& j, const std::string& where) const {
+    graph::Device d;
+    d.type = as_string(field(j, "type", where), where);
+    if (auto it = j.find("index"); it != j.end() && !it->is_null()) d.index = as_int(*it, where);
+    return d;
+  }
+
+  Argument argument(const json& j, const std::string& where) const {
+    auto [kind, vp] = union_member(j, where);
+    const json& v = *vp;
+    Argument a;
+    using K = Argument::Kind;
+    if (kind == "as_none") {
+      a.kind = K::None;
+    } else if (kind == "as_tensor") {
+      a.kind = K::Tensor;
+      a.payload = tensor_ref(v, where);
+    } else if (kind == "as_tensors") {
+      a.kind = K::Tensors;
+      std::vector<ValueId> ids;
+      for (const auto& e : as_array(v, where)) ids.push_back(tensor_ref(e, where));
+      a.payload = std::move(ids);
+    } else if (kind == "as_optional_tensors") {
+      a.kind = K::OptionalTensors;
+      std::vector<std::optional<ValueId>> ids;
+      for (const auto& e : as_array(v, where)) {
+        auto [k, ev] = union_member(e, where);
+        if (k == "as_none") ids.emplace_back(std::nullopt);
+        else if (k == "as_tensor") ids.emplace_back(tensor_ref(*ev, where));
+        else bad(where, fmt::format("unknown optional tensor kind '{}'", k));
+      }
+      a.payload = std::move(ids);
+    } else if (kind == "as_optional_tensor") {
+      auto [k, ev] = union_member(v, where);
+      if (k == "as_none") {
+        a.kind = K::None;
+      } else if (k == "as_tensor") {
+        a.kind = K::Tensor;
+        a.payload = tensor_ref(*ev, where);
+      } else {
+        bad(where, fmt::format("unknown optional tensor kind '{}'", k));
+      }
+    } else if (kind == "as_int") {
+      a.kind = K::Int;
+      a.payload = as_int(v, where);
+    } else if (kind == "as_ints") {
+      a.kind = K::Ints;
+      std::vector<int64_t> xs;
+      for (const auto& e : as_array(v, where)) xs.push_back(as_int(e, where));
+      a.payload = std::move(xs);
+    } else if (kind == "as_float") {
+      a.kind = K::Float;
+      a.payload = as_float(v, where);
+    } else if (kind == "as_floats") {
+      a.kind = K::Floats;
+      std::vector<double> xs;
+      for (const auto& e : as_array(v, where)) xs.push_back(as_float(e, where));
+      a.payload = std::move(xs);
+    } else if (kind == "as_bool") {
+      if (!v.is_boolean()) bad(where, "expected a boolean");
+      a.kind = K::Bool;
+      a.payload = v.get<bool>();
+    } else if (kind == "as_bools") {
+      a.kind = K::Bools;
+      std::vector<bool> xs;
+      for (const auto& e : as_array(v, where)) {
+        if (!e.is_boolean()) bad(where, "expected a boolean");
+        xs.push_back(e.get<bool>());
+      }
+      a.payload = std::move(xs);
+    } else if (kind == "as_string") {
+      a.kind = K::String;
+      a.payload = as_string(v, where);
+    } else if (kind == "as_strings") {
+      a.kind = K::Strings;
+      std::vector<std::string> xs;
+      for (const auto& e : as_array(v, where)) xs.push_back(as_string(e, where));
+      a.payload = std::move(xs);
+    } else if (kind == "as_scalar_type") {
+      a.kind = K::ScalarType;
+      a.payload = scalar_type(v, where);
+    } else if (kind == "as_memory_format") {
+      int64_t code = as_int(v, where);
+      if (code < 0 || code > 4) bad(where, fmt::format("unknown memory format code {}", code));
+      a.kind = K::MemoryFormat;
+      a.payload = static_cast<graph::MemoryFormat>(code);
+    } else if (kind == "as_layout") {
+      int64_t code = as_int(v, where);
+      a.kind = K::Layout;
+      a.payload = code == 7 ? graph::Layout::Strided : code == 0 ? graph::Layout::Unknown : graph::Layout::Other;
+    } else if (kind == "as_device") {
+      a.kind = K::Device;
+      a.payload = device(v, where);
+    } else if (kind == "as_sym_int" || kind == "as_sym_ints" || kind == "as_sym_bool" || kind == "as_sym_bools" ||
+               kind == "as_sym_float" || kind == "as_sym_floats") {
+      bad(where, fmt::format("symbolic argument '{}'; kiln lowers static shapes only", kind));
+    } else if (kind == "as_graph" || kind == "as_custom_obj" || kind == "as_operator" || kind == "as_complex" ||
+               kind == "as_nested_tensors" || kind == "as_int_lists" || kind == "as_string_to_argument" ||
+               kind == "as_float_lists") {
+      bad(where, fmt::format("argument kind '{}' is not supported by kiln", kind));
+    } else {
+      bad(where, fmt::format("unknown argument kind '{}'", kind));
+    }
+    return a;
+  }
+};
+
+std::string strip_op_prefix(const std::string& target) {
+  if (target.starts_with(kOpPrefix)) return target.substr(kOpPrefix.size());
+  return target;
+}
+
+// Finds "<root>/models/<name>.json"; returns {root with trailing '/', name}.
+std::pair<std::string, std::string> locate_model(const Pt2Archive& archive) {
+  std::vector<std::pair<std::string, std::string>> found;
+  for (const auto& e : archive.entries()) {
+    auto pos = e.find("models/");
+    if (pos == std::string::npos || !e.ends_with(".json")) continue;
+    std::string root = e.substr(0, pos);
+    if (!root.empty() && (root.back() != '/' || root.find('/') != root.size() - 1)) continue;
+    std::string name = e.substr(pos + 7, e.size() - pos - 7 - 5);
+    if (name.empty() || name.find('/') != std::string::npos) continue;
+    found.emplace_back(root, name);
+  }
+  if (found.empty())
+    fail("{}: archive has no serialized graph (expected an entry <archive>/models/<name>.json); "
+         "is this a torch.export.save file?",
+         archive.path());
+  if (found.size() > 1) {
+    auto it = std::find_if(found.begin(), found.end(), [](const auto& f) { return f.second == "model"; });
+    if (it == found.end()) fail("{}: archive holds {} models; kiln reads single-model archives", archive.path(), found.size());
+    return *it;
+  }
+  return found.front();
+}
+
+void read_payload_config(const Reader& r, const Pt2Archive& archive, const std::string& root,
+                         const std::string& config_entry, const std::string& data_dir,
+                         std::map<std::string, std::pair<std::string, json>>& out) {
+  if (!archive.contains(config_entry)) return;
+  json cfg;
+  try {
+    cfg = json::parse(archive.read_text(config_entry));
+  } catch (const json::exception& e) {
+    r.bad(config_entry, fmt::format("invalid JSON ({})", e.what()));
+  }
+  const json& entries = r.field(cfg, "config", config_entry);
+  if (!entries.is_object()) r.bad(config_entry, "'config' is not an object");
+  for (auto it = entries.begin(); it != entries.end(); ++it)
+    out[it.key()] = {root + data_dir, it.value()};
+}
+
+}  // namespace
+
+std::string_view constant_kind_name(ConstantTensor::Kind kind) {
+  switch (kind) {
+    case ConstantTensor::Kind::Parameter: return "parameter";
+    case ConstantTensor::Kind::Buffer: return "buffer";
+    case ConstantTensor::Kind::TensorConstant: return "tensor_constant";
+  }
+  return "?";
+}
+
+const ConstantTensor* ExportedProgram::find_constant(std::string_view name) const {
+  for (const auto& c : constants)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+void ExportedProgram::stream_constant(const ConstantTensor& c,
+                                      const std::function<void(std::span<const std::byte>)>& sink) const {
+  const auto& m = c.meta;
+  const auto esize = static_cast<uint64_t>(element_size(m.dtype));
+  if (m.numel() == 0) return;
+  if (m.is_contiguous()) {
+    archive->stream(c.entry, static_cast<uint64_t>(m.storage_offset) * esize, static_cast<uint64_t>(m.nbytes()), sink);
+    return;
+  }
+  // A strided view of its storage (e.g. a transposed or sliced parameter):
+  // read the storage span it reaches once, then gather row-major.
+  std::vector<std::byte> storage(static_cast<size_t>(m.storage_extent()) * esize);
+  archive->read(c.entry, 0, storage);
+  const size_t rank = m.sizes.size();
+  std::vector<int64_t> index(rank, 0);
+  std::vector<std::byte> row;
+  const int64_t inner = rank ? m.sizes.back() : 1;
+  const int64_t inner_stride = rank ? m.strides.back() : 1;
+  row.resize(static_cast<size_t>(inner) * esize);
+  for (int64_t done = 0; done < m.numel(); done += inner) {
+    int64_t base = m.storage_offset;
+    for (size_t d = 0; d + 1 < rank; ++d) base += index[d] * m.strides[d];
+    for (int64_t i = 0; i < inner; ++i)
+      std::memcpy(row.data() + static_cast<size_t>(i) * esize,
+                  storage.data() + static_cast<size_t>(base + i * inner_stride) * esize, esize);
+    sink(row);
+    for (size_t d = rank - 1; d-- > 0;) {  // advance the outer index, odometer style
+      if (++index[d] < m.sizes[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+void ExportedProgram::read_constant(const ConstantTensor& c, std::span<std::byte> out) const {
+  check(out.size() == static_cast<size_t>(c.meta.nbytes()), "read_constant('{}'): buffer holds {} bytes, tensor {}",
+        c.name, out.size(), c.meta.nbytes());
+  size_t pos = 0;
+  stream_constant(c, [&](std::span<const std::byte> chunk) {
+    std::memcpy(out.data() + pos, chunk.data(), chunk.size());
+    pos += chunk.size();
+  });
+}
+
+uint32_t ExportedProgram::content_crc32(const ConstantTensor& c) const {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  stream_constant(c, [&](std::span<const std::byte> chunk) {
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(chunk.data()), static_cast<uInt>(chunk.size()));
+  });
+  return static_cast<uint32_t>(crc);
+}
+
+ExportedProgram read_pt2(const std::string& path) {
+  ExportedProgram ep;
+  ep.path = path;
+  auto archive = std::make_shared<Pt2Archive>(path);
+  ep.archive = archive;
+  auto [root, model_name] = locate_model(*archive);
+  ep.model_name = model_name;
+
+  if (archive->contains(root + "archive_format")) {
+    std::string fmt_value = archive->read_text(root + "archive_format");
+    check(fmt_value == "pt2", "{}: archive_format is '{}', expected 'pt2'", path, fmt_value);
+  }
+  if (archive->contains(root + "byteorder")) {
+    std::string order = archive->read_text(root + "byteorder");
+    check(order == "little", "{}: byteorder is '{}'; kiln reads little-endian archives only", path, order);
+  }
+
+  Reader r{path, &ep.graph};
+  const std::string model_entry = root + "models/" + model_name + ".json";
+  json doc;
+  try {
+    doc = json::parse(archive->read_text(model_entry));
+  } catch (const json::exception& e) {
+    r.bad(model_entry, fmt::format("invalid JSON ({})", e.what()));
+  }
+
+  if (auto it = doc.find("torch_version"); it != doc.end() && it->is_string()) ep.torch_version = *it;
+  if (auto it = doc.find("schema_version"); it != doc.end() && it->is_object())
+    ep.schema_version = fmt::format("{}.{}", it->value("major", 0), it->value("minor", 0));
+  if (auto it = doc.find("verifiers"); it != doc.end() && it->is_array() && !it->empty() && (*it)[0].is_string())
+    ep.dialect = (*it)[0].get<std::string>();
+  else if (auto d = doc.find("dialect"); d != doc.end() && d->is_string())
+    ep.dialect = *d;
+
+  const json& gm = r.field(doc, "graph_module", model_entry);
+  const json& g = r.field(gm, "graph", "graph_module");
+
+  // Tensor values first: every node argument refers to them by name.
+  const json& tvs = r.field(g, "tensor_values", "graph");
+  if (!tvs.is_object()) r.bad("graph.tensor_values", "expected an object");
+  for (auto it = tvs.begin(); it != tvs.end(); ++it)
+    ep.graph.add_value(it.key(), r.tensor_meta(it.value(), fmt::format("tensor '{}'", it.key())));
+
+  for (const auto& in : r.as_array(r.field(g, "inputs", "graph"), "graph.inputs")) {
+    auto [kind, v] = r.union_member(in, "graph input");
+    if (kind != "as_tensor") r.bad("graph input", fmt::format("input of kind '{}'; kiln supports tensor inputs only", kind));
+    ep.graph.inputs.push_back(r.tensor_ref(*v, "graph input"));
+  }
+
+  int32_t index = 0;
+  for (const auto& jn : r.as_array(r.field(g, "nodes", "graph"), "graph.nodes")) {
+    graph::Node node;
+    std::string where = fmt::format("node #{}", index);
+    if (auto it = jn.find("name"); it != jn.end() && it->is_string()) node.name = *it;
+    if (!node.name.empty()) where = fmt::format("node '{}'", node.name);
+    node.target = strip_op_prefix(r.as_string(r.field(jn, "target", where), where));
+    where += fmt::format(" ({})", node.target);
+    for (const auto& ji : r.as_array(r.field(jn, "inputs", where), where)) {
+      graph::NamedArgument na;
+      na.name = r.as_string(r.field(ji, "name", where), where);
+      na.arg = r.argument(r.field(ji, "arg", where), fmt::format("{} input '{}'", where, na.name));
+      if (auto it = ji.find("kind"); it != ji.end() && it->is_number_integer()) na.keyword = it->get<int64_t>() == 2;
+      node.inputs.push_back(std::move(na));
+    }
+    for (const auto& jo : r.as_array(r.field(jn, "outputs", where), where)) {
+      Argument out = r.argument(jo, where + " output");
+      if (out.kind != Argument::Kind::Tensor && out.kind != Argument::Kind::Tensors && out.kind != Argument::Kind::None)
+        r.bad(where, fmt::format("output of kind '{}'; kiln supports tensor outputs only",
+                                 graph::argument_kind_name(out.kind)));
+      for (ValueId v : out.tensor_ids()) {
+        auto& value = ep.graph.values[static_cast<size_t>(v)];
+        if (value.producer >= 0) r.bad(where, fmt::format("tensor '{}' is written by two nodes", value.name));
+        value.producer = index;
+      }
+      node.outputs.push_back(std::move(out));
+    }
+    if (auto md = jn.find("metadata"); md != jn.end() && md->is_object())
+      if (auto st = md->find("stack_trace"); st != md->end() && st->is_string()) node.stack_trace = *st;
+    ep.graph.nodes.push_back(std::move(node));
+    ++index;
+  }
+
+  for (const auto& out : r.as_array(r.field(g, "outputs", "graph"), "graph.outputs"))
+    ep.graph.outputs.push_back(r.argument(out, "graph output"));
+
+  // Signature.
+  const json& sig = r.field(gm, "signature", "graph_module");
+  for (const auto& js : r.as_array(r.field(sig, "input_specs", "signature"), "signature.input_specs")) {
+    auto [kind, v] = r.union_member(js, "input spec");
+    graph::InputSpec spec;
+    using IK = graph::InputSpec::Kind;
+    std::string where = "input spec '" + kind + "'";
+    auto arg_name = [&](const json& arg) { return r.as_string(r.field(arg, "name", where), where); };
+    if (kind == "user_input") {
+      spec.kind = IK::UserInput;
+      auto [ak, av] = r.union_member(r.field(*v, "arg", where), where);
+      if (ak != "as_tensor") r.bad(where, fmt::format("user input of kind '{}'; kiln supports tensor inputs only", ak));
+      spec.arg_name = arg_name(*av);
+    } else if (kind == "parameter") {
+      spec.kind = IK::Parameter;
+      spec.arg_name = arg_name(r.field(*v, "arg", where));
+      spec.target = r.as_string(r.field(*v, "parameter_name", where), where);
+    } else if (kind == "buffer") {
+      spec.kind = IK::Buffer;
+      spec.arg_name = arg_name(r.field(*v, "arg", where));
+      spec.target = r.as_string(r.field(*v, "buffer_name", where), where);
+      if (auto it = v->find("persistent"); it != v->end() && it->is_boolean()) spec.persistent = *it;
+    } else if (kind == "tensor_constant") {
+      spec.kind = IK::TensorConstant;
+      spec.arg_name = arg_name(r.field(*v, "arg", where));
+      spec.target = r.as_string(r.field(*v, "tensor_constant_name", where), where);
+    } else if (kind == "custom_obj" || kind == "token" || kind == "constant_input") {
+      r.bad(where, "input kind not supported by kiln");
+    } else {
+      r.bad(where, "unknown input spec kind");
+    }
+    ep.signature.inputs.push_back(std::move(spec));
+  }
+  if (ep.signature.inputs.size() != ep.graph.inputs.size())
+    r.bad("signature", fmt::format("{} input specs for {} graph inputs", ep.signature.inputs.size(), ep.graph.inputs.size()));
+  for (size_t i = 0; i < ep.graph.inputs.size(); ++i)
+    if (ep.graph.value(ep.graph.inputs[i]).name != ep.signature.inputs[i].arg_name)
+      r.bad("signature", fmt::format("input spec {} names '{}' but graph input {} is '{}'", i,
+                                     ep.signature.inputs[i].arg_name, i, ep.graph.value(ep.graph.inputs[i]).name));
+
+  for (const auto& js : r.as_array(r.field(sig, "output_specs", "signature"), "signature.output_specs")) {
+    auto [kind, v] = r.union_member(js, "output spec");
+    std::string where = "output spec '" + kind + "'";
+    graph::OutputSpec spec;
+    using OK = graph::OutputSpec::Kind;
+    static const std::map<std::string, std::pair<OK, const char*>> kinds = {
+        {"user_output", {OK::UserOutput, nullptr}},
+        {"loss_output", {OK::LossOutput, nullptr}},
+        {"buffer_mutation", {OK::BufferMutation, "buffer_name"}},
+        {"user_input_mutation", {OK::UserInputMutation, "user_input_name"}},
+        {"parameter_mutation", {OK::ParameterMutation, "parameter_name"}},
+        {"gradient_to_parameter", {OK::GradientToParameter, "parameter_name"}},
+        {"gradient_to_user_input", {OK::GradientToUserInput, "user_input_name"}},
+        {"token", {OK::Token, nullptr}},
+    };
+    auto k = kinds.find(kind);
+    if (k == kinds.end()) r.bad(where, "unknown output spec kind");
+    spec.kind = k->second.first;
+    const json& arg = r.field(*v, "arg", where);
+    if (kind == "user_output") {
+      auto [ak, av] = r.union_member(arg, where);
+      if (ak == "as_tensor") spec.arg_name = r.as_string(r.field(*av, "name", where), where);
+    } else {
+      spec.arg_name = r.as_string(r.field(arg, "name", where), where);
+    }
+    if (k->second.second) spec.target = r.as_string(r.field(*v, k->second.second, where), where);
+    ep.signature.outputs.push_back(std::move(spec));
+  }
+  if (ep.signature.outputs.size() != ep.graph.outputs.size())
+    r.bad("signature", fmt::format("{} output specs for {} graph outputs", ep.signature.outputs.size(),
+                                   ep.graph.outputs.size()));
+
+  // Constant tensors: where each parameter, buffer and tensor constant's bytes live.
+  std::map<std::string, std::pair<std::string, json>> payloads;  // fqn -> (data dir, PayloadMeta)
+  read_payload_config(r, *archive, root, root + "data/weights/" + model_name + "_weights_config.json", "data/weights/",
+                      payloads);
+  read_payload_config(r, *archive, root, root + "data/constants/" + model_name + "_constants_config.json",
+                      "data/constants/", payloads);
+  for (size_t i = 0; i < ep.signature.inputs.size(); ++i) {
+    const auto& spec = ep.signature.inputs[i];
+    ConstantTensor c;
+    using IK = graph::InputSpec::Kind;
+    if (spec.kind == IK::Parameter) c.kind = ConstantTensor::Kind::Parameter;
+    else if (spec.kind == IK::Buffer) c.kind = ConstantTensor::Kind::Buffer;
+    else if (spec.kind == IK::TensorConstant) c.kind = ConstantTensor::Kind::TensorConstant;
+    else continue;
+    c.name = spec.target;
+    std::string where = fmt::format("{} '{}'", constant_kind_name(c.kind), c.name);
+    auto p = payloads.find(c.name);
+    if (p == payloads.end()) r.bad(where, "has no entry in the archive's weights or constants config");
+    const json& meta = p->second.second;
+    const std::string& dir = p->second.first;
+    if (meta.value("use_pickle", false))
+      r.bad(where, "is stored pickled (a tensor subclass); kiln reads plain dense tensors only");
+    c.entry = dir + r.as_string(r.field(meta, "path_name", where), where);
+    c.meta = r.tensor_meta(r.field(meta, "tensor_meta", where), where);
+    const auto& placeholder = ep.graph.value(ep.graph.inputs[i]).meta;
+    if (placeholder.sizes != c.meta.sizes || placeholder.dtype != c.meta.dtype)
+      r.bad(where, "metadata disagrees with its graph input's");
+    if (!archive->contains(c.entry)) r.bad(where, fmt::format("storage entry '{}' is missing", c.entry));
+    c.entry_bytes = archive->entry_size(c.entry);
+    const uint64_t need = static_cast<uint64_t>(c.meta.storage_extent()) * static_cast<uint64_t>(element_size(c.meta.dtype));
+    if (c.entry_bytes < need)
+      r.bad(where, fmt::format("storage entry '{}' holds {} bytes but its metadata needs {}", c.entry, c.entry_bytes, need));
+    ep.constants.push_back(std::move(c));
+  }
+  return ep;
+}
+
+}  // namespace kiln::pt2
