@@ -16,10 +16,12 @@ def _parse(argv):
         description="Export a model with torch.export into a .pt2 archive and a "
         "model_spec.json that `kiln lower` and `kiln inspect` read.",
     )
-    p.add_argument("model", choices=["gpt2"], help="model family to export")
+    p.add_argument("model", choices=["gpt2", "bert", "llama"],
+                   help="model family to export (transformers GPT2LMHeadModel, BertModel, LlamaForCausalLM)")
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--config", default="small", choices=["small", "tiny"],
-                   help="small = GPT-2 124M; tiny = 2 layers, width 64 (default: small)")
+                   help="small = the full-size configuration (GPT-2 124M, BERT base, a 12-layer Llama); "
+                   "tiny = 2 layers, width 64 (default: small)")
     p.add_argument("--seq-len", type=int, default=128, help="static sequence length (default: 128)")
     p.add_argument("--seed", type=int, default=0, help="weight and input seed (default: 0)")
     p.add_argument("--checkpoint", default=None,
@@ -85,7 +87,8 @@ def main(argv=None) -> int:
              "reference": input_files[0]}
         ],
         "outputs": [
-            {"name": "logits", "dtype": "float32", "shape": list(ref.shape),
+            {"name": "logits" if name != "bert" else "last_hidden_state", "dtype": "float32",
+             "shape": list(ref.shape),
              "reference": ref_fn}
         ],
         "torch_version": torch.__version__,

@@ -60,4 +60,69 @@ def build_gpt2(config: str, seq_len: int, seed: int, checkpoint: str | None):
                                   "vocab_size": cfg.vocab_size}
 
 
-BUILDERS = {"gpt2": build_gpt2}
+class _FirstOutput(torch.nn.Module):
+    """Wraps a HF model so forward(input_ids) returns its first output tensor only."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, return_dict=False)[0]
+
+
+def _seeded(cls, cfg, seed, checkpoint):
+    cfg._attn_implementation = "eager"
+    if checkpoint:
+        return cls.from_pretrained(checkpoint, config=cfg, local_files_only=True).eval()
+    torch.manual_seed(seed)
+    return cls(cfg).eval()
+
+
+def _ids(vocab, seq_len, seed):
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(0, vocab, (1, seq_len), dtype=torch.int64, generator=gen)
+
+
+def build_bert(config: str, seq_len: int, seed: int, checkpoint: str | None):
+    """A BERT-style encoder (BertModel): forward(input_ids) -> last hidden state."""
+    from transformers import BertConfig, BertModel
+
+    if config == "small":
+        model_id, cfg = "google-bert/bert-base-uncased", BertConfig()
+    elif config == "tiny":
+        model_id, cfg = "kiln/bert-tiny", BertConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, max_position_embeddings=256)
+    else:
+        raise ValueError(f"unknown bert config '{config}' (expected small or tiny)")
+    if seq_len < 1 or seq_len > cfg.max_position_embeddings:
+        raise ValueError(f"--seq-len {seq_len} outside 1..{cfg.max_position_embeddings} for bert {config}")
+    model = _seeded(BertModel, cfg, seed, checkpoint)
+    return _FirstOutput(model).eval(), (_ids(cfg.vocab_size, seq_len, seed),), {
+        "model_id": checkpoint or model_id, "config": config, "vocab_size": cfg.vocab_size}
+
+
+def build_llama(config: str, seq_len: int, seed: int, checkpoint: str | None):
+    """A Llama-style decoder (LlamaForCausalLM, no KV cache): forward(input_ids) -> logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if config == "small":
+        model_id, cfg = "kiln/llama-small", LlamaConfig(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048)
+    elif config == "tiny":
+        model_id, cfg = "kiln/llama-tiny", LlamaConfig(
+            vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    else:
+        raise ValueError(f"unknown llama config '{config}' (expected small or tiny)")
+    if seq_len < 1 or seq_len > cfg.max_position_embeddings:
+        raise ValueError(f"--seq-len {seq_len} outside 1..{cfg.max_position_embeddings} for llama {config}")
+    cfg.use_cache = False
+    model = _seeded(LlamaForCausalLM, cfg, seed, checkpoint)
+    return _LogitsOnly(model).eval(), (_ids(cfg.vocab_size, seq_len, seed),), {
+        "model_id": checkpoint or model_id, "config": config, "vocab_size": cfg.vocab_size}
+
+
+BUILDERS = {"gpt2": build_gpt2, "bert": build_bert, "llama": build_llama}
