@@ -5,10 +5,18 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 
 namespace kiln::cli {
 
 // Adds `kiln inspect`; `run` is set to the action to take if it is chosen.
 void add_inspect_command(CLI::App& app, std::function<int()>& run);
+// `kiln inspect FILE.pte`: prints what a .pte program holds (as JSON if asked);
+// returns the exit status. Throws kiln::Error if the file does not load.
+int inspect_pte(const std::string& path, bool as_json);
+// Adds `kiln run`.
+void add_run_command(CLI::App& app, std::function<int()>& run);
+// Adds `kiln lower`.
+void add_lower_command(CLI::App& app, std::function<int()>& run);
 
 }  // namespace kiln::cli

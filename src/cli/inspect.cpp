@@ -66,8 +66,7 @@ int run_inspect(const InspectOptions& o) {
   std::string pt2_path = o.file;
   if (fs::path(o.file).extension() == ".json") pt2_path = pt2::read_model_spec(o.file).exported_program;
   else check(fs::exists(o.file), "{}: file not found", o.file);
-  if (fs::path(pt2_path).extension() == ".pte")
-    fail("{}: .pte inspection is not implemented yet; kiln inspect reads .pt2 archives and model specs", pt2_path);
+  if (fs::path(pt2_path).extension() == ".pte") return inspect_pte(pt2_path, o.as_json);
 
   pt2::ExportedProgram ep = pt2::read_pt2(pt2_path);
   const auto& g = ep.graph;
