@@ -12,7 +12,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "kiln 0.1.0");
   std::function<int()> run;
+  kiln::cli::add_lower_command(app, run);
   kiln::cli::add_inspect_command(app, run);
+  kiln::cli::add_run_command(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -59,7 +59,15 @@ void Pt2Archive::stream(const std::string& entry, uint64_t offset, uint64_t leng
   check(offset <= size && length <= size - offset,
         "{}: archive entry '{}' holds {} bytes, but {} bytes from offset {} were requested", path_, entry, size,
         length, offset);
-  ZipFile f(zip_fopen(zip_, entry.c_str(), ZIP_FL_ENC_RAW));
+  // Stored (uncompressed) entries, which is how torch writes weights, are read
+  // raw: same bytes, without libzip's per-read CRC bookkeeping.
+  zip_stat_t st;
+  zip_stat_init(&st);
+  zip_flags_t flags = ZIP_FL_ENC_RAW;
+  if (zip_stat(zip_, entry.c_str(), ZIP_FL_ENC_RAW, &st) == 0 && (st.valid & ZIP_STAT_COMP_METHOD) &&
+      st.comp_method == ZIP_CM_STORE && (!(st.valid & ZIP_STAT_ENCRYPTION_METHOD) || st.encryption_method == ZIP_EM_NONE))
+    flags |= ZIP_FL_COMPRESSED;
+  ZipFile f(zip_fopen(zip_, entry.c_str(), flags));
   if (!f) fail("{}: cannot open archive entry '{}': {}", path_, entry, zip_strerror(zip_));
   std::array<std::byte, 1 << 16> buf;
   // Skip to `offset`: seek where the entry is stored uncompressed, else read and drop.

@@ -335,6 +335,19 @@ void ExportedProgram::read_constant(const ConstantTensor& c, std::span<std::byte
   });
 }
 
+void ExportedProgram::read_constant_range(const ConstantTensor& c, uint64_t offset, std::span<std::byte> out) const {
+  const auto nbytes = static_cast<uint64_t>(c.meta.nbytes());
+  check(offset <= nbytes && out.size() <= nbytes - offset, "read_constant_range('{}'): {} bytes at {} past its {} bytes",
+        c.name, out.size(), offset, nbytes);
+  if (c.meta.is_contiguous()) {
+    archive->read(c.entry, static_cast<uint64_t>(c.meta.storage_offset) * static_cast<uint64_t>(element_size(c.meta.dtype)) + offset, out);
+    return;
+  }
+  std::vector<std::byte> all(nbytes);
+  read_constant(c, all);
+  std::memcpy(out.data(), all.data() + offset, out.size());
+}
+
 uint32_t ExportedProgram::content_crc32(const ConstantTensor& c) const {
   uLong crc = crc32(0L, Z_NULL, 0);
   stream_constant(c, [&](std::span<const std::byte> chunk) {
@@ -427,6 +440,17 @@ ExportedProgram read_pt2(const std::string& path) {
 
   for (const auto& out : r.as_array(r.field(g, "outputs", "graph"), "graph.outputs"))
     ep.graph.outputs.push_back(r.argument(out, "graph output"));
+
+  // Pytree specs of the root module's call (ExecuTorch programs carry them too).
+  if (auto mcg = gm.find("module_call_graph"); mcg != gm.end() && mcg->is_array()) {
+    for (const auto& entry : *mcg) {
+      if (!entry.is_object() || entry.value("fqn", std::string("?")) != "") continue;
+      if (auto s = entry.find("signature"); s != entry.end() && s->is_object()) {
+        if (auto i = s->find("in_spec"); i != s->end() && i->is_string()) ep.inputs_spec = *i;
+        if (auto o = s->find("out_spec"); o != s->end() && o->is_string()) ep.outputs_spec = *o;
+      }
+    }
+  }
 
   // Signature.
   const json& sig = r.field(gm, "signature", "graph_module");

@@ -49,3 +49,95 @@ def tiny_gpt2(request, tmp_path_factory) -> Path:
     if request.param == "core_aten":
         extra.append("--decompose")
     return export_model(out, *extra)
+
+
+def export_named(out: Path, model: str, *extra: str) -> Path:
+    """Runs the export front end for `model`; returns the model_spec.json path."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    cmd = [sys.executable, "-m", "kiln_export", model, "--out", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise AssertionError(f"export failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    return out / "model_spec.json"
+
+
+TINY_MODELS = [("gpt2", "default"), ("gpt2", "core_aten"), ("bert", "default"), ("bert", "core_aten"),
+               ("llama", "default"), ("llama", "core_aten")]
+
+
+@pytest.fixture(scope="session", params=TINY_MODELS, ids=[f"{m}-{f}" for m, f in TINY_MODELS])
+def tiny_model(request, tmp_path_factory) -> Path:
+    """Every tiny architecture (GPT-2, BERT encoder, Llama decoder) in both IR flavors; the spec path."""
+    model, flavor = request.param
+    out = tmp_path_factory.mktemp(f"{model}_tiny_{flavor}")
+    extra = ["--config", "tiny", "--seq-len", "16"] + (["--decompose"] if flavor == "core_aten" else [])
+    return export_named(out, model, *extra)
+
+
+@pytest.fixture(scope="session", params=["default", "core_aten"])
+def gpt2_small(request, tmp_path_factory) -> Path:
+    """GPT-2 small (124M) at seq_len 128 in both IR flavors; the spec path."""
+    out = tmp_path_factory.mktemp(f"gpt2_small_{request.param}")
+    extra = ["--config", "small", "--seq-len", "128"] + (["--decompose"] if request.param == "core_aten" else [])
+    return export_named(out, "gpt2", *extra)
+
+
+def spec_of(spec_path: Path) -> dict:
+    import json
+
+    return json.loads(Path(spec_path).read_text())
+
+
+def reference_io(spec_path: Path):
+    """(inputs as numpy arrays, expected outputs) the front end saved with eager PyTorch."""
+    import numpy as np
+
+    spec = spec_of(spec_path)
+    ins = [np.load(spec_path.parent / i["reference"]) for i in spec["inputs"]]
+    outs = [np.load(spec_path.parent / o["reference"]) for o in spec["outputs"]]
+    return ins, outs
+
+
+_ET_LOWERED: dict = {}
+
+
+def et_lower(spec_path: Path, backend: str) -> Path:
+    """ExecuTorch's own lowering of the spec's .pt2 (bench/reference), once per session."""
+    key = (str(spec_path), backend)
+    if key not in _ET_LOWERED:
+        env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+        script = REPO / "bench" / "reference" / "lower_with_executorch.py"
+        proc = subprocess.run([sys.executable, str(script), "--spec", str(spec_path), "--backend", backend],
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise AssertionError(f"reference lowering failed: {proc.stderr[-3000:]}")
+        name = spec_of(spec_path)["name"]
+        _ET_LOWERED[key] = spec_path.parent / f"{name}_{backend}_et.pte"
+    return _ET_LOWERED[key]
+
+
+def kiln_lower(spec_path: Path, backend: str = "portable", *extra: str) -> Path:
+    """kiln's lowering of the spec; returns the .pte path."""
+    run_kiln("lower", "--spec", spec_path, "--backend", backend, "-q", *extra)
+    return spec_path.parent / f"{spec_of(spec_path)['name']}_{backend}.pte"
+
+
+def et_execute(pte: Path, inputs):
+    """Runs a .pte in ExecuTorch's runtime (executorch.runtime); returns numpy outputs."""
+    import torch
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(str(pte))
+    method = program.load_method("forward")
+    outs = method.execute([torch.from_numpy(x) for x in inputs])
+    return [o.numpy() for o in outs]
+
+
+def assert_close(got, ref, what=""):
+    """DESIGN's fp32 tolerance: max |diff| <= 1e-4 * max |ref|."""
+    import numpy as np
+
+    assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    diff = float(np.abs(got.astype(np.float64) - ref.astype(np.float64)).max())
+    bound = 1e-4 * float(np.abs(ref).max())
+    assert diff <= bound, f"{what}: max |diff| {diff:.3g} > {bound:.3g}"

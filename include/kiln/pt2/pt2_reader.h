@@ -35,6 +35,8 @@ struct ExportedProgram {
   std::string torch_version;
   std::string schema_version;   // "major.minor"
   std::string dialect;          // verifier: "TRAINING" (default export IR) or "ATEN" (core ATen)
+  std::string inputs_spec;      // pytree spec of forward's inputs (torch's treespec JSON), may be empty
+  std::string outputs_spec;     // pytree spec of forward's outputs
   graph::Graph graph;
   graph::GraphSignature signature;
   std::vector<ConstantTensor> constants;
@@ -47,6 +49,9 @@ struct ExportedProgram {
   void stream_constant(const ConstantTensor& c, const std::function<void(std::span<const std::byte>)>& sink) const;
   // The tensor's elements, row-major and contiguous, into `out` (size must be meta.nbytes()).
   void read_constant(const ConstantTensor& c, std::span<std::byte> out) const;
+  // Bytes [offset, offset + out.size()) of the row-major contents (a seek for
+  // contiguous tensors; strided ones are gathered whole first).
+  void read_constant_range(const ConstantTensor& c, uint64_t offset, std::span<std::byte> out) const;
   // CRC-32 (zlib) of the tensor's row-major contiguous bytes: content identity
   // that torch's side can compute as zlib.crc32(t.contiguous().numpy().tobytes()).
   uint32_t content_crc32(const ConstantTensor& c) const;

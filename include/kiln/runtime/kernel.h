@@ -8,6 +8,11 @@
 // eps, out0, out1, out2]. Optional arguments that are absent are None values;
 // ScalarType/MemoryFormat/Layout arguments are Ints (c10 numbering).
 //
+// In a .pte, ExecuTorch's KernelCall lists one more trailing slot after the
+// outs: the operator's return value (the out tensor again, or a TensorList of
+// the outs). The executor drops that slot, so kernels see exactly
+// [schema args..., outs...].
+//
 // A kernel checks its arguments (dtypes, shapes, arity) and reports failure
 // through the context instead of crashing; it allocates nothing.
 #pragma once

@@ -1,0 +1,29 @@
+// .npy files (NumPy's array format, version 1.0-3.0): the tensors `kiln run`
+// reads and writes. Little-endian, C order; the dtypes kiln's tensors use.
+#pragma once
+
+#include "kiln/core/dtype.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kiln::io {
+
+struct NpyArray {
+  ScalarType dtype = ScalarType::Float;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> data;  // row-major
+};
+
+// Throws kiln::Error naming the file for anything kiln cannot read
+// (Fortran order, big-endian, unknown dtype, truncated data).
+NpyArray read_npy(const std::string& path);
+
+// Writes through a temporary file renamed into place.
+void write_npy(const std::string& path, ScalarType dtype, std::span<const int64_t> shape,
+               std::span<const std::byte> data);
+
+}  // namespace kiln::io

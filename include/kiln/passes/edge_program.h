@@ -1,0 +1,52 @@
+// EdgeProgram: a program in kiln's edge form, ready for partitioning and
+// emission. Every node calls a functional core-ATen operator that the op
+// table (op_table.h) maps to an out-variant kernel; views are explicit
+// *_copy nodes; every tensor is contiguous; constants are values with data
+// (streamed from the .pt2 or computed ahead of time) rather than inputs.
+#pragma once
+
+#include "kiln/graph/graph.h"
+#include "kiln/pt2/pt2_reader.h"
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kiln::passes {
+
+// Where a constant value's bytes come from: a tensor of the .pt2 (read on
+// demand) or bytes computed during lowering (folded subgraphs, transposed weights).
+struct ConstantData {
+  const pt2::ConstantTensor* source = nullptr;
+  std::shared_ptr<const std::vector<std::byte>> bytes;
+  std::string name;  // parameter FQN or a description of the folded expression
+};
+
+struct EdgeProgram {
+  const pt2::ExportedProgram* exported = nullptr;  // the .pt2 the constants stream from
+  graph::Graph graph;                      // graph.inputs: user inputs only
+  std::vector<graph::ValueId> outputs;     // user outputs, in order (tensors)
+  std::map<graph::ValueId, ConstantData> constants;
+  std::string inputs_spec, outputs_spec;   // pytree specs from the .pt2 (may be empty)
+
+  bool is_constant(graph::ValueId v) const { return constants.contains(v); }
+  // The constant's row-major bytes, read from the .pt2 or the folded buffer.
+  std::vector<std::byte> constant_bytes(graph::ValueId v) const;
+};
+
+struct LoweringStats {
+  int64_t source_nodes = 0;
+  int64_t folded_nodes = 0;   // nodes computed ahead of time
+  int64_t removed_nodes = 0;  // no-ops and dead code
+  int64_t edge_nodes = 0;
+};
+
+// Decomposes the exported program (either IR flavor) into edge form, folds
+// constant subgraphs with kiln's kernels and removes dead code. Throws
+// kiln::Error naming the operator, node and source line for anything kiln
+// cannot lower.
+EdgeProgram to_edge(const pt2::ExportedProgram& ep, LoweringStats* stats = nullptr);
+
+}  // namespace kiln::passes

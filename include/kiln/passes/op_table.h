@@ -1,0 +1,64 @@
+// The core-ATen operators kiln emits, with the out-variant each runs as.
+//
+// For every functional operator kiln's edge graphs may contain ("aten.add.Tensor")
+// this table says which out-variant kernel executes it ("aten::add" "out"), the
+// schema's arguments in order with their defaults, and the out tensors. The
+// emitter builds KernelCall argument lists from it (schema order, defaults
+// filled, outs last: ExecuTorch's calling convention) and the constant folder
+// uses the same lists to run kernels ahead of time.
+#pragma once
+
+#include "kiln/graph/graph.h"
+
+#include <optional>
+#include <span>
+#include <string_view>
+#include <variant>
+
+namespace kiln::passes {
+
+enum class ArgType : uint8_t {
+  Tensor,
+  OptionalTensor,
+  TensorList,
+  OptionalTensorList,
+  Int,
+  OptionalInt,
+  IntList,
+  OptionalIntList,
+  Float,
+  Scalar,  // int, float or bool
+  OptionalScalar,
+  Bool,
+  OptionalScalarType,
+  String,
+  Ignored,  // layout/device/pin_memory/memory_format: emitted as None where the out variant has them
+};
+
+struct ArgSchema {
+  std::string_view name;
+  ArgType type;
+  // Default when the node omits the argument: monostate = required; for optionals, None.
+  std::variant<std::monostate, int64_t, double, bool, std::string_view> default_value{};
+  bool has_default = false;
+};
+
+struct OpSchema {
+  std::string_view target;        // functional core-ATen target, "aten.add.Tensor"
+  std::string_view kernel;        // out-variant operator name, "aten::add"
+  std::string_view overload;      // "out"
+  std::vector<ArgSchema> args;    // inputs of the out variant, in order (outs excluded)
+  int num_outs = 1;               // out tensors appended after args
+  bool out_is_list = false;       // one TensorList out (split_with_sizes_copy)
+};
+
+// Schema for `target`, or nullptr if kiln cannot emit it.
+const OpSchema* find_op_schema(std::string_view target);
+std::span<const OpSchema> op_schemas();
+
+// The node's arguments in schema order with defaults filled in; throws
+// kiln::Error naming the node if a required argument is missing or an
+// unknown one is present.
+std::vector<graph::Argument> ordered_arguments(const OpSchema& schema, const graph::Node& node);
+
+}  // namespace kiln::passes

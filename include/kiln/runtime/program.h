@@ -1,0 +1,117 @@
+// kiln's runtime API: load a .pte, prepare a method, set inputs, execute,
+// read outputs.
+//
+//   rt::ErrorMessage err;
+//   auto program = rt::Program::load("model.pte", &err);      // mmap + verify
+//   auto method = program->load_method("forward", &err);      // values, memory, kernels
+//   method->set_input(0, ids_data, ids_bytes, &err);           // copies into planned memory
+//   method->execute(&err);                                     // allocates nothing
+//   const rt::Tensor& logits = method->output(0);
+//
+// Everything a method needs (planned buffers, value table, kernel and
+// argument tables, backend handles) is allocated by load_method; execute()
+// only runs the instructions. No exceptions: failures are a Status plus a
+// message in the caller's ErrorMessage.
+#pragma once
+
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/evalue.h"
+#include "kiln/runtime/kernel.h"
+#include "kiln/runtime/pte_file.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kiln::rt {
+
+class Program;
+
+// Per-instruction timing, filled when profiling is enabled.
+struct InstructionProfile {
+  uint64_t calls = 0;
+  uint64_t total_ns = 0;
+};
+
+class Method {
+ public:
+  Method(Method&&) noexcept;
+  Method& operator=(Method&&) noexcept;
+  ~Method();
+
+  const char* name() const { return name_.c_str(); }
+  size_t num_inputs() const { return inputs_.size(); }
+  size_t num_outputs() const { return outputs_.size(); }
+  // The input slot's tensor (dtype, shape; data is the planned buffer or null).
+  const Tensor& input(size_t i) const { return *values_[static_cast<size_t>(inputs_[i])].scalar.t; }
+  const Tensor& output(size_t i) const { return *values_[static_cast<size_t>(outputs_[i])].scalar.t; }
+
+  // Copies `bytes` of row-major data into input i (its planned memory), or,
+  // for an input the program did not plan, points the input at `data`, which
+  // must stay valid through execute(). InvalidArgument if the size differs.
+  Status set_input(size_t i, const void* data, size_t bytes, ErrorMessage* error = nullptr);
+
+  // Runs every instruction once.
+  Status execute(ErrorMessage* error = nullptr);
+
+  // Number of instructions and, for profiling, a label for each ("aten::mm.out", "XnnpackBackend").
+  size_t num_instructions() const { return instructions_.size(); }
+  const char* instruction_label(size_t i) const;
+  void enable_profiling(bool on) { profiling_ = on; }
+  std::span<const InstructionProfile> profile() const { return profile_; }
+
+  // Bytes of planned memory this method allocated.
+  uint64_t planned_bytes() const { return planned_bytes_; }
+
+ private:
+  friend class Program;
+  Method() = default;
+
+  struct Instruction {
+    enum class Kind : uint8_t { Kernel, Delegate, Move, JumpFalse, Free } kind = Kind::Kernel;
+    KernelFn fn = nullptr;
+    uint32_t args_begin = 0, args_count = 0;  // into arg_ptrs_
+    int32_t op_or_delegate = 0;               // operator index or delegate index
+    int32_t a = 0, b = 0;                     // move from/to, jump cond/destination, free value
+  };
+
+  std::string name_;
+  std::vector<EValue> values_;
+  std::vector<Tensor> tensors_;
+  std::vector<int64_t> int_arena_;
+  std::vector<double> double_arena_;
+  std::unique_ptr<bool[]> bool_arena_;
+  std::vector<Tensor*> tensor_ptr_arena_;
+  std::vector<EValue*> arg_ptrs_;
+  std::vector<Instruction> instructions_;
+  std::vector<std::string> operator_labels_;
+  std::vector<std::string> delegate_labels_;
+  std::vector<int32_t> inputs_, outputs_;
+  std::vector<bool> input_planned_;
+  std::vector<std::byte*> buffers_;  // planned memory, index = memory_id
+  uint64_t planned_bytes_ = 0;
+  std::vector<DelegateHandle> delegates_;
+  std::vector<InstructionProfile> profile_;
+  bool profiling_ = false;
+};
+
+class Program {
+ public:
+  static Result<Program> load(const char* path, ErrorMessage* error = nullptr);
+
+  // Prepares execution plan `name`: parses and checks its values, allocates
+  // its planned memory, resolves every operator to a kernel and initializes
+  // every delegate. NotFound names a missing kernel or backend.
+  Result<Method> load_method(const char* name = "forward", ErrorMessage* error = nullptr) const;
+
+  const PteFile& file() const { return file_; }
+
+ private:
+  explicit Program(PteFile f) : file_(std::move(f)) {}
+  PteFile file_;
+};
+
+}  // namespace kiln::rt

@@ -1,0 +1,118 @@
+// `kiln run`: execute a .pte with kiln's runtime on .npy inputs.
+#include "commands.h"
+#include "kiln/core/error.h"
+#include "kiln/io/npy.h"
+#include "kiln/runtime/program.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace kiln::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RunOptions {
+  std::string file;
+  std::string method = "forward";
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+  std::vector<std::string> compare;
+};
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+double element_as_double(const void* data, ScalarType dtype, int64_t i) {
+  switch (dtype) {
+    case ScalarType::Float: return static_cast<const float*>(data)[i];
+    case ScalarType::Double: return static_cast<const double*>(data)[i];
+    case ScalarType::Long: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case ScalarType::Int: return static_cast<const int32_t*>(data)[i];
+    case ScalarType::Short: return static_cast<const int16_t*>(data)[i];
+    case ScalarType::Char: return static_cast<const int8_t*>(data)[i];
+    case ScalarType::Byte: return static_cast<const uint8_t*>(data)[i];
+    case ScalarType::Bool: return static_cast<const bool*>(data)[i] ? 1.0 : 0.0;
+    default: fail("--compare: dtype {} is not supported", dtype_name(dtype));
+  }
+}
+
+std::string shape_str(std::span<const int64_t> s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+int run_run(const RunOptions& o) {
+  auto t0 = Clock::now();
+  rt::ErrorMessage err;
+  auto program = rt::Program::load(o.file.c_str(), &err);
+  if (!program.ok()) fail("{}: {} ({})", o.file, err.c_str(), rt::status_name(program.status()));
+  auto method = program->load_method(o.method.c_str(), &err);
+  if (!method.ok()) fail("{}: method '{}': {} ({})", o.file, o.method, err.c_str(), rt::status_name(method.status()));
+  double load_ms = ms_since(t0);
+  rt::Method& m = method.value();
+
+  check(o.inputs.size() == m.num_inputs(), "{}: method '{}' takes {} input(s), {} given with --input", o.file, o.method,
+        m.num_inputs(), o.inputs.size());
+  std::vector<io::NpyArray> inputs;
+  for (size_t i = 0; i < o.inputs.size(); ++i) {
+    inputs.push_back(io::read_npy(o.inputs[i]));
+    const auto& a = inputs.back();
+    const rt::Tensor& t = m.input(i);
+    check(a.dtype == t.dtype && t.same_shape(a.shape), "--input {}: {}{} given, input {} expects {}{}", o.inputs[i],
+          dtype_name(a.dtype), shape_str(a.shape), i, dtype_name(t.dtype), shape_str(t.shape()));
+    if (m.set_input(i, a.data.data(), a.data.size(), &err) != rt::Status::Ok) fail("--input {}: {}", o.inputs[i], err.c_str());
+  }
+  auto t1 = Clock::now();
+  if (m.execute(&err) != rt::Status::Ok) fail("{}: execution failed: {}", o.file, err.c_str());
+  double exec_ms = ms_since(t1);
+
+  fmt::print("{}: loaded in {:.1f} ms ({:.1f} MB planned memory), executed in {:.1f} ms\n", o.file, load_ms,
+             static_cast<double>(m.planned_bytes()) / 1e6, exec_ms);
+  check(o.outputs.size() <= m.num_outputs(), "{}: {} --output given for {} output(s)", o.file, o.outputs.size(),
+        m.num_outputs());
+  check(o.compare.size() <= m.num_outputs(), "{}: {} --compare given for {} output(s)", o.file, o.compare.size(),
+        m.num_outputs());
+  int status = 0;
+  for (size_t i = 0; i < m.num_outputs(); ++i) {
+    const rt::Tensor& t = m.output(i);
+    fmt::print("  output {}: {}{}\n", i, dtype_name(t.dtype), shape_str(t.shape()));
+    if (i < o.outputs.size()) {
+      io::write_npy(o.outputs[i], t.dtype, t.shape(),
+                    std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes()));
+      fmt::print("    wrote {}\n", o.outputs[i]);
+    }
+    if (i < o.compare.size()) {
+      io::NpyArray ref = io::read_npy(o.compare[i]);
+      check(t.same_shape(ref.shape), "--compare {}: shape {} differs from the output's {}", o.compare[i],
+            shape_str(ref.shape), shape_str(t.shape()));
+      double max_abs = 0, max_ref = 0;
+      for (int64_t k = 0; k < t.numel; ++k) {
+        double a = element_as_double(t.data, t.dtype, k), b = element_as_double(ref.data.data(), ref.dtype, k);
+        double d = std::fabs(a - b);
+        if (std::isnan(d)) d = INFINITY;
+        max_abs = std::max(max_abs, d);
+        max_ref = std::max(max_ref, std::fabs(b));
+      }
+      double rel = max_ref > 0 ? max_abs / max_ref : max_abs;
+      fmt::print("    vs {}: max |diff| {:.3g}, max |diff| / max |ref| {:.3g}\n", o.compare[i], max_abs, rel);
+    }
+  }
+  return status;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, std::function<int()>& run) {
+  auto opts = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "Run a .pte with kiln's runtime on .npy inputs");
+  cmd->add_option("file", opts->file, "the .pte program")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order");
+  cmd->add_option("--output,-o", opts->outputs, "where to write output tensors (.npy), in order");
+  cmd->add_option("--compare", opts->compare, "reference outputs (.npy) to report max abs/rel difference against");
+  cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
+  cmd->callback([opts, &run] { run = [opts] { return run_run(*opts); }; });
+}
+
+}  // namespace kiln::cli

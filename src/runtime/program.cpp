@@ -1,0 +1,470 @@
+#include "kiln/runtime/program.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace kiln::rt {
+namespace {
+
+constexpr size_t kBufferAlignment = 64;
+
+using fb::KernelTypes;
+
+template <typename T>
+size_t len(const flatbuffers::Vector<T>* v) {
+  return v ? v->size() : 0;
+}
+
+Status failure(ErrorMessage* error, Status s, const char* format, ...) __attribute__((format(printf, 3, 4)));
+Status failure(ErrorMessage* error, Status s, const char* format, ...) {
+  if (error != nullptr) {
+    char buf[320];
+    va_list ap;
+    va_start(ap, format);
+    std::vsnprintf(buf, sizeof(buf), format, ap);
+    va_end(ap);
+    error->set("%s", buf);
+  }
+  return s;
+}
+
+}  // namespace
+
+Method::Method(Method&& o) noexcept = default;  // moved-from vectors are empty: nothing freed twice
+
+Method& Method::operator=(Method&& o) noexcept {
+  if (this == &o) return *this;
+  this->~Method();
+  new (this) Method();
+  name_ = std::move(o.name_);
+  values_ = std::move(o.values_);
+  tensors_ = std::move(o.tensors_);
+  int_arena_ = std::move(o.int_arena_);
+  double_arena_ = std::move(o.double_arena_);
+  bool_arena_ = std::move(o.bool_arena_);
+  tensor_ptr_arena_ = std::move(o.tensor_ptr_arena_);
+  arg_ptrs_ = std::move(o.arg_ptrs_);
+  instructions_ = std::move(o.instructions_);
+  operator_labels_ = std::move(o.operator_labels_);
+  delegate_labels_ = std::move(o.delegate_labels_);
+  inputs_ = std::move(o.inputs_);
+  outputs_ = std::move(o.outputs_);
+  input_planned_ = std::move(o.input_planned_);
+  buffers_ = std::move(o.buffers_);
+  planned_bytes_ = o.planned_bytes_;
+  delegates_ = std::move(o.delegates_);
+  profile_ = std::move(o.profile_);
+  profiling_ = o.profiling_;
+  o.buffers_.clear();
+  o.delegates_.clear();
+  return *this;
+}
+
+Method::~Method() {
+  for (auto& d : delegates_)
+    if (d.backend && d.backend->destroy) d.backend->destroy(d.state);
+  for (std::byte* b : buffers_) std::free(b);
+}
+
+const char* Method::instruction_label(size_t i) const {
+  const auto& in = instructions_[i];
+  switch (in.kind) {
+    case Instruction::Kind::Kernel: return operator_labels_[static_cast<size_t>(in.op_or_delegate)].c_str();
+    case Instruction::Kind::Delegate: return delegate_labels_[static_cast<size_t>(in.op_or_delegate)].c_str();
+    case Instruction::Kind::Move: return "move";
+    case Instruction::Kind::JumpFalse: return "jump_false";
+    case Instruction::Kind::Free: return "free";
+  }
+  return "?";
+}
+
+Status Method::set_input(size_t i, const void* data, size_t bytes, ErrorMessage* error) {
+  if (i >= inputs_.size())
+    return failure(error, Status::OutOfRange, "input %zu: the method has %zu inputs", i, inputs_.size());
+  Tensor& t = *values_[static_cast<size_t>(inputs_[i])].scalar.t;
+  if (bytes != t.nbytes())
+    return failure(error, Status::InvalidArgument, "input %zu: %zu bytes given, the %s tensor needs %zu", i, bytes,
+                   std::string(dtype_name(t.dtype)).c_str(), t.nbytes());
+  if (input_planned_[i]) {
+    if (bytes) std::memcpy(t.data, data, bytes);
+  } else {
+    t.data = const_cast<void*>(data);
+  }
+  return Status::Ok;
+}
+
+Status Method::execute(ErrorMessage* error) {
+  using Clock = std::chrono::steady_clock;
+  KernelContext ctx;
+  for (const auto& in : inputs_)
+    if (values_[static_cast<size_t>(in)].scalar.t->data == nullptr && values_[static_cast<size_t>(in)].scalar.t->numel > 0)
+      return failure(error, Status::InvalidArgument, "an input was not set");
+  size_t pc = 0;
+  while (pc < instructions_.size()) {
+    const Instruction& in = instructions_[pc];
+    Clock::time_point start;
+    if (profiling_) start = Clock::now();
+    size_t next = pc + 1;
+    std::span<EValue*> args(arg_ptrs_.data() + in.args_begin, in.args_count);
+    switch (in.kind) {
+      case Instruction::Kind::Kernel:
+        ctx.reset();
+        in.fn(ctx, args);
+        if (!ctx.ok())
+          return failure(error, ctx.status(), "instruction %zu (%s): %s", pc, instruction_label(pc), ctx.message());
+        break;
+      case Instruction::Kind::Delegate: {
+        const DelegateHandle& d = delegates_[static_cast<size_t>(in.op_or_delegate)];
+        Status s = d.backend->execute(d.state, args, error);
+        if (s != Status::Ok) return s;
+        break;
+      }
+      case Instruction::Kind::Move:
+        values_[static_cast<size_t>(in.b)] = values_[static_cast<size_t>(in.a)];
+        break;
+      case Instruction::Kind::JumpFalse: {
+        const EValue& c = values_[static_cast<size_t>(in.a)];
+        bool cond = c.tag == EValue::Tag::Bool ? c.scalar.b
+                    : (c.tag == EValue::Tag::Tensor && c.scalar.t->numel == 1 && c.scalar.t->dtype == ScalarType::Bool)
+                        ? *static_cast<const bool*>(c.scalar.t->data)
+                        : false;
+        if (!cond) next = static_cast<size_t>(in.b);
+        break;
+      }
+      case Instruction::Kind::Free: break;  // planned memory: nothing to release
+    }
+    if (profiling_) {
+      profile_[pc].calls++;
+      profile_[pc].total_ns +=
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    }
+    pc = next;
+  }
+  return Status::Ok;
+}
+
+Result<Program> Program::load(const char* path, ErrorMessage* error) {
+  Result<PteFile> f = PteFile::open(path, error);
+  if (!f.ok()) return f.status();
+  return Program(std::move(f.value()));
+}
+
+Result<Method> Program::load_method(const char* name, ErrorMessage* error) const {
+  Result<const fb::ExecutionPlan*> found = file_.plan(name, error);
+  if (!found.ok()) return found.status();
+  const fb::ExecutionPlan& plan = *found.value();
+  Method m;
+  m.name_ = name;
+
+  // Planned memory: one zeroed, aligned buffer per memory id.
+  const auto* sizes = plan.non_const_buffer_sizes();
+  m.buffers_.assign(len(sizes), nullptr);
+  for (size_t i = 1; i < len(sizes); ++i) {
+    int64_t bytes = sizes->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (bytes < 0) return failure(error, Status::InvalidProgram, "planned buffer %zu has negative size", i);
+    size_t rounded = (static_cast<size_t>(bytes) + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+    m.buffers_[i] = static_cast<std::byte*>(std::aligned_alloc(kBufferAlignment, std::max<size_t>(rounded, kBufferAlignment)));
+    if (!m.buffers_[i]) return failure(error, Status::OutOfMemory, "cannot allocate %lld bytes of planned memory",
+                                       static_cast<long long>(bytes));
+    std::memset(m.buffers_[i], 0, rounded);
+    m.planned_bytes_ += static_cast<uint64_t>(bytes);
+  }
+
+  // Values. Sizes of the arenas first, so spans into them stay valid.
+  const auto* values = plan.values();
+  const size_t n = len(values);
+  size_t n_tensors = 0, n_ints = 0, n_doubles = 0, n_bools = 0, n_tensor_ptrs = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const fb::EValue* v = values->Get(static_cast<flatbuffers::uoffset_t>(i));
+    switch (v->val_type()) {
+      case KernelTypes::Tensor: ++n_tensors; break;
+      case KernelTypes::IntList: n_ints += len(v->val_as_IntList()->items()); break;
+      case KernelTypes::DoubleList: n_doubles += len(v->val_as_DoubleList()->items()); break;
+      case KernelTypes::BoolList: n_bools += len(v->val_as_BoolList()->items()); break;
+      case KernelTypes::TensorList: n_tensor_ptrs += len(v->val_as_TensorList()->items()); break;
+      case KernelTypes::OptionalTensorList: n_tensor_ptrs += len(v->val_as_OptionalTensorList()->items()); break;
+      default: break;
+    }
+  }
+  m.values_.resize(n);
+  m.tensors_.resize(n_tensors);
+  m.int_arena_.resize(n_ints);
+  m.double_arena_.resize(n_doubles);
+  m.bool_arena_.reset(new (std::nothrow) bool[n_bools + 1]);
+  m.tensor_ptr_arena_.resize(n_tensor_ptrs);
+  size_t ti = 0, ii = 0, di = 0, bi = 0, pi = 0;
+  std::vector<size_t> tensor_of_value(n, SIZE_MAX);
+  // Tensors first: lists refer to them by index.
+  for (size_t i = 0; i < n; ++i) {
+    const fb::EValue* v = values->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (v->val_type() != KernelTypes::Tensor) continue;
+    const fb::Tensor* ft = v->val_as_Tensor();
+    Tensor& t = m.tensors_[ti];
+    tensor_of_value[i] = ti++;
+    t.dtype = static_cast<ScalarType>(ft->scalar_type());
+    if (pte_element_size(static_cast<int8_t>(ft->scalar_type())) == 0)
+      return failure(error, Status::NotSupported, "value %zu: tensor dtype code %d is not supported", i,
+                     static_cast<int>(ft->scalar_type()));
+    size_t rank = len(ft->sizes());
+    if (rank > static_cast<size_t>(kMaxDims) || len(ft->dim_order()) != rank)
+      return failure(error, Status::InvalidProgram, "value %zu: tensor rank %zu (dim order %zu) unsupported", i, rank,
+                     len(ft->dim_order()));
+    int64_t shape[kMaxDims];
+    for (size_t d = 0; d < rank; ++d) {
+      shape[d] = ft->sizes()->Get(static_cast<flatbuffers::uoffset_t>(d));
+      if (shape[d] < 0) return failure(error, Status::InvalidProgram, "value %zu: negative size", i);
+      uint8_t o = ft->dim_order()->Get(static_cast<flatbuffers::uoffset_t>(d));
+      if (o >= rank) return failure(error, Status::InvalidProgram, "value %zu: dim order entry %u out of range", i, o);
+      t.dim_order[d] = o;
+    }
+    t.dim = static_cast<int32_t>(rank);
+    t.capacity_bytes = SIZE_MAX;
+    if (resize_tensor(t, std::span<const int64_t>(shape, rank)) != Status::Ok)
+      return failure(error, Status::InvalidProgram, "value %zu: bad tensor shape", i);
+    const size_t nbytes = t.nbytes();
+    if (ft->data_buffer_idx() > 0 && !ft->allocation_info()) {
+      Result<std::span<const std::byte>> c = file_.constant(ft->data_buffer_idx(), error);
+      if (!c.ok()) return c.status();
+      if (c.value().size() < nbytes)
+        return failure(error, Status::InvalidProgram, "value %zu: constant %u holds %zu bytes, the tensor needs %zu", i,
+                       ft->data_buffer_idx(), c.value().size(), nbytes);
+      t.data = const_cast<std::byte*>(c.value().data());
+      t.capacity_bytes = nbytes;
+    } else if (const fb::AllocationDetails* a = ft->allocation_info()) {
+      uint64_t offset = (static_cast<uint64_t>(a->memory_offset_high()) << 32) | a->memory_offset_low();
+      if (a->memory_id() == 0 || a->memory_id() >= m.buffers_.size())
+        return failure(error, Status::InvalidProgram, "value %zu: memory id %u out of range", i, a->memory_id());
+      uint64_t size = static_cast<uint64_t>(sizes->Get(a->memory_id()));
+      if (offset > size || nbytes > size - offset)
+        return failure(error, Status::InvalidProgram,
+                       "value %zu: tensor at offset %llu (%zu bytes) overruns planned buffer %u of %llu bytes", i,
+                       static_cast<unsigned long long>(offset), nbytes, a->memory_id(),
+                       static_cast<unsigned long long>(size));
+      t.data = m.buffers_[a->memory_id()] + offset;
+      t.capacity_bytes = nbytes;
+      if (ft->data_buffer_idx() > 0) {  // mutable tensor with an initial value
+        Result<std::span<const std::byte>> c = file_.constant(ft->data_buffer_idx(), error);
+        if (!c.ok()) return c.status();
+        if (c.value().size() < nbytes) return failure(error, Status::InvalidProgram, "value %zu: initial data too short", i);
+        std::memcpy(t.data, c.value().data(), nbytes);
+      }
+    } else {
+      t.data = nullptr;  // fed at run time
+      t.capacity_bytes = nbytes;
+    }
+    m.values_[i] = EValue::from_tensor(&t);
+  }
+  auto value_index_ok = [&](int64_t idx) { return idx >= 0 && static_cast<size_t>(idx) < n; };
+  for (size_t i = 0; i < n; ++i) {
+    const fb::EValue* v = values->Get(static_cast<flatbuffers::uoffset_t>(i));
+    EValue& e = m.values_[i];
+    switch (v->val_type()) {
+      case KernelTypes::NONE:
+      case KernelTypes::Null: e = EValue{}; break;
+      case KernelTypes::Int: e = EValue::from_int(v->val_as_Int()->int_val()); break;
+      case KernelTypes::Bool: e = EValue::from_bool(v->val_as_Bool()->bool_val()); break;
+      case KernelTypes::Double: e = EValue::from_double(v->val_as_Double()->double_val()); break;
+      case KernelTypes::String: {
+        const auto* s = v->val_as_String()->string_val();
+        e.tag = EValue::Tag::String;
+        e.str = s ? std::string_view(s->c_str(), s->size()) : std::string_view();
+        break;
+      }
+      case KernelTypes::Tensor: break;
+      case KernelTypes::IntList: {
+        const auto* items = v->val_as_IntList()->items();
+        const size_t begin = ii;
+        for (size_t k = 0; k < len(items); ++k) {
+          int64_t idx = items->Get(static_cast<flatbuffers::uoffset_t>(k));
+          if (!value_index_ok(idx) || values->Get(static_cast<flatbuffers::uoffset_t>(idx))->val_type() != KernelTypes::Int)
+            return failure(error, Status::InvalidProgram, "value %zu: int list item %zu is not an Int value", i, k);
+          m.int_arena_[ii++] = values->Get(static_cast<flatbuffers::uoffset_t>(idx))->val_as_Int()->int_val();
+        }
+        e.tag = EValue::Tag::IntList;
+        e.ints = std::span<const int64_t>(m.int_arena_.data() + begin, ii - begin);
+        break;
+      }
+      case KernelTypes::DoubleList: {
+        const auto* items = v->val_as_DoubleList()->items();
+        const size_t begin = di;
+        for (size_t k = 0; k < len(items); ++k) m.double_arena_[di++] = items->Get(static_cast<flatbuffers::uoffset_t>(k));
+        e.tag = EValue::Tag::DoubleList;
+        e.doubles = std::span<const double>(m.double_arena_.data() + begin, di - begin);
+        break;
+      }
+      case KernelTypes::BoolList: {
+        const auto* items = v->val_as_BoolList()->items();
+        const size_t begin = bi;
+        for (size_t k = 0; k < len(items); ++k) m.bool_arena_[bi++] = items->Get(static_cast<flatbuffers::uoffset_t>(k)) != 0;
+        e.tag = EValue::Tag::BoolList;
+        e.bools = std::span<const bool>(m.bool_arena_.get() + begin, bi - begin);
+        break;
+      }
+      case KernelTypes::TensorList:
+      case KernelTypes::OptionalTensorList: {
+        bool optional = v->val_type() == KernelTypes::OptionalTensorList;
+        const auto* items = optional ? v->val_as_OptionalTensorList()->items() : v->val_as_TensorList()->items();
+        const size_t begin = pi;
+        for (size_t k = 0; k < len(items); ++k) {
+          int32_t idx = items->Get(static_cast<flatbuffers::uoffset_t>(k));
+          if (optional && idx == -1) {
+            m.tensor_ptr_arena_[pi++] = nullptr;
+            continue;
+          }
+          if (!value_index_ok(idx) || tensor_of_value[static_cast<size_t>(idx)] == SIZE_MAX)
+            return failure(error, Status::InvalidProgram, "value %zu: list item %zu is not a tensor value", i, k);
+          m.tensor_ptr_arena_[pi++] = &m.tensors_[tensor_of_value[static_cast<size_t>(idx)]];
+        }
+        e.tag = optional ? EValue::Tag::OptionalTensorList : EValue::Tag::TensorList;
+        e.tensors = std::span<Tensor* const>(m.tensor_ptr_arena_.data() + begin, pi - begin);
+        break;
+      }
+    }
+  }
+
+  // Inputs and outputs.
+  auto tensor_slot = [&](int32_t idx, const char* what, size_t k) -> Status {
+    if (!value_index_ok(idx) || tensor_of_value[static_cast<size_t>(idx)] == SIZE_MAX)
+      return failure(error, Status::InvalidProgram, "%s %zu is not a tensor value", what, k);
+    return Status::Ok;
+  };
+  for (size_t k = 0; k < len(plan.inputs()); ++k) {
+    int32_t idx = plan.inputs()->Get(static_cast<flatbuffers::uoffset_t>(k));
+    if (Status s = tensor_slot(idx, "input", k); s != Status::Ok) return s;
+    m.inputs_.push_back(idx);
+    m.input_planned_.push_back(m.values_[static_cast<size_t>(idx)].scalar.t->data != nullptr);
+  }
+  for (size_t k = 0; k < len(plan.outputs()); ++k) {
+    int32_t idx = plan.outputs()->Get(static_cast<flatbuffers::uoffset_t>(k));
+    if (Status s = tensor_slot(idx, "output", k); s != Status::Ok) return s;
+    m.outputs_.push_back(idx);
+  }
+
+  // Operators -> kernels.
+  std::vector<KernelFn> kernels;
+  for (size_t k = 0; k < len(plan.operators()); ++k) {
+    const fb::Operator* op = plan.operators()->Get(static_cast<flatbuffers::uoffset_t>(k));
+    const char* opname = op->name() ? op->name()->c_str() : "";
+    const char* overload = op->overload() ? op->overload()->c_str() : "";
+    KernelFn fn = find_kernel(opname, overload);
+    if (fn == nullptr)
+      return failure(error, Status::NotFound, "operator %s.%s has no kernel in kiln's runtime", opname, overload);
+    kernels.push_back(fn);
+    m.operator_labels_.push_back(std::string(opname) + "." + overload);
+  }
+
+  // Delegates -> backends.
+  for (size_t k = 0; k < len(plan.delegates()); ++k) {
+    const fb::BackendDelegate* d = plan.delegates()->Get(static_cast<flatbuffers::uoffset_t>(k));
+    const char* id = d->id() ? d->id()->c_str() : "";
+    const Backend* backend = find_backend(id);
+    if (backend == nullptr)
+      return failure(error, Status::NotFound, "delegate %zu needs backend '%s', which this kiln runtime does not have",
+                     k, id);
+    size_t plan_index = 0;
+    for (size_t p = 0; p < len(file_.program().execution_plan()); ++p)
+      if (file_.program().execution_plan()->Get(static_cast<flatbuffers::uoffset_t>(p)) == &plan) plan_index = p;
+    Result<std::span<const std::byte>> payload = file_.delegate_payload(plan_index, k, error);
+    if (!payload.ok()) return payload.status();
+    std::vector<CompileSpecView> specs;
+    for (size_t s = 0; s < len(d->compile_specs()); ++s) {
+      const fb::CompileSpec* cs = d->compile_specs()->Get(static_cast<flatbuffers::uoffset_t>(s));
+      specs.push_back({cs->key() ? std::string_view(cs->key()->c_str(), cs->key()->size()) : std::string_view(),
+                       cs->value() ? std::span<const std::byte>(reinterpret_cast<const std::byte*>(cs->value()->data()),
+                                                                cs->value()->size())
+                                   : std::span<const std::byte>()});
+    }
+    DelegateHandle h{backend, nullptr};
+    if (Status s = backend->init(file_, payload.value(), specs, &h.state, error); s != Status::Ok) return s;
+    m.delegates_.push_back(h);
+    m.delegate_labels_.push_back(id);
+  }
+
+  // Instructions (a single chain).
+  if (len(plan.chains()) != 1)
+    return failure(error, Status::NotSupported, "plan '%s' has %zu chains; kiln runs single-chain plans", name,
+                   len(plan.chains()));
+  const fb::Chain* chain = plan.chains()->Get(0);
+  size_t total_args = 0;
+  for (size_t k = 0; k < len(chain->instructions()); ++k) {
+    const fb::Instruction* ins = chain->instructions()->Get(static_cast<flatbuffers::uoffset_t>(k));
+    if (ins->instr_args_type() == fb::InstructionArguments::KernelCall) total_args += len(ins->instr_args_as_KernelCall()->args());
+    if (ins->instr_args_type() == fb::InstructionArguments::DelegateCall) total_args += len(ins->instr_args_as_DelegateCall()->args());
+  }
+  m.arg_ptrs_.reserve(total_args);
+  const size_t n_instr = len(chain->instructions());
+  for (size_t k = 0; k < n_instr; ++k) {
+    const fb::Instruction* ins = chain->instructions()->Get(static_cast<flatbuffers::uoffset_t>(k));
+    Method::Instruction mi;
+    const flatbuffers::Vector<int32_t>* args = nullptr;
+    switch (ins->instr_args_type()) {
+      case fb::InstructionArguments::KernelCall: {
+        const auto* kc = ins->instr_args_as_KernelCall();
+        if (kc->op_index() < 0 || static_cast<size_t>(kc->op_index()) >= kernels.size())
+          return failure(error, Status::InvalidProgram, "instruction %zu: operator index %d out of range", k, kc->op_index());
+        mi.kind = Method::Instruction::Kind::Kernel;
+        mi.fn = kernels[static_cast<size_t>(kc->op_index())];
+        mi.op_or_delegate = kc->op_index();
+        args = kc->args();
+        break;
+      }
+      case fb::InstructionArguments::DelegateCall: {
+        const auto* dc = ins->instr_args_as_DelegateCall();
+        if (dc->delegate_index() < 0 || static_cast<size_t>(dc->delegate_index()) >= m.delegates_.size())
+          return failure(error, Status::InvalidProgram, "instruction %zu: delegate index %d out of range", k,
+                         dc->delegate_index());
+        mi.kind = Method::Instruction::Kind::Delegate;
+        mi.op_or_delegate = dc->delegate_index();
+        args = dc->args();
+        break;
+      }
+      case fb::InstructionArguments::MoveCall: {
+        const auto* mc = ins->instr_args_as_MoveCall();
+        if (!value_index_ok(mc->move_from()) || !value_index_ok(mc->move_to()))
+          return failure(error, Status::InvalidProgram, "instruction %zu: move index out of range", k);
+        mi.kind = Method::Instruction::Kind::Move;
+        mi.a = mc->move_from();
+        mi.b = mc->move_to();
+        break;
+      }
+      case fb::InstructionArguments::JumpFalseCall: {
+        const auto* jc = ins->instr_args_as_JumpFalseCall();
+        if (!value_index_ok(jc->cond_value_index()) || jc->destination_instruction() < 0 ||
+            static_cast<size_t>(jc->destination_instruction()) > n_instr)
+          return failure(error, Status::InvalidProgram, "instruction %zu: jump out of range", k);
+        mi.kind = Method::Instruction::Kind::JumpFalse;
+        mi.a = jc->cond_value_index();
+        mi.b = jc->destination_instruction();
+        break;
+      }
+      case fb::InstructionArguments::FreeCall:
+        mi.kind = Method::Instruction::Kind::Free;
+        break;
+      default:
+        return failure(error, Status::InvalidProgram, "instruction %zu: unknown kind", k);
+    }
+    if (args != nullptr) {
+      mi.args_begin = static_cast<uint32_t>(m.arg_ptrs_.size());
+      size_t count = len(args);
+      // ExecuTorch's kernel calls end with a return-value slot that repeats the outs: not passed to kernels.
+      if (mi.kind == Method::Instruction::Kind::Kernel && count > 0) --count;
+      for (size_t a = 0; a < len(args); ++a) {
+        int32_t idx = args->Get(static_cast<flatbuffers::uoffset_t>(a));
+        if (!value_index_ok(idx))
+          return failure(error, Status::InvalidProgram, "instruction %zu: argument %zu value index %d out of range", k, a, idx);
+        if (a < count) m.arg_ptrs_.push_back(&m.values_[static_cast<size_t>(idx)]);
+      }
+      mi.args_count = static_cast<uint32_t>(count);
+    }
+    m.instructions_.push_back(mi);
+  }
+  m.profile_.assign(m.instructions_.size(), InstructionProfile{});
+  return m;
+}
+
+}  // namespace kiln::rt
