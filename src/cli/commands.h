@@ -14,6 +14,8 @@ void add_inspect_command(CLI::App& app, std::function<int()>& run);
 // `kiln inspect FILE.pte`: prints what a .pte program holds (as JSON if asked);
 // returns the exit status. Throws kiln::Error if the file does not load.
 int inspect_pte(const std::string& path, bool as_json);
+// Adds `kiln bench`.
+void add_bench_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln run`.
 void add_run_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln lower`.

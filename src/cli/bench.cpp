@@ -1,0 +1,143 @@
+// `kiln bench`: load time, first run, median and minimum latency, peak RSS.
+#include "commands.h"
+#include "kiln/core/error.h"
+#include "kiln/io/npy.h"
+#include "kiln/runtime/program.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <vector>
+
+namespace kiln::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string file;
+  std::string method = "forward";
+  std::vector<std::string> inputs;
+  int iters = 10;
+  int warmup = 1;
+  int threads = 1;
+  bool as_json = false;
+  bool profile = false;
+};
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+int run_bench(const BenchOptions& o) {
+  check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+  check(o.threads >= 1, "--threads must be >= 1");
+  auto t0 = Clock::now();
+  rt::ErrorMessage err;
+  auto program = rt::Program::load(o.file.c_str(), &err);
+  if (!program.ok()) fail("{}: {}", o.file, err.c_str());
+  auto method = program->load_method(o.method.c_str(), &err);
+  if (!method.ok()) fail("{}: method '{}': {}", o.file, o.method, err.c_str());
+  auto t1 = Clock::now();
+  rt::Method& m = method.value();
+
+  // Inputs: the given .npy files, or zeros (valid token ids for language models).
+  std::vector<std::vector<std::byte>> inputs;
+  check(o.inputs.empty() || o.inputs.size() == m.num_inputs(), "{}: {} --input given for {} input(s)", o.file,
+        o.inputs.size(), m.num_inputs());
+  for (size_t i = 0; i < m.num_inputs(); ++i) {
+    if (o.inputs.empty()) {
+      inputs.emplace_back(m.input(i).nbytes());
+    } else {
+      io::NpyArray a = io::read_npy(o.inputs[i]);
+      check(a.dtype == m.input(i).dtype && m.input(i).same_shape(a.shape), "--input {}: wrong dtype or shape",
+            o.inputs[i]);
+      inputs.push_back(std::move(a.data));
+    }
+  }
+  auto run_once = [&] {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (m.set_input(i, inputs[i].data(), inputs[i].size(), &err) != rt::Status::Ok) fail("input {}: {}", i, err.c_str());
+    auto a = Clock::now();
+    if (m.execute(&err) != rt::Status::Ok) fail("{}: execution failed: {}", o.file, err.c_str());
+    return ms_between(a, Clock::now());
+  };
+  double first_ms = run_once();
+  for (int i = 1; i < o.warmup; ++i) run_once();
+  m.enable_profiling(o.profile);
+  std::vector<double> times;
+  for (int i = 0; i < o.iters; ++i) times.push_back(run_once());
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
+                                    : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  double load_ms = ms_between(t0, t1);
+
+  // Profile: time per operator / backend, summed over the measured iterations.
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_label;  // label -> (calls, ns)
+  if (o.profile)
+    for (size_t i = 0; i < m.num_instructions(); ++i) {
+      auto& e = by_label[m.instruction_label(i)];
+      e.first += m.profile()[i].calls;
+      e.second += m.profile()[i].total_ns;
+    }
+
+  if (o.as_json) {
+    nlohmann::json j = {{"file", o.file},       {"threads", o.threads},      {"iters", o.iters},
+                        {"load_ms", load_ms},   {"first_run_ms", first_ms},  {"median_ms", median},
+                        {"min_ms", sorted[0]},  {"peak_rss_mb", peak_rss_mb()},
+                        {"planned_mb", static_cast<double>(m.planned_bytes()) / 1e6},
+                        {"instructions", m.num_instructions()}, {"times_ms", times}};
+    if (o.profile) {
+      nlohmann::json p = nlohmann::json::object();
+      for (const auto& [label, e] : by_label)
+        p[label] = {{"calls", e.first}, {"ms_per_run", static_cast<double>(e.second) / 1e6 / o.iters}};
+      j["profile"] = p;
+    }
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("{}: {} instructions, {} thread(s)\n", o.file, m.num_instructions(), o.threads);
+  fmt::print("  load {:.1f} ms, first run {:.1f} ms, median {:.2f} ms, min {:.2f} ms over {} runs\n", load_ms, first_ms,
+             median, sorted[0], o.iters);
+  fmt::print("  peak RSS {:.1f} MB, planned memory {:.1f} MB\n", peak_rss_mb(), static_cast<double>(m.planned_bytes()) / 1e6);
+  if (o.profile) {
+    std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> rows(by_label.begin(), by_label.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+    uint64_t total = 0;
+    for (const auto& r : rows) total += r.second.second;
+    fmt::print("  profile (per run):\n");
+    for (const auto& [label, e] : rows)
+      fmt::print("    {:>8.2f} ms {:5.1f}%  {:>4} calls  {}\n", static_cast<double>(e.second) / 1e6 / o.iters,
+                 total ? 100.0 * static_cast<double>(e.second) / static_cast<double>(total) : 0.0, e.first / static_cast<uint64_t>(o.iters), label);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, std::function<int()>& run) {
+  auto opts = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Time a .pte in kiln's runtime: load, first run, median/min latency, peak RSS");
+  cmd->add_option("file", opts->file, "the .pte program")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--input,-i", opts->inputs, "input tensors (.npy), one per method input (default: zeros)");
+  cmd->add_option("--iters", opts->iters, "measured runs")->capture_default_str();
+  cmd->add_option("--warmup", opts->warmup, "runs before measuring (the first is reported separately)")->capture_default_str();
+  cmd->add_option("--threads", opts->threads, "threads for backends that use a pool")->capture_default_str();
+  cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
+  cmd->add_flag("--profile", opts->profile, "time every instruction and report time per operator");
+  cmd->add_flag("--json", opts->as_json, "print JSON (keys: load_ms, first_run_ms, median_ms, min_ms, peak_rss_mb, ...)");
+  cmd->callback([opts, &run] { run = [opts] { return run_bench(*opts); }; });
+}
+
+}  // namespace kiln::cli
