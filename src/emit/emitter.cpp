@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <queue>
+#include <set>
 #include <unordered_map>
 
 namespace kiln::emit {
@@ -36,12 +38,14 @@ std::vector<int32_t> to_i32(const std::vector<int64_t>& v) {
 
 class Emitter {
  public:
-  Emitter(const EdgeProgram& program, EmitReport* report) : p_(program), report_(report ? report : &local_report_) {}
+  Emitter(const EdgeProgram& program, std::span<const DelegatedRegion> regions, EmitReport* report)
+      : p_(program), regions_(regions), report_(report ? report : &local_report_) {}
 
   pte::Program run() {
     plan_.name = "forward";
     plan_.encoded_inputs_spec = p_.inputs_spec;
     plan_.encoded_outputs_spec = p_.outputs_spec;
+    order_steps();
     decide_aliases();
     assign_constants();
     plan_storage();
@@ -54,6 +58,116 @@ class Emitter {
   }
 
  private:
+  // ---- the order of instructions ----------------------------------------------
+  // One step per node on the portable path and per delegated region: a
+  // topological order of the graph with every region contracted to one node,
+  // each step as early in graph order as its inputs allow.
+  struct Step {
+    bool region = false;
+    int32_t index = 0;  // node index, or index into regions_
+  };
+
+  void order_steps() {
+    const auto& g = p_.graph;
+    const size_t n = g.nodes.size();
+    region_of_.assign(n, -1);
+    for (size_t r = 0; r < regions_.size(); ++r) {
+      const auto& region = regions_[r];
+      check(!region.nodes.empty(), "delegated region {} has no nodes", r);
+      check(!region.backend_id.empty(), "delegated region {} names no backend", r);
+      for (int32_t i : region.nodes) {
+        check(i >= 0 && static_cast<size_t>(i) < n, "delegated region {} names node index {} of {}", r, i, n);
+        check(region_of_[static_cast<size_t>(i)] < 0, "node '{}' is in two delegated regions",
+              g.nodes[static_cast<size_t>(i)].name);
+        region_of_[static_cast<size_t>(i)] = static_cast<int32_t>(r);
+      }
+      report_->delegated_nodes += static_cast<int64_t>(region.nodes.size());
+    }
+    // Units: node i on the portable path is unit i, region r is unit n + r.
+    auto unit_of = [&](size_t i) { return region_of_[i] < 0 ? i : n + static_cast<size_t>(region_of_[i]); };
+    std::vector<int32_t> producer(g.values.size(), -1);
+    for (size_t i = 0; i < n; ++i)
+      for (ValueId v : g.nodes[i].output_ids()) producer.at(static_cast<size_t>(v)) = static_cast<int32_t>(i);
+    const size_t units = n + regions_.size();
+    std::vector<std::vector<size_t>> succs(units);
+    std::vector<int32_t> indegree(units, 0);
+    std::vector<size_t> key(units, SIZE_MAX);
+    for (size_t i = 0; i < n; ++i) key[unit_of(i)] = std::min(key[unit_of(i)], i);
+    std::set<std::pair<size_t, size_t>> edges;
+    for (size_t i = 0; i < n; ++i) {
+      for (const auto& in : g.nodes[i].inputs)
+        for (ValueId v : in.arg.tensor_ids()) {
+          if (p_.is_constant(v)) continue;
+          int32_t q = producer.at(static_cast<size_t>(v));
+          if (q < 0) continue;
+          size_t a = unit_of(static_cast<size_t>(q)), b = unit_of(i);
+          if (a != b && edges.emplace(a, b).second) {
+            succs[a].push_back(b);
+            ++indegree[b];
+          }
+        }
+    }
+    // A region's outputs must cover what is read outside it; its inputs what it reads.
+    for (size_t r = 0; r < regions_.size(); ++r) {
+      std::set<ValueId> ins(regions_[r].inputs.begin(), regions_[r].inputs.end());
+      for (ValueId v : regions_[r].outputs) {
+        int32_t q = producer.at(static_cast<size_t>(v));
+        check(q >= 0 && region_of_[static_cast<size_t>(q)] == static_cast<int32_t>(r),
+              "delegated region {} lists output '{}', which it does not compute", r, g.value(v).name);
+      }
+      for (int32_t i : regions_[r].nodes)
+        for (const auto& in : g.nodes[static_cast<size_t>(i)].inputs)
+          for (ValueId v : in.arg.tensor_ids()) {
+            int32_t q = producer.at(static_cast<size_t>(v));
+            bool inside = q >= 0 && region_of_[static_cast<size_t>(q)] == static_cast<int32_t>(r);
+            // Constants a region does not list as inputs travel in its named data.
+            check(inside || ins.contains(v) || p_.is_constant(v),
+                  "delegated region {} reads '{}' but does not list it as an input", r, g.value(v).name);
+          }
+      for (ValueId v : regions_[r].inputs) {
+        int32_t q = producer.at(static_cast<size_t>(v));
+        check(q < 0 || region_of_[static_cast<size_t>(q)] != static_cast<int32_t>(r),
+              "delegated region {} lists input '{}', which it computes itself", r, g.value(v).name);
+      }
+    }
+    for (size_t i = 0; i < n; ++i)
+      for (const auto& in : g.nodes[i].inputs)
+        for (ValueId v : in.arg.tensor_ids()) {
+          int32_t q = p_.is_constant(v) ? -1 : producer.at(static_cast<size_t>(v));
+          if (q < 0 || region_of_[static_cast<size_t>(q)] < 0 || region_of_[static_cast<size_t>(q)] == region_of_[i])
+            continue;
+          const auto& outs = regions_[static_cast<size_t>(region_of_[static_cast<size_t>(q)])].outputs;
+          check(std::find(outs.begin(), outs.end(), v) != outs.end(),
+                "node '{}' reads '{}' from inside delegated region {}, which does not output it", g.nodes[i].name,
+                g.value(v).name, region_of_[static_cast<size_t>(q)]);
+        }
+    for (ValueId v : p_.outputs) {
+      int32_t q = p_.is_constant(v) ? -1 : producer.at(static_cast<size_t>(v));
+      if (q < 0 || region_of_[static_cast<size_t>(q)] < 0) continue;
+      const auto& outs = regions_[static_cast<size_t>(region_of_[static_cast<size_t>(q)])].outputs;
+      check(std::find(outs.begin(), outs.end(), v) != outs.end(),
+            "program output '{}' is computed inside delegated region {}, which does not output it", g.value(v).name,
+            region_of_[static_cast<size_t>(q)]);
+    }
+    // Kahn's algorithm, earliest graph position first.
+    std::priority_queue<std::pair<size_t, size_t>, std::vector<std::pair<size_t, size_t>>, std::greater<>> ready;
+    size_t live_units = 0;
+    for (size_t u = 0; u < units; ++u) {
+      if (key[u] == SIZE_MAX) continue;  // a region number with no nodes cannot happen; a node always has a key
+      ++live_units;
+      if (indegree[u] == 0) ready.emplace(key[u], u);
+    }
+    while (!ready.empty()) {
+      size_t u = ready.top().second;
+      ready.pop();
+      steps_.push_back(u < n ? Step{false, static_cast<int32_t>(u)} : Step{true, static_cast<int32_t>(u - n)});
+      for (size_t s : succs[u])
+        if (--indegree[s] == 0) ready.emplace(key[s], s);
+    }
+    check(steps_.size() == live_units,
+          "delegated regions are not convex: contracting them leaves a cycle in the graph");
+  }
+
   // ---- which view nodes become shared storage --------------------------------
   void decide_aliases() {
     const auto& g = p_.graph;
@@ -61,16 +175,23 @@ class Emitter {
     alias_node_.assign(g.nodes.size(), false);
     std::vector<bool> is_input(g.values.size(), false);
     for (ValueId v : g.inputs) is_input[static_cast<size_t>(v)] = true;
-    // Root storages: inputs and every node output; aliases point at their input's root.
+    // Root storages: inputs, every portable node output and every region
+    // output; aliases point at their input's root. Values inside a region have none.
     int32_t next = 0;
     for (ValueId v : g.inputs) storage_of_[static_cast<size_t>(v)] = next++;
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const Step& step : steps_) {
+      if (step.region) {
+        for (ValueId v : regions_[static_cast<size_t>(step.index)].outputs) storage_of_[static_cast<size_t>(v)] = next++;
+        continue;
+      }
+      auto i = static_cast<size_t>(step.index);
       const auto& n = g.nodes[i];
       auto outs = n.output_ids();
       if (is_view_like(n.target) && outs.size() == 1) {
         ValueId in = n.inputs.at(0).arg.tensor_ids().at(0);
         bool same_dtype = g.value(in).meta.dtype == g.value(outs[0]).meta.dtype;
-        if (same_dtype && !is_input[static_cast<size_t>(in)] && !p_.is_constant(in)) {
+        if (same_dtype && !is_input[static_cast<size_t>(in)] && !p_.is_constant(in) &&
+            storage_of_[static_cast<size_t>(in)] >= 0) {
           alias_node_[i] = true;
           storage_of_[static_cast<size_t>(outs[0])] = storage_of_[static_cast<size_t>(in)];
           ++report_->aliased_views;
@@ -87,8 +208,23 @@ class Emitter {
     // Same data object first (tied parameters, views of constants), then same bytes.
     std::map<std::pair<const void*, std::string>, uint32_t> by_identity;
     std::unordered_map<uint64_t, std::vector<uint32_t>> by_hash;
-    std::vector<const ConstantData*> buffer_data{nullptr};
+    // Only constants an instruction or the program's outputs name: those only
+    // delegates read are the delegates' named data, not constant segment data.
+    std::set<ValueId> needed;
+    for (const Step& step : steps_) {
+      if (step.region) {
+        for (ValueId v : regions_[static_cast<size_t>(step.index)].inputs)
+          if (p_.is_constant(v)) needed.insert(v);
+        continue;
+      }
+      for (const auto& in : p_.graph.nodes[static_cast<size_t>(step.index)].inputs)
+        for (ValueId v : in.arg.tensor_ids())
+          if (p_.is_constant(v)) needed.insert(v);
+    }
+    for (ValueId v : p_.outputs)
+      if (p_.is_constant(v)) needed.insert(v);
     for (const auto& [v, c] : p_.constants) {
+      if (!needed.contains(v)) continue;
       std::pair<const void*, std::string> identity =
           c.source ? std::pair<const void*, std::string>{nullptr, fmt::format("{}@{}/{}/{}", c.source->entry,
                                                                                c.source->meta.storage_offset,
@@ -165,11 +301,6 @@ class Emitter {
   // ---- memory planning --------------------------------------------------------
   void plan_storage() {
     const auto& g = p_.graph;
-    // Instruction index of each node once aliases are skipped.
-    std::vector<int32_t> instr_of(g.nodes.size(), -1);
-    int32_t count = 0;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      if (!alias_node_[i]) instr_of[i] = count++;
     std::vector<StorageRequest> req(static_cast<size_t>(storage_count_));
     std::vector<bool> seen(req.size(), false);
     auto touch = [&](ValueId v, int32_t at) {
@@ -185,10 +316,20 @@ class Emitter {
       r.bytes = std::max<uint64_t>(r.bytes, static_cast<uint64_t>(g.value(v).meta.nbytes()));
     };
     for (ValueId v : g.inputs) touch(v, -1);
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
+    int32_t count = 0;
+    for (const Step& step : steps_) {
+      if (step.region) {
+        // A delegate call reads its inputs and writes its outputs at its instruction.
+        const auto& r = regions_[static_cast<size_t>(step.index)];
+        for (ValueId v : r.inputs) touch(v, count);
+        for (ValueId v : r.outputs) touch(v, count);
+        ++count;
+        continue;
+      }
+      auto i = static_cast<size_t>(step.index);
       // An alias node neither reads nor writes at run time, but readers of its
-      // output keep its root alive: attribute it to the next real instruction.
-      int32_t at = alias_node_[i] ? std::max<int32_t>(0, i > 0 ? instr_of_prev(instr_of, i) : 0) : instr_of[i];
+      // output keep its root alive: attribute it to the previous instruction.
+      int32_t at = alias_node_[i] ? std::max(0, count - 1) : count++;
       for (ValueId v : g.nodes[i].output_ids()) touch(v, at);
       for (const auto& in : g.nodes[i].inputs)
         for (ValueId v : in.arg.tensor_ids()) touch(v, at);
@@ -202,12 +343,6 @@ class Emitter {
     plan_.non_const_buffer_sizes = {0, static_cast<int64_t>(plan.total_bytes)};
     report_->planned_bytes = plan.total_bytes;
     report_->naive_bytes = plan.naive_bytes;
-  }
-
-  static int32_t instr_of_prev(const std::vector<int32_t>& instr_of, size_t i) {
-    for (size_t j = i; j-- > 0;)
-      if (instr_of[j] >= 0) return instr_of[j];
-    return 0;
   }
 
   // ---- values -------------------------------------------------------------------
@@ -291,7 +426,12 @@ class Emitter {
   // ---- instructions ----------------------------------------------------------
   void emit_instructions() {
     const auto& g = p_.graph;
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const Step& step : steps_) {
+      if (step.region) {
+        emit_delegate_call(regions_[static_cast<size_t>(step.index)]);
+        continue;
+      }
+      auto i = static_cast<size_t>(step.index);
       if (alias_node_[i]) continue;
       const auto& n = g.nodes[i];
       const passes::OpSchema* s = passes::find_op_schema(n.target);
@@ -321,11 +461,40 @@ class Emitter {
     }
   }
 
+  void emit_delegate_call(const DelegatedRegion& r) {
+    for (const auto& blob : r.named_data) {
+      auto it = named_size_.find(blob.key);
+      if (it != named_size_.end()) {
+        check(it->second == blob.data.size, "named data '{}' is given as {} and as {} bytes", blob.key, it->second,
+              blob.data.size);
+        continue;
+      }
+      named_size_[blob.key] = blob.data.size;
+      program_.named_data.push_back(blob);
+      ++report_->named_data;
+      report_->named_data_bytes += blob.data.size;
+    }
+    auto payload_index = static_cast<uint32_t>(program_.delegate_payloads.size());
+    program_.delegate_payloads.push_back(r.payload);
+    report_->delegate_payload_bytes += r.payload.size;
+    plan_.delegates.push_back({r.backend_id, payload_index, r.compile_specs});
+    pte::DelegateCall call;
+    call.delegate_index = static_cast<int32_t>(plan_.delegates.size() - 1);
+    for (ValueId v : r.inputs) call.args.push_back(tensor_value(v));
+    for (ValueId v : r.outputs) call.args.push_back(tensor_value(v));
+    plan_.instructions.push_back(std::move(call));
+    ++report_->delegate_calls;
+  }
+
   const EdgeProgram& p_;
+  std::span<const DelegatedRegion> regions_;
   EmitReport local_report_;
   EmitReport* report_;
   pte::Program program_;
   pte::ExecutionPlan plan_;
+  std::vector<Step> steps_;
+  std::vector<int32_t> region_of_;  // per node: index into regions_, or -1
+  std::map<std::string, uint64_t> named_size_;
   std::vector<int32_t> storage_of_;
   std::vector<bool> alias_node_;
   int32_t storage_count_ = 0;
@@ -340,7 +509,12 @@ class Emitter {
 }  // namespace
 
 pte::Program emit_program(const passes::EdgeProgram& program, EmitReport* report) {
-  return Emitter(program, report).run();
+  return Emitter(program, {}, report).run();
+}
+
+pte::Program emit_program(const passes::EdgeProgram& program, std::span<const DelegatedRegion> regions,
+                          EmitReport* report) {
+  return Emitter(program, regions, report).run();
 }
 
 }  // namespace kiln::emit

@@ -1,7 +1,12 @@
 // The emitter: an edge program into an ExecuTorch program model (pte::Program):
-// out-variant kernel calls in graph order, values for every tensor and
-// argument, planned memory for every non-constant tensor, and each distinct
-// constant stored once (identical bytes are shared, however many values use them).
+// out-variant kernel calls for the nodes on the portable path and one
+// delegate call per delegated region, in a topological order of the graph
+// with each region contracted to one node; values for every tensor and
+// argument; planned memory for every non-constant tensor the instructions
+// see (a region's internal values are the backend's business); and each
+// distinct constant a kernel or delegate call reads stored once in the
+// constant segment (identical bytes are shared, however many values use them).
+// Constants that only delegates read travel as the delegates' named data.
 #pragma once
 
 #include "kiln/passes/edge_program.h"
@@ -9,7 +14,9 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace kiln::emit {
 
@@ -24,8 +31,28 @@ struct EmitReport {
   int64_t constants = 0;                     // distinct constant buffers stored
   uint64_t constant_bytes = 0;
   int64_t deduplicated_constants = 0;        // constant values that reuse another's bytes
+  int64_t delegated_nodes = 0;               // edge nodes inside delegate calls
+  int64_t named_data = 0;                    // distinct named-data entries (by key)
+  uint64_t named_data_bytes = 0;
+  uint64_t delegate_payload_bytes = 0;
+};
+
+// A region of the edge graph that a backend runs as one delegate call. The
+// call's arguments are the values of `inputs` then of `outputs`, in order.
+struct DelegatedRegion {
+  std::string backend_id;                  // "XnnpackBackend"
+  std::vector<int32_t> nodes;              // indices into graph.nodes it replaces
+  std::vector<graph::ValueId> inputs;      // computed values, graph inputs or constants, read from outside
+  std::vector<graph::ValueId> outputs;     // computed by the region, read after it
+  pte::DataBlob payload;                   // the backend's processed blob
+  std::vector<pte::NamedBlob> named_data;  // data the payload names (a key given twice is stored once)
+  std::vector<pte::CompileSpec> compile_specs;
 };
 
 pte::Program emit_program(const passes::EdgeProgram& program, EmitReport* report = nullptr);
+
+// As above, with `regions` (disjoint, each convex in the graph) as delegate calls.
+pte::Program emit_program(const passes::EdgeProgram& program, std::span<const DelegatedRegion> regions,
+                          EmitReport* report = nullptr);
 
 }  // namespace kiln::emit

@@ -1,0 +1,51 @@
+// XnnpackPartitioner: the partitioner (partitioner.h) with the XNNPACK
+// support table as its predicate, and each region built into an XNNPACK
+// delegate payload (backends/xnnpack/payload.h) ready for the emitter.
+//
+// Named data keys are "xnnpack/const/<128-bit content digest>", the format
+// the payload builder uses for the constants it makes itself, so equal bytes
+// get one key (and are stored once) whether they are a weight, a folded
+// constant or a builder-made scalar, and in however many regions.
+#pragma once
+
+#include "kiln/emit/emitter.h"
+#include "kiln/partition/partitioner.h"
+#include "kiln/passes/edge_program.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kiln::partition {
+
+struct DelegationSummary {
+  int64_t delegate_call_sites = 0;
+  int64_t delegated_node_count = 0;
+  std::map<std::string, int64_t> fallback_ops;  // target -> edge nodes left on the portable path
+  int64_t fallback_count = 0;
+  // target -> the distinct reasons its nodes were not delegated, in graph order
+  std::map<std::string, std::vector<std::string>> fallback_reasons;
+  int64_t xnnpack_nodes = 0;            // XNNPACK graph nodes over all payloads
+  int64_t named_constants = 0;          // constant_data entries over all payloads
+  int64_t constant_inputs = 0;          // constants passed as delegate inputs (their bytes in the constant segment)
+  int64_t partition_rounds = 0;
+};
+
+struct XnnpackDelegation {
+  Partition partition;
+  std::vector<emit::DelegatedRegion> regions;  // one per partition region, same order
+  DelegationSummary summary;
+};
+
+// The named-data key of bytes with this digest.
+std::string xnnpack_constant_key(const ContentDigest& digest);
+
+// What may cross an XNNPACK delegate boundary: float32 tensors of rank 1 to 6.
+std::optional<std::string> xnnpack_boundary(const graph::Graph& graph, graph::ValueId value);
+
+// Partitions `program` for XNNPACK and builds every region's payload.
+XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options = {});
+
+}  // namespace kiln::partition
