@@ -104,6 +104,11 @@ Status Method::execute(ErrorMessage* error) {
   for (const auto& in : inputs_)
     if (values_[static_cast<size_t>(in)].scalar.t->data == nullptr && values_[static_cast<size_t>(in)].scalar.t->numel > 0)
       return failure(error, Status::InvalidArgument, "an input was not set");
+  for (size_t k = 0; k < outputs_.size(); ++k) {
+    const Tensor& t = *values_[static_cast<size_t>(outputs_[k])].scalar.t;
+    if (t.data == nullptr && t.numel > 0)
+      return failure(error, Status::NotSupported, "output %zu has no memory: the program did not plan it", k);
+  }
   size_t pc = 0;
   while (pc < instructions_.size()) {
     const Instruction& in = instructions_[pc];
@@ -128,11 +133,21 @@ Status Method::execute(ErrorMessage* error) {
         values_[static_cast<size_t>(in.b)] = values_[static_cast<size_t>(in.a)];
         break;
       case Instruction::Kind::JumpFalse: {
+        // As ExecuTorch: the condition is a Bool, or a bool tensor that is true when all
+        // its elements are; anything else is a malformed program (taking it as false
+        // could turn a damaged instruction into an endless backward jump).
         const EValue& c = values_[static_cast<size_t>(in.a)];
-        bool cond = c.tag == EValue::Tag::Bool ? c.scalar.b
-                    : (c.tag == EValue::Tag::Tensor && c.scalar.t->numel == 1 && c.scalar.t->dtype == ScalarType::Bool)
-                        ? *static_cast<const bool*>(c.scalar.t->data)
-                        : false;
+        bool cond = true;
+        if (c.tag == EValue::Tag::Bool) {
+          cond = c.scalar.b;
+        } else if (c.tag == EValue::Tag::Tensor && c.scalar.t->dtype == ScalarType::Bool &&
+                   (c.scalar.t->data != nullptr || c.scalar.t->numel == 0)) {
+          const auto* p = static_cast<const uint8_t*>(c.scalar.t->data);
+          for (int64_t k = 0; k < c.scalar.t->numel && cond; ++k) cond = p[k] != 0;
+        } else {
+          return failure(error, Status::InvalidProgram,
+                         "instruction %zu (jump_false): condition value %d is not a bool or a bool tensor", pc, in.a);
+        }
         if (!cond) next = static_cast<size_t>(in.b);
         break;
       }
@@ -257,6 +272,12 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
       t.data = nullptr;  // fed at run time
       t.capacity_bytes = nbytes;
     }
+    // Kernels access elements as their C++ type: a constant or planned offset that is not
+    // a multiple of the element's alignment (ExecuTorch aligns both to 16) is malformed.
+    const size_t align = std::min<size_t>(static_cast<size_t>(element_size(t.dtype)), alignof(std::max_align_t));
+    if (t.data != nullptr && nbytes > 0 && align > 1 && reinterpret_cast<uintptr_t>(t.data) % align != 0)
+      return failure(error, Status::InvalidProgram, "value %zu: tensor data is not aligned to its %zu-byte elements", i,
+                     align);
     m.values_[i] = EValue::from_tensor(&t);
   }
   auto value_index_ok = [&](int64_t idx) { return idx >= 0 && static_cast<size_t>(idx) < n; };
@@ -344,6 +365,18 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
     if (Status s = tensor_slot(idx, "output", k); s != Status::Ok) return s;
     m.outputs_.push_back(idx);
   }
+  // A tensor that is neither constant nor planned gets memory only as a method input
+  // (set_input) or output; any other such tensor would be handed to kernels as null.
+  for (size_t i = 0; i < n; ++i) {
+    if (tensor_of_value[i] == SIZE_MAX) continue;
+    const Tensor& t = m.tensors_[tensor_of_value[i]];
+    if (t.data != nullptr || t.nbytes() == 0) continue;
+    const int32_t v = static_cast<int32_t>(i);
+    if (std::find(m.inputs_.begin(), m.inputs_.end(), v) == m.inputs_.end() &&
+        std::find(m.outputs_.begin(), m.outputs_.end(), v) == m.outputs_.end())
+      return failure(error, Status::InvalidProgram,
+                     "value %zu: tensor has no memory (not a constant, not planned, not an input or output)", i);
+  }
 
   // Operators -> kernels.
   std::vector<KernelFn> kernels;
@@ -398,6 +431,9 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
   }
   m.arg_ptrs_.reserve(total_args);
   const size_t n_instr = len(chain->instructions());
+  // Values an instruction may replace: move targets, a kernel call's result slot (its last
+  // argument: the outs, or the value a scalar op produces), any delegate call argument.
+  std::vector<bool> written(n, false);
   for (size_t k = 0; k < n_instr; ++k) {
     const fb::Instruction* ins = chain->instructions()->Get(static_cast<flatbuffers::uoffset_t>(k));
     Method::Instruction mi;
@@ -427,9 +463,16 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
         const auto* mc = ins->instr_args_as_MoveCall();
         if (!value_index_ok(mc->move_from()) || !value_index_ok(mc->move_to()))
           return failure(error, Status::InvalidProgram, "instruction %zu: move index out of range", k);
+        // Every value keeps its kind, so inputs and outputs stay tensors and kernels see
+        // only the kinds the loader checked.
+        if (m.values_[static_cast<size_t>(mc->move_from())].tag != m.values_[static_cast<size_t>(mc->move_to())].tag)
+          return failure(error, Status::InvalidProgram,
+                         "instruction %zu: move from value %d to value %d of another kind", k, mc->move_from(),
+                         mc->move_to());
         mi.kind = Method::Instruction::Kind::Move;
         mi.a = mc->move_from();
         mi.b = mc->move_to();
+        written[static_cast<size_t>(mi.b)] = true;
         break;
       }
       case fb::InstructionArguments::JumpFalseCall: {
@@ -457,11 +500,24 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
         int32_t idx = args->Get(static_cast<flatbuffers::uoffset_t>(a));
         if (!value_index_ok(idx))
           return failure(error, Status::InvalidProgram, "instruction %zu: argument %zu value index %d out of range", k, a, idx);
+        if (mi.kind == Method::Instruction::Kind::Delegate || a + 1 == len(args))
+          written[static_cast<size_t>(idx)] = true;
         if (a < count) m.arg_ptrs_.push_back(&m.values_[static_cast<size_t>(idx)]);
       }
       mi.args_count = static_cast<uint32_t>(count);
     }
     m.instructions_.push_back(mi);
+  }
+  // A backward jump on a Bool that is false and that no instruction can change loops
+  // forever (a damaged instruction kind can make one); a loop's condition must be computed.
+  for (size_t k = 0; k < m.instructions_.size(); ++k) {
+    const Method::Instruction& mi = m.instructions_[k];
+    if (mi.kind != Method::Instruction::Kind::JumpFalse || static_cast<size_t>(mi.b) > k) continue;
+    const EValue& c = m.values_[static_cast<size_t>(mi.a)];
+    if (c.tag == EValue::Tag::Bool && !c.scalar.b && !written[static_cast<size_t>(mi.a)])
+      return failure(error, Status::InvalidProgram,
+                     "instruction %zu: jumps back to instruction %d on value %d, which is always false: the plan never "
+                     "ends", k, mi.b, mi.a);
   }
   m.profile_.assign(m.instructions_.size(), InstructionProfile{});
   return m;

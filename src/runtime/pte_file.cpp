@@ -21,6 +21,12 @@ void ErrorMessage::set(const char* format, ...) {
   va_start(args, format);
   std::vsnprintf(text_, sizeof text_, format, args);
   va_end(args);
+  // Messages quote names from the file (operators, plans, backends); a damaged name
+  // must not break the one-line message: printable ASCII only.
+  for (char& c : text_) {
+    if (c == '\0') break;
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
 }
 
 size_t pte_element_size(int8_t scalar_type) {
@@ -72,6 +78,15 @@ bool fits(U64 a, U64 b, U64 limit) { return a <= limit && b <= limit - a; }
 template <typename T>
 uint32_t length(const flatbuffers::Vector<T>* v) {
   return v ? v->size() : 0;
+}
+
+// flatbuffers' Verifier checks only that a vector's length word is 4-aligned, so
+// the elements of a damaged [long]/[double]/[uint64] vector can sit 4 bytes off
+// their alignment, and reading them is undefined behaviour. The mapping is
+// page-aligned, so checking the address checks the file offset.
+template <typename T>
+bool elements_aligned(const flatbuffers::Vector<T>* v) {
+  return v == nullptr || reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
 }
 
 // Where a constant's bytes live: [begin, end) of the file.
@@ -148,6 +163,7 @@ class ProgramChecker {
   Status check_subsegments(const fb::SubsegmentOffsets& sub, const char* what, bool ordered) {
     const auto* offsets = sub.offsets();
     if (length(offsets) == 0) return Status::Ok;
+    if (!elements_aligned(offsets)) return fail("%s offsets are not 8-byte aligned", what);
     if (sub.segment_index() >= length(p_.segments()))
       return fail("%s names segment %u, but the program has %u segments", what, sub.segment_index(),
                   length(p_.segments()));
@@ -234,7 +250,8 @@ class ProgramChecker {
     for (uint32_t d = 0; d < sizes->size(); ++d) {
       int32_t s = sizes->Get(d);
       if (s < 0) return fail("value %u: size %d of dimension %u is negative", vi, s, d);
-      if (s > 0 && nbytes > std::numeric_limits<U64>::max() / static_cast<U64>(s))
+      // The runtime counts elements in int64: keep the byte size (>= the count) below 2^63.
+      if (s > 0 && nbytes > static_cast<U64>(std::numeric_limits<int64_t>::max()) / static_cast<U64>(s))
         return fail("value %u: tensor byte size overflows", vi);
       nbytes *= static_cast<U64>(s);
     }
@@ -310,8 +327,13 @@ class ProgramChecker {
     switch (v.val_type()) {
       case fb::KernelTypes::Tensor:
         return check_tensor(vi, *v.val_as_Tensor());
+      case fb::KernelTypes::DoubleList:
+        if (!elements_aligned(v.val_as_DoubleList()->items()))
+          return fail("value %u: DoubleList items are not 8-byte aligned", vi);
+        break;
       case fb::KernelTypes::IntList: {
         const auto* items = v.val_as_IntList()->items();
+        if (!elements_aligned(items)) return fail("value %u: IntList items are not 8-byte aligned", vi);
         for (uint32_t i = 0; i < length(items); ++i) {
           int64_t item = items->Get(i);
           if (!value_in_range(item) || value_type(item) != fb::KernelTypes::Int)
@@ -394,6 +416,7 @@ class ProgramChecker {
     if (!plan.outputs()) return fail("has no outputs list");
     if (!plan.non_const_buffer_sizes()) return fail("has no non_const_buffer_sizes");
     n_values_ = plan.values()->size();
+    if (!elements_aligned(plan.non_const_buffer_sizes())) return fail("non_const_buffer_sizes is not 8-byte aligned");
     for (uint32_t i = 0; i < plan.non_const_buffer_sizes()->size(); ++i)
       if (plan.non_const_buffer_sizes()->Get(i) < 0)
         return fail("planned buffer %u has negative size %lld", i,
@@ -474,7 +497,13 @@ Result<PteFile> PteFile::open(const char* path, ErrorMessage* error) {
     return failure(error, Status::InvalidProgram, "the file is %llu bytes, too short for a program (at least %zu)",
                    static_cast<unsigned long long>(size), pte::kExtendedHeaderOffset);
   }
-  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  // Private (copy-on-write) and writable: the file itself is never changed, but a
+  // damaged program whose kernel is handed a constant as its out tensor (or whose
+  // input is a constant) writes into its own copy of those pages instead of
+  // faulting on a read-only mapping. Which arguments a kernel writes depends on
+  // the operator's schema, so the loader cannot rule that out. Untouched pages
+  // stay shared with the page cache.
+  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   int map_errno = errno;
   ::close(fd);
   if (map == MAP_FAILED) return failure(error, Status::AccessFailed, "cannot map: %s", std::strerror(map_errno));

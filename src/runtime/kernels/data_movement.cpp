@@ -1071,6 +1071,26 @@ bool build_index_plan(KernelContext& ctx, const char* op, const Tensor& self, co
   return true;
 }
 
+// The gather-like kernels check their index values, then read them again to copy: an
+// out that shares memory with an index tensor (or with the tensor read) would change
+// them in between and send the copy anywhere. A planned program never does that (a
+// damaged one can); torch rejects such overlap too.
+bool check_no_overlap(KernelContext& ctx, const char* op, const Tensor& out, const Tensor& in, const char* name) {
+  if (out.data == nullptr || in.data == nullptr || out.nbytes() == 0 || in.nbytes() == 0) return true;
+  const auto o = reinterpret_cast<uintptr_t>(out.data), i = reinterpret_cast<uintptr_t>(in.data);
+  if (o < i + in.nbytes() && i < o + out.nbytes()) {
+    ctx.fail(Status::InvalidArgument, "%s: out shares memory with %s", op, name);
+    return false;
+  }
+  return true;
+}
+
+bool check_no_overlap(KernelContext& ctx, const char* op, const Tensor& out, const IndexPlan& p) {
+  for (int k = 0; k < p.nsrc; ++k)
+    if (!check_no_overlap(ctx, op, out, *p.src[k].t, "an index tensor")) return false;
+  return true;
+}
+
 // Every integer index within [-size, size) of its dim.
 bool check_index_ranges(KernelContext& ctx, const char* op, const IndexPlan& p) {
   for (int k = 0; k < p.nsrc; ++k) {
@@ -1143,7 +1163,9 @@ void index_tensor_out(KernelContext& ctx, Args args) {
   IndexPlan p;
   if (!build_index_plan(ctx, op, *self, args[1], p)) return;
   if (!prepare_out(ctx, op, *out, {p.out_sizes, static_cast<size_t>(p.out_rank)})) return;
-  if (out->numel == 0 || !check_index_ranges(ctx, op, p)) return;
+  if (out->numel == 0 || !check_no_overlap(ctx, op, *out, p) || !check_no_overlap(ctx, op, *out, *self, "self") ||
+      !check_index_ranges(ctx, op, p))
+    return;
   const int es = element_size(self->dtype);
   int64_t qdst[kMaxDims];
   contiguous_strides(p.qrank, p.qsizes, qdst);
@@ -1213,7 +1235,9 @@ void index_put_out(KernelContext& ctx, Args args) {
              ShapeText({p.out_sizes, static_cast<size_t>(p.out_rank)}).buf);
     return;
   }
-  if (!prepare_out(ctx, op, *out, self->shape())) return;
+  if (!prepare_out(ctx, op, *out, self->shape()) || !check_no_overlap(ctx, op, *out, p) ||
+      !check_no_overlap(ctx, op, *out, *values, "values"))
+    return;
   copy_bytes(*self, *out);
   int64_t result_numel = 1;
   for (int i = 0; i < p.out_rank; ++i) result_numel *= p.out_sizes[i];
@@ -1264,7 +1288,9 @@ void index_select_out(KernelContext& ctx, Args args) {
   }
   int64_t shape[kMaxDims];
   for (int i = 0; i < self->dim; ++i) shape[i] = i == dim ? index->numel : self->sizes[i];
-  if (!prepare_out(ctx, op, *out, {shape, static_cast<size_t>(self->dim)}) || out->numel == 0) return;
+  if (!prepare_out(ctx, op, *out, {shape, static_cast<size_t>(self->dim)}) || out->numel == 0 ||
+      !check_no_overlap(ctx, op, *out, *index, "index") || !check_no_overlap(ctx, op, *out, *self, "self"))
+    return;
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < dim; ++i) outer *= self->sizes[i];
   for (int i = static_cast<int>(dim) + 1; i < self->dim; ++i) inner *= self->sizes[i];
@@ -1323,7 +1349,9 @@ void gather_out(KernelContext& ctx, Args args) {
         return;
       }
   const int64_t size = self->dim == 0 ? 1 : self->sizes[dim];
-  if (!prepare_out(ctx, op, *out, index->shape())) return;
+  if (!prepare_out(ctx, op, *out, index->shape()) || !check_no_overlap(ctx, op, *out, *index, "index") ||
+      !check_no_overlap(ctx, op, *out, *self, "self"))
+    return;
   for (int64_t i = 0; i < index->numel; ++i) {
     const int64_t v = read_index(*index, i);
     if (v < 0 || v >= size) {
@@ -1370,7 +1398,9 @@ void embedding_out(KernelContext& ctx, Args args) {
   int64_t shape[kMaxDims];
   for (int i = 0; i < indices->dim; ++i) shape[i] = indices->sizes[i];
   shape[indices->dim] = weight->sizes[1];
-  if (!prepare_out(ctx, op, *out, {shape, static_cast<size_t>(indices->dim + 1)})) return;
+  if (!prepare_out(ctx, op, *out, {shape, static_cast<size_t>(indices->dim + 1)}) ||
+      !check_no_overlap(ctx, op, *out, *indices, "indices") || !check_no_overlap(ctx, op, *out, *weight, "weight"))
+    return;
   const int64_t rows = weight->sizes[0], row = weight->sizes[1] * element_size(weight->dtype);
   for (int64_t i = 0; i < indices->numel; ++i) {
     const int64_t v = read_index(*indices, i);

@@ -13,7 +13,7 @@
 // (AVX2, FMA) and the baseline, the best picked when the program loads (an ifunc;
 // x86-64 Linux). Only for the hot loops over contiguous float data: each use
 // triples that function's code. Define such functions in an anonymous namespace.
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)  // clang: no target_clones on templates
 #define KILN_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define KILN_VECTOR_CLONES
