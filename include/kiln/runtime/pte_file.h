@@ -1,4 +1,6 @@
-// PteFile: a .pte program file, memory-mapped read-only and verified once at
+// PteFile: a .pte program file, memory-mapped (private copy-on-write: the file
+// itself is never changed, and a damaged program whose kernel writes into a
+// constant cannot fault) and verified once at
 // open, so that everything after open() may follow its offsets and indices
 // without re-checking them: the frame (identifier, extended header), the
 // flatbuffer (flatbuffers Verifier), every segment against the file size,
