@@ -21,12 +21,6 @@ using graph::ValueId;
 using passes::ConstantData;
 using passes::EdgeProgram;
 
-bool is_view_like(std::string_view target) {
-  return target == "aten.view_copy.default" || target == "aten.unsqueeze_copy.default" ||
-         target == "aten.squeeze_copy.dims" || target == "aten.alias_copy.default" ||
-         target == "dim_order_ops._clone_dim_order.default";
-}
-
 std::vector<int32_t> to_i32(const std::vector<int64_t>& v) {
   std::vector<int32_t> out;
   for (int64_t x : v) {
@@ -187,7 +181,7 @@ class Emitter {
       auto i = static_cast<size_t>(step.index);
       const auto& n = g.nodes[i];
       auto outs = n.output_ids();
-      if (is_view_like(n.target) && outs.size() == 1) {
+      if (passes::is_view_like(n.target) && outs.size() == 1) {
         ValueId in = n.inputs.at(0).arg.tensor_ids().at(0);
         bool same_dtype = g.value(in).meta.dtype == g.value(outs[0]).meta.dtype;
         if (same_dtype && !is_input[static_cast<size_t>(in)] && !p_.is_constant(in) &&

@@ -63,13 +63,6 @@ Argument ints_arg(std::vector<int64_t> v) { return {Argument::Kind::Ints, std::m
 Argument float_arg(double v) { return {Argument::Kind::Float, v}; }
 Argument bool_arg(bool v) { return {Argument::Kind::Bool, v}; }
 
-// Targets whose output has the same bytes as their (contiguous) input.
-bool is_view_like(std::string_view target) {
-  return target == "aten.view_copy.default" || target == "aten.unsqueeze_copy.default" ||
-         target == "aten.squeeze_copy.dims" || target == "aten.alias_copy.default" ||
-         target == "dim_order_ops._clone_dim_order.default";
-}
-
 // "File "x.py", line 12, in f\n    code" -> "x.py:12"
 std::string source_location(const std::string& stack_trace) {
   auto pos = stack_trace.rfind("File \"");

@@ -175,6 +175,12 @@ const OpSchema* find_op_schema(std::string_view target) {
 
 std::span<const OpSchema> op_schemas() { return table(); }
 
+bool is_view_like(std::string_view target) {
+  return target == "aten.view_copy.default" || target == "aten.unsqueeze_copy.default" ||
+         target == "aten.squeeze_copy.dims" || target == "aten.alias_copy.default" ||
+         target == "dim_order_ops._clone_dim_order.default";
+}
+
 std::vector<graph::Argument> ordered_arguments(const OpSchema& schema, const graph::Node& node) {
   std::vector<graph::Argument> out;
   out.reserve(schema.args.size());

@@ -56,6 +56,10 @@ struct OpSchema {
 const OpSchema* find_op_schema(std::string_view target);
 std::span<const OpSchema> op_schemas();
 
+// Targets whose (contiguous) output has exactly its input's bytes: views the
+// folder shares with constants and the emitter turns into shared storage.
+bool is_view_like(std::string_view target);
+
 // The node's arguments in schema order with defaults filled in; throws
 // kiln::Error naming the node if a required argument is missing or an
 // unknown one is present.
