@@ -2,6 +2,8 @@
 // runs through the libraries; main() turns any kiln::Error into one line.
 #pragma once
 
+#include "kiln/backends/xnnpack/runtime.h"
+
 #include <CLI/CLI.hpp>
 
 #include <functional>
@@ -18,6 +20,11 @@ int inspect_pte(const std::string& path, bool as_json);
 void add_bench_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln run`.
 void add_run_command(CLI::App& app, std::function<int()>& run);
+// --fc: "xnnpack" | "kiln" | "auto" (validated by CLI11).
+inline backends::xnnpack::FullyConnected fc_choice(const std::string& s) {
+  using backends::xnnpack::FullyConnected;
+  return s == "xnnpack" ? FullyConnected::Xnnpack : s == "kiln" ? FullyConnected::Kiln : FullyConnected::Auto;
+}
 // Adds `kiln lower`.
 void add_lower_command(CLI::App& app, std::function<int()>& run);
 

@@ -1,5 +1,6 @@
 // kiln: lower torch.export programs (.pt2) to ExecuTorch programs (.pte) and run them.
 #include "commands.h"
+#include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
 
 #include <cstdio>
@@ -21,6 +22,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // kiln's runtime backends (bench and run resize the XNNPACK thread pool from --threads)
+  if (!kiln::backends::xnnpack::register_runtime_backend())
+    std::fprintf(stderr, "kiln: warning: XNNPACK cannot run on this CPU; delegated programs will not load\n");
   try {
     return run ? run() : 2;
   } catch (const kiln::Error& e) {

@@ -1,5 +1,6 @@
 // `kiln run`: execute a .pte with kiln's runtime on .npy inputs.
 #include "commands.h"
+#include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
 #include "kiln/io/npy.h"
 #include "kiln/runtime/program.h"
@@ -23,6 +24,8 @@ struct RunOptions {
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;
   std::vector<std::string> compare;
+  int threads = 1;
+  std::string fc = "auto";
 };
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -44,6 +47,8 @@ double element_as_double(const void* data, ScalarType dtype, int64_t i) {
 std::string shape_str(std::span<const int64_t> s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 int run_run(const RunOptions& o) {
+  check(o.threads >= 1, "--threads must be >= 1");
+  backends::xnnpack::register_runtime_backend({.threads = static_cast<size_t>(o.threads), .fully_connected = fc_choice(o.fc)});
   auto t0 = Clock::now();
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
@@ -111,7 +116,10 @@ void add_run_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order");
   cmd->add_option("--output,-o", opts->outputs, "where to write output tensors (.npy), in order");
   cmd->add_option("--compare", opts->compare, "reference outputs (.npy) to report max abs/rel difference against");
+  cmd->add_option("--fc", opts->fc, "who runs XNNPACK fully-connected nodes: xnnpack, kiln, or auto (kiln from 16 rows)")
+      ->check(CLI::IsMember({"auto", "xnnpack", "kiln"}))->capture_default_str();
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
+  cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();
   cmd->callback([opts, &run] { run = [opts] { return run_run(*opts); }; });
 }
 

@@ -71,6 +71,18 @@ Method::~Method() {
   for (std::byte* b : buffers_) std::free(b);
 }
 
+void Method::enable_profiling(bool on) {
+  profiling_ = on;
+  for (auto& d : delegates_)
+    if (d.backend && d.backend->enable_profiling) d.backend->enable_profiling(d.state, on);
+}
+
+size_t Method::delegate_profile(size_t d, std::span<BackendProfileEntry> out) const {
+  if (d >= delegates_.size()) return 0;
+  const DelegateHandle& h = delegates_[d];
+  return h.backend && h.backend->profile ? h.backend->profile(h.state, out) : 0;
+}
+
 const char* Method::instruction_label(size_t i) const {
   const auto& in = instructions_[i];
   switch (in.kind) {

@@ -7,6 +7,7 @@
 #include "kiln/runtime/status.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -26,6 +27,13 @@ struct CompileSpecView {
   std::span<const std::byte> value;
 };
 
+// One line of a delegate's own profile (its steps, as the backend labels them).
+struct BackendProfileEntry {
+  const char* label = nullptr;
+  uint64_t calls = 0;
+  uint64_t total_ns = 0;
+};
+
 struct Backend {
   const char* id;
   // Prepares `payload` (weights may come from file.named_data()); sets *state.
@@ -34,6 +42,10 @@ struct Backend {
   // Runs the delegate on its call's arguments (inputs then outputs, as the program lists them).
   Status (*execute)(void* state, std::span<EValue*> args, ErrorMessage* error);
   void (*destroy)(void* state);
+  // Optional (null if the backend has no profile): timing of the delegate's
+  // own steps. profile() fills up to out.size() entries and returns how many it has.
+  void (*enable_profiling)(void* state, bool on) = nullptr;
+  size_t (*profile)(const void* state, std::span<BackendProfileEntry> out) = nullptr;
 };
 
 // The backend registered under `id`, or nullptr.

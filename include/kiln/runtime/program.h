@@ -60,8 +60,18 @@ class Method {
   // Number of instructions and, for profiling, a label for each ("aten::mm.out", "XnnpackBackend").
   size_t num_instructions() const { return instructions_.size(); }
   const char* instruction_label(size_t i) const;
-  void enable_profiling(bool on) { profiling_ = on; }
+  // The delegate instruction i calls, or -1 if it is not a delegate call.
+  int instruction_delegate(size_t i) const {
+    return instructions_[i].kind == Instruction::Kind::Delegate ? instructions_[i].op_or_delegate : -1;
+  }
+  // Profiling times every instruction, and inside delegates whose backend has a profile, every step.
+  void enable_profiling(bool on);
   std::span<const InstructionProfile> profile() const { return profile_; }
+  // Delegates (index = a Delegate instruction's op_or_delegate) and their own profiles.
+  size_t num_delegates() const { return delegates_.size(); }
+  const char* delegate_label(size_t d) const { return delegate_labels_[d].c_str(); }
+  // Fills up to out.size() entries of delegate d's profile; returns how many it has (0: none).
+  size_t delegate_profile(size_t d, std::span<BackendProfileEntry> out) const;
 
   // Bytes of planned memory this method allocated.
   uint64_t planned_bytes() const { return planned_bytes_; }

@@ -73,6 +73,11 @@ class PteFile {
   // The bytes stored under `key` in Program.named_data; NotFound if absent.
   Result<std::span<const std::byte>> named_data(std::string_view key, ErrorMessage* error = nullptr) const;
 
+  // Drops the whole pages inside `bytes` (a range of this file, e.g. weights a
+  // backend has packed into its own layout) from memory. They are read from
+  // the file again if touched later, so this only lowers resident memory.
+  void release_pages(std::span<const std::byte> bytes) const;
+
   // The execution plan called `name`; NotFound if absent.
   Result<const fb::ExecutionPlan*> plan(std::string_view name, ErrorMessage* error = nullptr) const;
 

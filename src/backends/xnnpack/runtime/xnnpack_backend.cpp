@@ -1,0 +1,1175 @@
+// kiln's runtime backend for XNNPACK delegate payloads (see
+// include/kiln/backends/xnnpack/runtime.h for what it does).
+//
+// Payload layout (ExecuTorch's XNNPACK delegate, as both kiln and ExecuTorch
+// write it): a 30-byte header -- 4 bytes, the magic "XH00", u16 header length,
+// u32 flatbuffer offset, u32 flatbuffer size, u32 constant-data offset, u64
+// constant-data size, little-endian -- then the XNNGraph flatbuffer
+// (schema/xnnpack_graph.fbs) and the inline constant bytes. A constant is
+// either an (offset, size) in that region or a key of the program's named data.
+// The delegate call's arguments are the graph's external inputs, then its
+// external outputs, each in increasing external_id order.
+//
+// Runtime code: no exceptions, no RTTI; init allocates, execute does not.
+
+#include "kiln/backends/xnnpack/runtime.h"
+
+#include "gemm.h"
+#include "kiln/fb/xnnpack_graph_generated.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/pte_file.h"
+#include "math_util.h"
+
+#include <pthreadpool.h>
+#include <xnnpack.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace kiln::backends::xnnpack {
+namespace {
+
+namespace fbx = kiln::fb::xnnpack;
+using rt::ErrorMessage;
+using rt::EValue;
+using rt::Status;
+using NodeType = fbx::XNodeUnion;
+
+constexpr uint32_t kInvalidId = 0xFFFFFFFFu;
+constexpr uint32_t kExternalInput = 1u, kExternalOutput = 2u;
+constexpr size_t kMaxRank = 6;        // XNN_MAX_TENSOR_DIMS
+constexpr size_t kArenaAlign = 64;
+
+Status fail(ErrorMessage* error, Status s, const char* what) {
+  if (error) error->set("XnnpackBackend: %s", what);
+  return s;
+}
+template <typename... A>
+Status failf(ErrorMessage* error, Status s, const char* format, A... a) {
+  if (error) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, format, a...);
+    error->set("XnnpackBackend: %s", buf);
+  }
+  return s;
+}
+
+uint64_t read_le(const std::byte* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+// ---------------------------------------------------------------- thread pool
+
+struct Globals {
+  pthreadpool_t pool = nullptr;
+  size_t threads = 1;
+  bool per_node = false;
+  FullyConnected fc = FullyConnected::Auto;
+  bool xnn_ready = false;
+};
+Globals g;
+
+template <typename F>
+void parallel_for(size_t n, const F& f) {
+  if (g.pool == nullptr || n <= 1) {
+    for (size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  pthreadpool_parallelize_1d(
+      g.pool, [](void* ctx, size_t i) { (*static_cast<const F*>(ctx))(i); }, const_cast<F*>(&f), n, 0);
+}
+
+// ---------------------------------------------------------------- values
+
+// Where a value's bytes are at execute time.
+struct Storage {
+  enum class Kind : uint8_t { None, Arena, Arg, Static } kind = Kind::None;
+  uint32_t arg = 0;            // Arg: index into the delegate call's arguments
+  size_t offset = 0;           // Arena: byte offset
+  const void* data = nullptr;  // Static: constant bytes
+};
+
+struct Value {
+  bool defined = false;
+  uint32_t ndims = 0;
+  std::array<int64_t, kMaxRank> dims{};
+  int64_t numel = 1;
+  uint32_t external_id = 0;
+  uint32_t flags = 0;
+  const void* constant = nullptr;     // static data, or null
+  std::span<const std::byte> constant_bytes;
+  int32_t group = -1;                 // reshape group (values sharing bytes)
+  size_t bytes() const { return static_cast<size_t>(numel) * sizeof(float); }
+};
+
+// Values joined by reshapes share one storage.
+struct Group {
+  Storage storage;
+  size_t bytes = 0;
+  int64_t first_def = INT64_MAX, last_use = -1;
+};
+
+// ---------------------------------------------------------------- steps
+
+enum class StepKind : uint8_t { Subgraph, FullyConnected, Bmm, LmHead, Transpose, Slice, Concat, Unary, Copy, Clamp };
+enum class UnaryOp : uint8_t { Tanh, Rsqrt, Gelu, Exp, Log, Sin, Cos, Copy };
+
+struct Operand {
+  int32_t group = -1;
+  const float* data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const;
+};
+
+struct Step {
+  StepKind kind = StepKind::Copy;
+  std::string label;
+  // Subgraph
+  xnn_runtime_t runtime = nullptr;
+  std::vector<xnn_external_value> externals;
+  std::vector<int32_t> external_groups;  // storage group of each external
+  bool binds_args = false;
+  // kiln steps: inputs (up to 5) and output
+  std::vector<Operand> in;
+  Operand out;
+  UnaryOp unary = UnaryOp::Copy;
+  // shapes
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t a_batch_stride = 0, b_batch_stride = 0;
+  uint32_t rank = 0;
+  std::array<int64_t, kMaxRank> in_dims{}, out_dims{}, perm{}, offsets{};
+  int64_t outer = 0, inner = 0;                      // concat: rows and per-input row widths
+  std::array<int64_t, 5> widths{};
+  int64_t count = 0;                                 // unary/copy/clamp elements
+  float lo = -INFINITY, hi = INFINITY;
+  const float* weights = nullptr;                    // fully connected: [k, n] row-major
+  const float* bias = nullptr;                       // [n] or null
+  // profiling
+  uint64_t calls = 0, total_ns = 0;
+};
+
+const float* Operand::data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const {
+  const Storage& s = groups[static_cast<size_t>(group)].storage;
+  switch (s.kind) {
+    case Storage::Kind::Arena: return reinterpret_cast<const float*>(arena + s.offset);
+    case Storage::Kind::Arg: return static_cast<const float*>(args[s.arg]->tensor().data);
+    case Storage::Kind::Static: return static_cast<const float*>(s.data);
+    case Storage::Kind::None: break;
+  }
+  return nullptr;
+}
+
+struct State {
+  std::vector<Value> values;
+  std::vector<Group> groups;
+  std::vector<Step> steps;
+  std::vector<uint32_t> arg_values;     // arg index -> value id
+  std::vector<int64_t> arg_numel;
+  size_t num_inputs = 0;
+  std::byte* arena = nullptr;
+  size_t arena_bytes = 0;
+  std::vector<const void*> bound_args;  // argument pointers the subgraphs were set up with
+  bool profiling = false;
+  std::vector<std::unique_ptr<float, decltype(&std::free)>> owned;  // weights kiln laid out itself
+
+  ~State() {
+    for (Step& s : steps)
+      if (s.runtime) xnn_delete_runtime(s.runtime);
+    std::free(arena);
+  }
+};
+
+// ---------------------------------------------------------------- kiln's steps
+
+void run_bmm(const Step& s, const float* a, const float* b, float* c) {
+  // C[i] = A[i] · B[i], row-major, batches of A/B broadcast when their stride is 0.
+  // Parallel over batches and over blocks of rows.
+  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((s.m + 63) / 64, 4 * static_cast<int64_t>(g.threads)));
+  const int64_t rows = (s.m + row_blocks - 1) / row_blocks;
+  parallel_for(static_cast<size_t>(s.batch * row_blocks), [&](size_t t) {
+    int64_t bi = static_cast<int64_t>(t) / row_blocks, r0 = (static_cast<int64_t>(t) % row_blocks) * rows;
+    int64_t r1 = std::min(s.m, r0 + rows);
+    if (r1 <= r0) return;
+    rt::kernels::sgemm(r1 - r0, s.n, s.k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
+                       s.n, false, c + bi * s.m * s.n + r0 * s.n, s.n);
+  });
+}
+
+// out[M, N] = x[M, K] · W[N, K]ᵀ for the tied LM head, whose graph says
+// transpose(bmm(W, transpose(x))): per block of W's rows, one GEMM into a
+// small tile (in the stack) and its transpose into out, so the [N, M]
+// intermediate never exists. `xt` is x transposed, [K, M].
+void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
+  constexpr int64_t kBlock = 64;
+  const int64_t M = s.m, N = s.n, K = s.k;
+  const int64_t blocks = (N + kBlock - 1) / kBlock;
+  parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+    int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
+    // tile[nb, M] = W[n0:n0+nb, :] · xt; M is small here (the sequence), checked at init
+    alignas(64) float tile[kBlock * 256];
+    for (int64_t m0 = 0; m0 < M; m0 += 256) {
+      int64_t mb = std::min<int64_t>(256, M - m0);
+      rt::kernels::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
+      for (int64_t i = 0; i < mb; ++i)
+        for (int64_t j = 0; j < nb; ++j) out[(m0 + i) * N + n0 + j] = tile[j * mb + i];
+    }
+  });
+}
+
+// out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks.
+void run_fully_connected(const Step& s, const float* x, float* out) {
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 2 * static_cast<int64_t>(g.threads)));
+  const int64_t cols = ((s.n + tasks - 1) / tasks + 63) / 64 * 64;
+  parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
+    const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
+    if (nb <= 0) return;
+    if (s.bias)
+      for (int64_t i = 0; i < s.m; ++i) std::memcpy(out + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
+    rt::kernels::sgemm(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0, s.n, s.bias != nullptr, out + n0, s.n);
+    if (s.lo != -INFINITY || s.hi != INFINITY)
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = n0; j < n0 + nb; ++j) out[i * s.n + j] = std::min(std::max(out[i * s.n + j], s.lo), s.hi);
+  });
+}
+
+void run_transpose(const Step& s, const float* in, float* out) {
+  const uint32_t r = s.rank;
+  // input strides, in elements
+  std::array<int64_t, kMaxRank> in_stride{};
+  int64_t st = 1;
+  for (int i = static_cast<int>(r) - 1; i >= 0; --i) {
+    in_stride[static_cast<size_t>(i)] = st;
+    st *= s.in_dims[static_cast<size_t>(i)];
+  }
+  // the output's dims and, for each, the input stride it walks
+  std::array<int64_t, kMaxRank> od{}, os{};
+  for (uint32_t i = 0; i < r; ++i) {
+    od[i] = s.out_dims[i];
+    os[i] = in_stride[static_cast<size_t>(s.perm[i])];
+  }
+  if (r == 2 || (r >= 2 && os[r - 1] != 1)) {
+    // the last output dim walks a strided input dim: blocked over the last two output dims
+    const int64_t R = od[r - 2], C = od[r - 1];
+    const int64_t sr = os[r - 2], sc = os[r - 1];
+    int64_t outer = 1;
+    for (uint32_t i = 0; i + 2 < r; ++i) outer *= od[i];
+    constexpr int64_t B = 32;
+    const int64_t rb = (R + B - 1) / B;
+    parallel_for(static_cast<size_t>(outer * rb), [&](size_t t) {
+      int64_t o = static_cast<int64_t>(t) / rb, r0 = (static_cast<int64_t>(t) % rb) * B;
+      int64_t base = 0, rem = o;
+      for (int i = static_cast<int>(r) - 3; i >= 0; --i) {
+        base += (rem % od[static_cast<size_t>(i)]) * os[static_cast<size_t>(i)];
+        rem /= od[static_cast<size_t>(i)];
+      }
+      float* dst = out + o * R * C;
+      for (int64_t c0 = 0; c0 < C; c0 += B)
+        for (int64_t i = r0; i < std::min(R, r0 + B); ++i)
+          for (int64_t j = c0; j < std::min(C, c0 + B); ++j) dst[i * C + j] = in[base + i * sr + j * sc];
+    });
+    return;
+  }
+  // the last output dim is contiguous in the input: copy rows
+  const int64_t row = od[r - 1];
+  int64_t rows = 1;
+  for (uint32_t i = 0; i + 1 < r; ++i) rows *= od[i];
+  parallel_for(static_cast<size_t>(std::min<int64_t>(rows, 4 * static_cast<int64_t>(g.threads))), [&](size_t t) {
+    int64_t parts = std::min<int64_t>(rows, 4 * static_cast<int64_t>(g.threads));
+    int64_t per = (rows + parts - 1) / parts;
+    for (int64_t q = static_cast<int64_t>(t) * per; q < std::min(rows, (static_cast<int64_t>(t) + 1) * per); ++q) {
+      int64_t base = 0, rem = q;
+      for (int i = static_cast<int>(r) - 2; i >= 0; --i) {
+        base += (rem % od[static_cast<size_t>(i)]) * os[static_cast<size_t>(i)];
+        rem /= od[static_cast<size_t>(i)];
+      }
+      std::memcpy(out + q * row, in + base, static_cast<size_t>(row) * sizeof(float));
+    }
+  });
+}
+
+void run_slice(const Step& s, const float* in, float* out) {
+  // rows of the innermost dim, each a contiguous run
+  const uint32_t r = s.rank;
+  std::array<int64_t, kMaxRank> in_stride{};
+  int64_t st = 1;
+  for (int i = static_cast<int>(r) - 1; i >= 0; --i) {
+    in_stride[static_cast<size_t>(i)] = st;
+    st *= s.in_dims[static_cast<size_t>(i)];
+  }
+  const int64_t row = s.out_dims[r - 1];
+  int64_t rows = 1;
+  for (uint32_t i = 0; i + 1 < r; ++i) rows *= s.out_dims[i];
+  for (int64_t q = 0; q < rows; ++q) {
+    int64_t base = s.offsets[r - 1], rem = q;
+    for (int i = static_cast<int>(r) - 2; i >= 0; --i) {
+      const auto d = static_cast<size_t>(i);
+      base += (rem % s.out_dims[d] + s.offsets[d]) * in_stride[d];
+      rem /= s.out_dims[d];
+    }
+    std::memcpy(out + q * row, in + base, static_cast<size_t>(row) * sizeof(float));
+  }
+}
+
+// Hot loops over contiguous floats, compiled for AVX-512, AVX2 and the
+// baseline (math_util.h); a multiple-of-16 main loop so that GCC's cheap
+// vectorizer at -O2 takes it.
+template <typename Op>
+inline __attribute__((always_inline)) void map_loop(const float* __restrict in, float* __restrict out, int64_t n, Op op) {
+  const int64_t nv = n & ~int64_t{15};
+  for (int64_t i = 0; i < nv; ++i) out[i] = op(in[i]);
+  for (int64_t i = nv; i < n; ++i) out[i] = op(in[i]);
+}
+KILN_VECTOR_CLONES void tanh_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::tanh_f(x); });
+}
+KILN_VECTOR_CLONES void rsqrt_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return 1.0f / std::sqrt(x); });
+}
+KILN_VECTOR_CLONES void exp_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::exp_f(x); });
+}
+
+void run_unary(const Step& s, const float* in, float* out) {
+  const int64_t n = s.count;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n / 16384, 4 * static_cast<int64_t>(g.threads)));
+  const int64_t per = (n + parts - 1) / parts;
+  parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+    int64_t b = static_cast<int64_t>(t) * per, e = std::min(n, b + per);
+    using namespace rt::kernels;
+    switch (s.unary) {
+      case UnaryOp::Tanh: tanh_loop(in + b, out + b, e - b); break;
+      case UnaryOp::Rsqrt: rsqrt_loop(in + b, out + b, e - b); break;
+      case UnaryOp::Gelu:
+        for (int64_t i = b; i < e; ++i) out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678118654752f));
+        break;
+      case UnaryOp::Exp: exp_loop(in + b, out + b, e - b); break;
+      case UnaryOp::Log: for (int64_t i = b; i < e; ++i) out[i] = std::log(in[i]); break;
+      case UnaryOp::Sin: for (int64_t i = b; i < e; ++i) out[i] = std::sin(in[i]); break;
+      case UnaryOp::Cos: for (int64_t i = b; i < e; ++i) out[i] = std::cos(in[i]); break;
+      case UnaryOp::Copy: std::memcpy(out + b, in + b, static_cast<size_t>(e - b) * sizeof(float)); break;
+    }
+    if (s.lo != -INFINITY || s.hi != INFINITY)
+      for (int64_t i = b; i < e; ++i) out[i] = std::min(std::max(out[i], s.lo), s.hi);
+  });
+}
+
+void run_concat(const Step& s, std::span<const float* const> ins, float* out) {
+  int64_t total = 0;
+  for (size_t j = 0; j < s.in.size(); ++j) total += s.widths[j];
+  for (int64_t o = 0; o < s.outer; ++o) {
+    float* dst = out + o * total;
+    for (size_t j = 0; j < s.in.size(); ++j) {
+      std::memcpy(dst, ins[j] + o * s.widths[j], static_cast<size_t>(s.widths[j]) * sizeof(float));
+      dst += s.widths[j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- building
+
+const char* node_name(NodeType t) { return fbx::EnumNameXNodeUnion(t); }
+
+// Nodes Debian's XNNPACK (2022) defines; the rest run on kiln's code.
+bool library_has(NodeType t) {
+  switch (t) {
+    case NodeType::XNNAdd: case NodeType::XNNSubtract: case NodeType::XNNMultiply: case NodeType::XNNDiv:
+    case NodeType::XNNMinimum: case NodeType::XNNMaximum: case NodeType::XNNFullyConnected:
+    case NodeType::XNNSoftmax: case NodeType::XNNSigmoid: case NodeType::XNNClamp: case NodeType::XNNSquare:
+    case NodeType::XNNSquareRoot: case NodeType::XNNNegate: case NodeType::XNNAbs: case NodeType::XNNFloor:
+    case NodeType::XNNCeiling: case NodeType::XNNHardswish: case NodeType::XNNELU: case NodeType::XNNLeakyReLU:
+    case NodeType::XNNStaticConstantPad:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct NodeIO {
+  std::array<uint32_t, 5> in{kInvalidId, kInvalidId, kInvalidId, kInvalidId, kInvalidId};
+  size_t num_in = 0;
+  uint32_t out = kInvalidId;
+};
+
+// The value ids a node reads and writes; false for node types this backend does not run.
+bool node_io(const fbx::XNode& node, NodeIO& io) {
+  auto in1 = [&](auto* n) { if (!n) return false; io.in[0] = n->input_id(); io.num_in = 1; io.out = n->output_id(); return true; };
+  auto in2 = [&](auto* n) {
+    if (!n) return false;
+    io.in[0] = n->input1_id(); io.in[1] = n->input2_id(); io.num_in = 2; io.out = n->output_id();
+    return true;
+  };
+  switch (node.xnode_union_type()) {
+    case NodeType::XNNAdd: case NodeType::XNNSubtract: case NodeType::XNNMultiply: case NodeType::XNNDiv:
+    case NodeType::XNNMinimum: case NodeType::XNNMaximum: case NodeType::XNNBatchMatrixMultiply:
+      return in2(static_cast<const fbx::_XNNNode2x1*>(node.xnode_union()));
+    case NodeType::XNNSoftmax: case NodeType::XNNSigmoid: case NodeType::XNNClamp: case NodeType::XNNSquare:
+    case NodeType::XNNSquareRoot: case NodeType::XNNNegate: case NodeType::XNNAbs: case NodeType::XNNFloor:
+    case NodeType::XNNCeiling: case NodeType::XNNHardswish: case NodeType::XNNReciprocalSquareRoot:
+    case NodeType::XNNGelu: case NodeType::XNNTanh: case NodeType::XNNExp: case NodeType::XNNLog:
+    case NodeType::XNNSin: case NodeType::XNNCos: case NodeType::XNNCopy:
+      return in1(static_cast<const fbx::_XNNNode1x1*>(node.xnode_union()));
+    case NodeType::XNNELU: return in1(node.xnode_union_as_XNNELU());
+    case NodeType::XNNLeakyReLU: return in1(node.xnode_union_as_XNNLeakyReLU());
+    case NodeType::XNNStaticConstantPad: return in1(node.xnode_union_as_XNNStaticConstantPad());
+    case NodeType::XNNStaticReshape: return in1(node.xnode_union_as_XNNStaticReshape());
+    case NodeType::XNNStaticTranspose: return in1(node.xnode_union_as_XNNStaticTranspose());
+    case NodeType::XNNStaticSlice: return in1(node.xnode_union_as_XNNStaticSlice());
+    case NodeType::XNNFullyConnected: {
+      auto* n = node.xnode_union_as_XNNFullyConnected();
+      if (!n) return false;
+      io.in[0] = n->input1_id(); io.in[1] = n->filter_id(); io.in[2] = n->bias_id(); io.num_in = 3;
+      io.out = n->output_id();
+      return true;
+    }
+    case NodeType::XNNConcatenate2: case NodeType::XNNConcatenate3: case NodeType::XNNConcatenate4:
+    case NodeType::XNNConcatenate5: {
+      auto* n = static_cast<const fbx::_XNNCat*>(node.xnode_union());
+      if (!n) return false;
+      io.num_in = static_cast<size_t>(node.xnode_union_type()) - static_cast<size_t>(NodeType::XNNConcatenate2) + 2;
+      if (node.xnode_union_type() == NodeType::XNNConcatenate5) io.num_in = 5;
+      io.in = {n->input1_id(), n->input2_id(), n->input3_id(), n->input4_id(), n->input5_id()};
+      io.out = n->output_id();
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+class Builder {
+ public:
+  Builder(const rt::PteFile& file, ErrorMessage* error) : file_(file), error_(error) {}
+
+  Status build(std::span<const std::byte> payload, State& st);
+
+ private:
+  Status parse(std::span<const std::byte> payload, State& st);
+  Status plan_storage(State& st);
+  Status make_steps(State& st);
+  Status subgraph_step(State& st, size_t begin, size_t end);
+  Status kiln_step(State& st, size_t index);
+  Status check_value(const State& st, uint32_t id, size_t node, const char* role) const;
+
+  const rt::PteFile& file_;
+  ErrorMessage* error_;
+  const fbx::XNNGraph* graph_ = nullptr;
+  std::vector<NodeIO> io_;
+  std::vector<bool> skip_;                 // reshapes that are views
+  std::vector<bool> only_packed_;          // per value: read only as fully-connected weights
+};
+
+Status Builder::check_value(const State& st, uint32_t id, size_t node, const char* role) const {
+  if (id >= st.values.size() || !st.values[id].defined)
+    return failf(error_, Status::InvalidProgram, "node %zu (%s): %s value %u is not defined", node,
+                 node_name(graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(node))->xnode_union_type()), role,
+                 id);
+  return Status::Ok;
+}
+
+Status Builder::parse(std::span<const std::byte> payload, State& st) {
+  std::span<const std::byte> fb = payload, constants;
+  if (payload.size() >= 8 && std::memcmp(payload.data() + 4, "XH00", 4) == 0) {
+    if (payload.size() < 30) return fail(error_, Status::InvalidProgram, "payload header is truncated");
+    uint64_t header_len = read_le(payload.data() + 8, 2), fb_off = read_le(payload.data() + 10, 4),
+             fb_size = read_le(payload.data() + 14, 4), c_off = read_le(payload.data() + 18, 4),
+             c_size = read_le(payload.data() + 22, 8);
+    if (header_len < 30 || fb_off > payload.size() || fb_size > payload.size() - fb_off || c_off > payload.size() ||
+        c_size > payload.size() - c_off)
+      return failf(error_, Status::InvalidProgram,
+                   "payload header points outside the payload (flatbuffer %llu+%llu, constants %llu+%llu, payload %zu)",
+                   static_cast<unsigned long long>(fb_off), static_cast<unsigned long long>(fb_size),
+                   static_cast<unsigned long long>(c_off), static_cast<unsigned long long>(c_size), payload.size());
+    fb = payload.subspan(fb_off, fb_size);
+    constants = payload.subspan(c_off, c_size);
+  }
+  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(fb.data()), fb.size());
+  if (!fbx::VerifyXNNGraphBuffer(verifier))
+    return fail(error_, Status::InvalidProgram, "the payload's XNNGraph flatbuffer is malformed");
+  graph_ = fbx::GetXNNGraph(fb.data());
+  if (!graph_->xvalues() || !graph_->xnodes()) return fail(error_, Status::InvalidProgram, "graph has no values or nodes");
+
+  // values
+  uint32_t max_id = 0;
+  for (const fbx::XValue* v : *graph_->xvalues()) {
+    const fbx::XNNTensorValue* t = v->xvalue_union_as_XNNTensorValue();
+    if (!t) {
+      if (v->xvalue_union_as_XNNQuantizedTensorValue())
+        return fail(error_, Status::NotSupported, "quantized values are not supported by kiln's XNNPACK backend yet");
+      return fail(error_, Status::InvalidProgram, "a value has no tensor");
+    }
+    max_id = std::max(max_id, t->id_out());
+  }
+  if (max_id >= (1u << 24)) return failf(error_, Status::InvalidProgram, "value id %u is out of range", max_id);
+  st.values.assign(static_cast<size_t>(max_id) + 1, Value{});
+  std::vector<std::pair<uint32_t, uint32_t>> ext_in, ext_out;  // (external_id, value id)
+  for (const fbx::XValue* v : *graph_->xvalues()) {
+    const fbx::XNNTensorValue* t = v->xvalue_union_as_XNNTensorValue();
+    Value& val = st.values[t->id_out()];
+    if (val.defined) return failf(error_, Status::InvalidProgram, "value %u is defined twice", t->id_out());
+    if (t->datatype() != fbx::XNNDatatype::xnn_datatype_fp32)
+      return failf(error_, Status::NotSupported, "value %u has datatype %s; kiln's XNNPACK backend runs fp32 only",
+                   t->id_out(), fbx::EnumNameXNNDatatype(t->datatype()));
+    const auto* dims = t->dims();
+    val.ndims = dims ? dims->size() : 0;
+    if (val.ndims > kMaxRank) return failf(error_, Status::NotSupported, "value %u has rank %u (at most 6)", t->id_out(), val.ndims);
+    val.numel = 1;
+    for (uint32_t i = 0; i < val.ndims; ++i) {
+      val.dims[i] = dims->Get(i);
+      val.numel *= val.dims[i];
+      if (val.numel > (int64_t{1} << 40)) return failf(error_, Status::InvalidProgram, "value %u is too large", t->id_out());
+    }
+    val.flags = t->flags();
+    val.external_id = t->external_id();
+    val.defined = true;
+    if (val.flags & kExternalInput) ext_in.emplace_back(t->external_id(), t->id_out());
+    if (val.flags & kExternalOutput) ext_out.emplace_back(t->external_id(), t->id_out());
+    if (uint32_t ci = t->constant_buffer_idx(); ci != 0) {
+      if (val.flags & (kExternalInput | kExternalOutput))
+        return failf(error_, Status::InvalidProgram, "value %u is both constant and external", t->id_out());
+      const auto* cd = graph_->constant_data();
+      if (!cd || ci >= cd->size())
+        return failf(error_, Status::InvalidProgram, "value %u: constant %u is out of range", t->id_out(), ci);
+      const fbx::ConstantDataOffset* c = cd->Get(ci);
+      std::span<const std::byte> bytes;
+      if (c->named_key()) {
+        auto r = file_.named_data(c->named_key()->string_view(), error_);
+        if (!r.ok()) return r.status();
+        bytes = r.value();
+      } else {
+        if (c->offset() > constants.size() || c->size() > constants.size() - c->offset())
+          return failf(error_, Status::InvalidProgram, "value %u: constant bytes lie outside the payload", t->id_out());
+        bytes = constants.subspan(c->offset(), c->size());
+      }
+      if (bytes.size() < val.bytes())
+        return failf(error_, Status::InvalidProgram, "value %u: constant has %zu bytes, its shape needs %zu", t->id_out(),
+                     bytes.size(), val.bytes());
+      if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0)
+        return failf(error_, Status::InvalidProgram, "value %u: constant data is misaligned", t->id_out());
+      val.constant = bytes.data();
+      val.constant_bytes = bytes.first(val.bytes());
+    }
+  }
+  std::sort(ext_in.begin(), ext_in.end());
+  std::sort(ext_out.begin(), ext_out.end());
+  st.num_inputs = ext_in.size();
+  for (auto& e : ext_in) st.arg_values.push_back(e.second);
+  for (auto& e : ext_out) st.arg_values.push_back(e.second);
+  for (uint32_t v : st.arg_values) st.arg_numel.push_back(st.values[v].numel);
+
+  // nodes
+  io_.resize(graph_->xnodes()->size());
+  for (size_t i = 0; i < io_.size(); ++i) {
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (!node_io(*node, io_[i]))
+      return failf(error_, Status::NotSupported, "node %zu: %s is not supported by kiln's XNNPACK backend", i,
+                   node_name(node->xnode_union_type()));
+    for (size_t j = 0; j < io_[i].num_in; ++j) {
+      if (node->xnode_union_type() == NodeType::XNNFullyConnected && j == 2 && io_[i].in[j] == kInvalidId) continue;
+      if (Status s = check_value(st, io_[i].in[j], i, "input"); s != Status::Ok) return s;
+    }
+    if (Status s = check_value(st, io_[i].out, i, "output"); s != Status::Ok) return s;
+    if (st.values[io_[i].out].constant || (st.values[io_[i].out].flags & kExternalInput))
+      return failf(error_, Status::InvalidProgram, "node %zu writes value %u, a constant or input", i, io_[i].out);
+  }
+  return Status::Ok;
+}
+
+// Groups (reshape views), where each group lives, and the arena plan by lifetime.
+Status Builder::plan_storage(State& st) {
+  const size_t nv = st.values.size();
+  std::vector<int32_t> parent(nv);
+  std::iota(parent.begin(), parent.end(), 0);
+  auto find = [&](int32_t v) {
+    while (parent[static_cast<size_t>(v)] != v) v = parent[static_cast<size_t>(v)] = parent[static_cast<size_t>(parent[static_cast<size_t>(v)])];
+    return v;
+  };
+  // a root's fixed storage: an argument or a constant (at most one per group)
+  auto fixed = [&](uint32_t v) { return st.values[v].constant != nullptr || (st.values[v].flags & (kExternalInput | kExternalOutput)); };
+  std::vector<bool> root_fixed(nv);
+  for (size_t v = 0; v < nv; ++v) root_fixed[v] = st.values[v].defined && fixed(static_cast<uint32_t>(v));
+  skip_.assign(io_.size(), false);
+  for (size_t i = 0; i < io_.size(); ++i) {
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (node->xnode_union_type() != NodeType::XNNStaticReshape) continue;
+    const Value &in = st.values[io_[i].in[0]], &out = st.values[io_[i].out];
+    if (in.numel != out.numel)
+      return failf(error_, Status::InvalidProgram, "node %zu: reshape from %lld to %lld elements", i,
+                   static_cast<long long>(in.numel), static_cast<long long>(out.numel));
+    int32_t a = find(static_cast<int32_t>(io_[i].in[0])), b = find(static_cast<int32_t>(io_[i].out));
+    if (a == b) { skip_[i] = true; continue; }
+    if (root_fixed[static_cast<size_t>(a)] && root_fixed[static_cast<size_t>(b)]) continue;  // two fixed homes: a copy step
+    if (root_fixed[static_cast<size_t>(b)]) std::swap(a, b);
+    parent[static_cast<size_t>(b)] = a;
+    skip_[i] = true;
+  }
+  // groups
+  std::vector<int32_t> group_of_root(nv, -1);
+  for (size_t v = 0; v < nv; ++v) {
+    if (!st.values[v].defined) continue;
+    int32_t r = find(static_cast<int32_t>(v));
+    if (group_of_root[static_cast<size_t>(r)] < 0) {
+      group_of_root[static_cast<size_t>(r)] = static_cast<int32_t>(st.groups.size());
+      st.groups.emplace_back();
+    }
+    st.values[v].group = group_of_root[static_cast<size_t>(r)];
+    Group& grp = st.groups[static_cast<size_t>(st.values[v].group)];
+    grp.bytes = std::max(grp.bytes, st.values[v].bytes());
+    if (st.values[v].constant) {
+      grp.storage.kind = Storage::Kind::Static;
+      grp.storage.data = st.values[v].constant;
+    }
+  }
+  for (size_t a = 0; a < st.arg_values.size(); ++a) {
+    Group& grp = st.groups[static_cast<size_t>(st.values[st.arg_values[a]].group)];
+    grp.storage.kind = Storage::Kind::Arg;
+    grp.storage.arg = static_cast<uint32_t>(a);
+  }
+  // lifetimes over node positions
+  for (size_t i = 0; i < io_.size(); ++i) {
+    if (skip_[i]) continue;
+    auto pos = static_cast<int64_t>(i);
+    for (size_t j = 0; j < io_[i].num_in; ++j)
+      if (io_[i].in[j] != kInvalidId) {
+        Group& grp = st.groups[static_cast<size_t>(st.values[io_[i].in[j]].group)];
+        grp.last_use = std::max(grp.last_use, pos);
+      }
+    Group& grp = st.groups[static_cast<size_t>(st.values[io_[i].out].group)];
+    grp.first_def = std::min(grp.first_def, pos);
+    grp.last_use = std::max(grp.last_use, pos);
+  }
+  // arena: first fit by lifetime, in order of definition
+  std::vector<size_t> order;
+  for (size_t gi = 0; gi < st.groups.size(); ++gi)
+    if (st.groups[gi].storage.kind == Storage::Kind::None && st.groups[gi].last_use >= 0) order.push_back(gi);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return st.groups[a].first_def < st.groups[b].first_def; });
+  struct Live { size_t offset, size; int64_t end; };
+  std::vector<Live> live;
+  size_t top = 0;
+  for (size_t gi : order) {
+    Group& grp = st.groups[gi];
+    if (grp.first_def == INT64_MAX)
+      return failf(error_, Status::InvalidProgram, "a value is read but never written (group %zu)", gi);
+    std::erase_if(live, [&](const Live& l) { return l.end < grp.first_def; });
+    std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) { return a.offset < b.offset; });
+    size_t need = (grp.bytes + XNN_EXTRA_BYTES + kArenaAlign - 1) / kArenaAlign * kArenaAlign, at = 0;
+    for (const Live& l : live) {
+      if (l.offset >= at + need) break;
+      at = std::max(at, l.offset + l.size);
+    }
+    grp.storage.kind = Storage::Kind::Arena;
+    grp.storage.offset = at;
+    live.push_back({at, need, grp.last_use});
+    top = std::max(top, at + need);
+  }
+  st.arena_bytes = top;
+  if (top > 0) {
+    st.arena = static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, top));
+    if (!st.arena) return failf(error_, Status::OutOfMemory, "cannot allocate %zu bytes of activations", top);
+    std::memset(st.arena, 0, top);
+  }
+  return Status::Ok;
+}
+
+// One XNNPACK subgraph for nodes [begin, end) (library nodes and view reshapes).
+Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
+  Step step;
+  step.kind = StepKind::Subgraph;
+  std::vector<int32_t> local(st.values.size(), -1);  // value id -> subgraph value id
+  std::vector<std::pair<uint32_t, int32_t>> externals;  // (value, group)
+  // externals first: every non-constant value the nodes touch
+  for (size_t i = begin; i < end; ++i) {
+    if (skip_[i]) continue;
+    for (size_t j = 0; j <= io_[i].num_in; ++j) {
+      uint32_t v = j < io_[i].num_in ? io_[i].in[j] : io_[i].out;
+      if (v == kInvalidId || st.values[v].constant) continue;
+      if (local[v] == -1) {
+        local[v] = -2;
+        externals.emplace_back(v, st.values[v].group);
+      }
+    }
+  }
+  xnn_subgraph_t sg = nullptr;
+  if (xnn_create_subgraph(static_cast<uint32_t>(externals.size()), 0, &sg) != xnn_status_success)
+    return fail(error_, Status::Internal, "xnn_create_subgraph failed");
+  std::unique_ptr<xnn_subgraph, decltype(&xnn_delete_subgraph)> owner(sg, xnn_delete_subgraph);
+  auto define = [&](uint32_t v, uint32_t ext, uint32_t flags, const void* data) -> Status {
+    const Value& val = st.values[v];
+    std::array<size_t, kMaxRank> d{};
+    for (uint32_t i = 0; i < val.ndims; ++i) d[i] = static_cast<size_t>(val.dims[i]);
+    uint32_t id = 0;
+    if (xnn_define_tensor_value(sg, xnn_datatype_fp32, val.ndims, d.data(), data, ext, flags, &id) != xnn_status_success)
+      return failf(error_, Status::Internal, "XNNPACK rejected value %u", v);
+    local[v] = static_cast<int32_t>(id);
+    return Status::Ok;
+  };
+  for (size_t e = 0; e < externals.size(); ++e) {
+    if (Status s = define(externals[e].first, static_cast<uint32_t>(e), kExternalInput | kExternalOutput, nullptr);
+        s != Status::Ok)
+      return s;
+    step.external_groups.push_back(externals[e].second);
+    step.externals.push_back({static_cast<uint32_t>(local[externals[e].first]), nullptr});
+    if (st.groups[static_cast<size_t>(externals[e].second)].storage.kind == Storage::Kind::Arg) step.binds_args = true;
+  }
+  auto id_of = [&](uint32_t v) -> uint32_t {
+    if (v == kInvalidId) return XNN_INVALID_VALUE_ID;
+    if (local[v] < 0) {  // a constant, defined on first use
+      if (define(v, XNN_INVALID_VALUE_ID, 0, st.values[v].constant) != Status::Ok) return XNN_INVALID_VALUE_ID - 1;
+    }
+    return static_cast<uint32_t>(local[v]);
+  };
+  size_t count = 0, fcs = 0;
+  for (size_t i = begin; i < end; ++i) {
+    if (skip_[i]) continue;
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    float lo = -INFINITY, hi = INFINITY;
+    if (const auto* mm = node->output_min_max()) { lo = mm->output_min(); hi = mm->output_max(); }
+    const NodeIO& io = io_[i];
+    uint32_t a = id_of(io.in[0]), b = io.num_in > 1 ? id_of(io.in[1]) : XNN_INVALID_VALUE_ID, o = id_of(io.out);
+    xnn_status s = xnn_status_success;
+    switch (node->xnode_union_type()) {
+      case NodeType::XNNAdd: s = xnn_define_add2(sg, lo, hi, a, b, o, 0); break;
+      case NodeType::XNNSubtract: s = xnn_define_subtract(sg, lo, hi, a, b, o, 0); break;
+      case NodeType::XNNMultiply: s = xnn_define_multiply2(sg, lo, hi, a, b, o, 0); break;
+      case NodeType::XNNDiv: s = xnn_define_divide(sg, lo, hi, a, b, o, 0); break;
+      case NodeType::XNNMinimum: s = xnn_define_minimum2(sg, a, b, o, 0); break;
+      case NodeType::XNNMaximum: s = xnn_define_maximum2(sg, a, b, o, 0); break;
+      case NodeType::XNNFullyConnected: {
+        uint32_t bias = io.in[2] == kInvalidId ? XNN_INVALID_VALUE_ID : id_of(io.in[2]);
+        s = xnn_define_fully_connected(sg, lo, hi, a, b, bias, o, node->xnode_union_as_XNNFullyConnected()->flags());
+        ++fcs;
+        break;
+      }
+      case NodeType::XNNSoftmax: s = xnn_define_softmax(sg, a, o, 0); break;
+      case NodeType::XNNSigmoid: s = xnn_define_sigmoid(sg, a, o, 0); break;
+      case NodeType::XNNClamp: s = xnn_define_clamp(sg, lo, hi, a, o, 0); break;
+      case NodeType::XNNSquare: s = xnn_define_square(sg, a, o, 0); break;
+      case NodeType::XNNSquareRoot: s = xnn_define_square_root(sg, a, o, 0); break;
+      case NodeType::XNNNegate: s = xnn_define_negate(sg, a, o, 0); break;
+      case NodeType::XNNAbs: s = xnn_define_abs(sg, a, o, 0); break;
+      case NodeType::XNNFloor: s = xnn_define_floor(sg, a, o, 0); break;
+      case NodeType::XNNCeiling: s = xnn_define_ceiling(sg, a, o, 0); break;
+      case NodeType::XNNHardswish: s = xnn_define_hardswish(sg, a, o, 0); break;
+      case NodeType::XNNELU: s = xnn_define_elu(sg, node->xnode_union_as_XNNELU()->alpha(), a, o, 0); break;
+      case NodeType::XNNLeakyReLU:
+        s = xnn_define_leaky_relu(sg, node->xnode_union_as_XNNLeakyReLU()->negative_slope(), a, o, 0);
+        break;
+      case NodeType::XNNStaticConstantPad: {
+        const auto* p = node->xnode_union_as_XNNStaticConstantPad();
+        const Value& in = st.values[io.in[0]];
+        std::array<size_t, kMaxRank> pre{}, post{};
+        if (!p->pre_paddings() || !p->post_paddings() || p->pre_paddings()->size() != in.ndims ||
+            p->post_paddings()->size() != in.ndims)
+          return failf(error_, Status::InvalidProgram, "node %zu: padding does not match the input's rank", i);
+        for (uint32_t d = 0; d < in.ndims; ++d) { pre[d] = p->pre_paddings()->Get(d); post[d] = p->post_paddings()->Get(d); }
+        s = xnn_define_static_constant_pad(sg, pre.data(), post.data(), p->padding_value(), a, o, 0);
+        break;
+      }
+      default:
+        return failf(error_, Status::Internal, "node %zu: %s is not a library node", i, node_name(node->xnode_union_type()));
+    }
+    if (s != xnn_status_success)
+      return failf(error_, Status::InvalidProgram, "node %zu: XNNPACK rejected %s (status %d)", i,
+                   node_name(node->xnode_union_type()), static_cast<int>(s));
+    ++count;
+  }
+  if (count == 0) return Status::Ok;
+  if (xnn_create_runtime_v2(sg, g.pool, 0, &step.runtime) != xnn_status_success)
+    return failf(error_, Status::Internal, "XNNPACK could not create the runtime of nodes %zu..%zu", begin, end - 1);
+  // XNNPACK packed this subgraph's weights into its own memory; their file
+  // pages are not read again (a weight another node reads is kept), so they
+  // leave memory now and packing never holds two copies of the model.
+  for (size_t i = begin; i < end; ++i) {
+    if (skip_[i] || graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type() != NodeType::XNNFullyConnected)
+      continue;
+    for (size_t j = 1; j < 3; ++j)
+      if (uint32_t v = io_[i].in[j]; v != kInvalidId && only_packed_[v]) file_.release_pages(st.values[v].constant_bytes);
+  }
+  if (count == 1) {
+    for (size_t i = begin; i < end; ++i)
+      if (!skip_[i]) {
+        std::string_view name = node_name(graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type());
+        if (name.starts_with("XNN")) name.remove_prefix(3);
+        step.label = "xnnpack " + std::string(name);
+        if (io_[i].num_in == 3 && name == "FullyConnected") {  // weights' shape, so a profile tells the layers apart
+          const Value& w = st.values[io_[i].in[1]];
+          if (w.ndims == 2) step.label += " " + std::to_string(w.dims[0]) + "x" + std::to_string(w.dims[1]);
+        }
+      }
+  } else {
+    step.label = fcs ? "xnnpack subgraph (fully connected + elementwise)" : "xnnpack subgraph (elementwise, softmax)";
+  }
+  st.steps.push_back(std::move(step));
+  return Status::Ok;
+}
+
+Status Builder::kiln_step(State& st, size_t i) {
+  const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+  const NodeIO& io = io_[i];
+  const Value& out = st.values[io.out];
+  const Value& in = st.values[io.in[0]];
+  Step step;
+  step.out.group = out.group;
+  for (size_t j = 0; j < io.num_in; ++j)
+    step.in.push_back(Operand{io.in[j] == kInvalidId ? -1 : st.values[io.in[j]].group});
+  if (const auto* mm = node->output_min_max()) { step.lo = mm->output_min(); step.hi = mm->output_max(); }
+  const NodeType t = node->xnode_union_type();
+  auto bad = [&](const char* what) {
+    return failf(error_, Status::InvalidProgram, "node %zu (%s): %s", i, node_name(t), what);
+  };
+  auto unary = [&](UnaryOp op, const char* label) {
+    if (in.numel != out.numel) return bad("input and output sizes differ");
+    step.kind = StepKind::Unary;
+    step.unary = op;
+    step.count = out.numel;
+    step.label = label;
+    return Status::Ok;
+  };
+  Status s = Status::Ok;
+  switch (t) {
+    case NodeType::XNNTanh: s = unary(UnaryOp::Tanh, "kiln tanh"); break;
+    case NodeType::XNNReciprocalSquareRoot: s = unary(UnaryOp::Rsqrt, "kiln rsqrt"); break;
+    case NodeType::XNNGelu: s = unary(UnaryOp::Gelu, "kiln gelu"); break;
+    case NodeType::XNNExp: s = unary(UnaryOp::Exp, "kiln exp"); break;
+    case NodeType::XNNLog: s = unary(UnaryOp::Log, "kiln log"); break;
+    case NodeType::XNNSin: s = unary(UnaryOp::Sin, "kiln sin"); break;
+    case NodeType::XNNCos: s = unary(UnaryOp::Cos, "kiln cos"); break;
+    case NodeType::XNNCopy: case NodeType::XNNStaticReshape: s = unary(UnaryOp::Copy, "kiln copy"); break;
+    case NodeType::XNNFullyConnected: {
+      const auto* p = node->xnode_union_as_XNNFullyConnected();
+      const Value& w = st.values[io.in[1]];
+      if (w.ndims != 2 || in.ndims < 1 || out.ndims < 1) return bad("weights must be 2-D");
+      const bool kn = (p->flags() & 1u) != 0;  // XNN_FLAG_TRANSPOSE_WEIGHTS: W is [K, N]
+      step.kind = StepKind::FullyConnected;
+      step.label = "kiln fully connected";
+      step.k = kn ? w.dims[0] : w.dims[1];
+      step.n = kn ? w.dims[1] : w.dims[0];
+      if (in.dims[in.ndims - 1] != step.k || out.dims[out.ndims - 1] != step.n || step.k == 0 || step.n == 0 ||
+          in.numel / step.k != out.numel / step.n)
+        return bad("input, weights and output shapes do not agree");
+      step.m = in.numel / step.k;
+      step.in.resize(1);  // x; the weights and bias are constants
+      if (kn) {
+        step.weights = static_cast<const float*>(w.constant);  // read in place, from the file
+      } else {
+        // [N, K] -> [K, N] once, into kiln's memory; the file's copy leaves memory
+        auto* wt = static_cast<float*>(std::aligned_alloc(kArenaAlign, (w.bytes() + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
+        if (!wt) return fail(error_, Status::OutOfMemory, "out of memory transposing weights");
+        st.owned.emplace_back(wt, &std::free);
+        const auto* src = static_cast<const float*>(w.constant);
+        for (int64_t r = 0; r < step.n; ++r)
+          for (int64_t c = 0; c < step.k; ++c) wt[c * step.n + r] = src[r * step.k + c];
+        step.weights = wt;
+        if (only_packed_[io.in[1]]) file_.release_pages(w.constant_bytes);
+      }
+      if (io.in[2] != kInvalidId) {
+        if (st.values[io.in[2]].numel != step.n) return bad("bias size is not the output channels");
+        step.bias = static_cast<const float*>(st.values[io.in[2]].constant);
+      }
+      break;
+    }
+    case NodeType::XNNBatchMatrixMultiply: {
+      const Value& b = st.values[io.in[1]];
+      if (static_cast<const fbx::_XNNNode2x1*>(node->xnode_union())->flags() != 0)
+        return failf(error_, Status::NotSupported, "node %zu: batch matmul with a transposed operand", i);
+      if (in.ndims < 2 || b.ndims < 2 || out.ndims < 2) return bad("operands need rank >= 2");
+      step.kind = StepKind::Bmm;
+      step.label = "kiln batch matmul";
+      step.m = in.dims[in.ndims - 2];
+      step.k = in.dims[in.ndims - 1];
+      step.n = b.dims[b.ndims - 1];
+      if (b.dims[b.ndims - 2] != step.k || out.dims[out.ndims - 2] != step.m || out.dims[out.ndims - 1] != step.n)
+        return bad("operand shapes do not agree");
+      step.batch = out.numel / std::max<int64_t>(1, step.m * step.n);
+      int64_t ab = in.numel / std::max<int64_t>(1, step.m * step.k), bb = b.numel / std::max<int64_t>(1, step.k * step.n);
+      if ((ab != step.batch && ab != 1) || (bb != step.batch && bb != 1))
+        return bad("batch dims broadcast in a way kiln does not run");
+      step.a_batch_stride = ab == 1 ? 0 : step.m * step.k;
+      step.b_batch_stride = bb == 1 ? 0 : step.k * step.n;
+      break;
+    }
+    case NodeType::XNNStaticTranspose: {
+      const auto* p = node->xnode_union_as_XNNStaticTranspose();
+      if (!p->perm() || p->perm()->size() != in.ndims || out.ndims != in.ndims) return bad("perm does not match the rank");
+      step.kind = StepKind::Transpose;
+      step.label = "kiln transpose";
+      step.rank = in.ndims;
+      uint32_t seen = 0;
+      for (uint32_t d = 0; d < in.ndims; ++d) {
+        uint32_t pd = p->perm()->Get(d);
+        if (pd >= in.ndims || (seen & (1u << pd))) return bad("perm is not a permutation");
+        seen |= 1u << pd;
+        step.perm[d] = pd;
+        step.in_dims[d] = in.dims[d];
+        step.out_dims[d] = out.dims[d];
+        if (in.dims[pd] != out.dims[d]) return bad("output shape is not the permuted input shape");
+      }
+      if (in.ndims == 0) { step.kind = StepKind::Unary; step.unary = UnaryOp::Copy; step.count = out.numel; }
+      break;
+    }
+    case NodeType::XNNStaticSlice: {
+      const auto* p = node->xnode_union_as_XNNStaticSlice();
+      if (!p->offsets() || !p->sizes() || p->offsets()->size() != in.ndims || p->sizes()->size() != in.ndims ||
+          out.ndims != in.ndims || in.ndims == 0)
+        return bad("offsets and sizes do not match the rank");
+      step.kind = StepKind::Slice;
+      step.label = "kiln slice";
+      step.rank = in.ndims;
+      for (uint32_t d = 0; d < in.ndims; ++d) {
+        int64_t off = p->offsets()->Get(d), size = p->sizes()->Get(d);
+        if (size == 0) size = in.dims[d] - off;  // XNNPACK: 0 means "to the end"
+        if (off < 0 || size != out.dims[d] || off + size > in.dims[d]) return bad("slice lies outside the input");
+        step.offsets[d] = off;
+        step.in_dims[d] = in.dims[d];
+        step.out_dims[d] = out.dims[d];
+      }
+      break;
+    }
+    case NodeType::XNNConcatenate2: case NodeType::XNNConcatenate3: case NodeType::XNNConcatenate4:
+    case NodeType::XNNConcatenate5: {
+      uint32_t axis = static_cast<const fbx::_XNNCat*>(node->xnode_union())->axis();
+      if (axis >= out.ndims) return bad("axis is out of range");
+      step.kind = StepKind::Concat;
+      step.label = "kiln concatenate";
+      step.outer = 1;
+      for (uint32_t d = 0; d < axis; ++d) step.outer *= out.dims[d];
+      int64_t total = 0;
+      for (size_t j = 0; j < io.num_in; ++j) {
+        const Value& x = st.values[io.in[j]];
+        if (x.ndims != out.ndims) return bad("inputs and output differ in rank");
+        step.widths[j] = x.numel / std::max<int64_t>(1, step.outer);
+        total += step.widths[j];
+      }
+      if (total * step.outer != out.numel) return bad("input sizes do not add up to the output");
+      break;
+    }
+    default:
+      return failf(error_, Status::NotSupported, "node %zu: %s is not supported by kiln's XNNPACK backend", i,
+                   node_name(t));
+  }
+  if (s != Status::Ok) return s;
+  if (step.kind != StepKind::Unary && step.kind != StepKind::FullyConnected && (step.lo != -INFINITY || step.hi != INFINITY))
+    return failf(error_, Status::NotSupported, "node %zu: output clamp on %s", i, node_name(t));
+  st.steps.push_back(std::move(step));
+  return Status::Ok;
+}
+
+Status Builder::make_steps(State& st) {
+  size_t begin = 0;
+  bool open = false;
+  for (size_t i = 0; i < io_.size(); ++i) {
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    NodeType t = node->xnode_union_type();
+    bool lib = library_has(t);
+    if (t == NodeType::XNNFullyConnected) {
+      // both implementations need constant weights
+      bool static_w = st.values[io_[i].in[1]].constant && (io_[i].in[2] == kInvalidId || st.values[io_[i].in[2]].constant);
+      if (!static_w) return failf(error_, Status::NotSupported, "node %zu: fully connected with non-constant weights", i);
+      const Value& out = st.values[io_[i].out];
+      int64_t rows = out.ndims ? out.numel / std::max<int64_t>(1, out.dims[out.ndims - 1]) : 1;
+      lib = g.fc == FullyConnected::Xnnpack || (g.fc == FullyConnected::Auto && rows < 16);
+    }
+    if (skip_[i]) continue;  // a view: no step, inside or between subgraphs
+    if (lib) {
+      if (!open) { begin = i; open = true; }
+      if (g.per_node) {  // profiling: one subgraph per node
+        if (Status s = subgraph_step(st, begin, i + 1); s != Status::Ok) return s;
+        open = false;
+      }
+      continue;
+    }
+    if (open) {
+      if (Status s = subgraph_step(st, begin, i); s != Status::Ok) return s;
+      open = false;
+    }
+    if (Status s = kiln_step(st, i); s != Status::Ok) return s;
+  }
+  if (open)
+    if (Status s = subgraph_step(st, begin, io_.size()); s != Status::Ok) return s;
+
+  // The tied LM head: transpose(bmm(W, transpose(x))) -> one fused step.
+  for (size_t s = 0; s + 2 < st.steps.size(); ++s) {
+    Step &t1 = st.steps[s], &mm = st.steps[s + 1], &t2 = st.steps[s + 2];
+    if (t1.kind != StepKind::Transpose || mm.kind != StepKind::Bmm || t2.kind != StepKind::Transpose) continue;
+    if (t1.rank != 2 || t2.rank != 2 || mm.batch != 1 || mm.in[1].group != t1.out.group || t2.in[0].group != mm.out.group)
+      continue;
+    if (mm.n > 256 * 64) continue;
+    // the intermediate must not be read elsewhere
+    const int32_t mid = mm.out.group;
+    bool elsewhere = st.groups[static_cast<size_t>(mid)].storage.kind != Storage::Kind::Arena;
+    for (size_t o = 0; o < st.steps.size() && !elsewhere; ++o) {
+      if (o == s + 2) continue;
+      for (const Operand& op : st.steps[o].in) elsewhere |= op.group == mid;
+      for (int32_t eg : st.steps[o].external_groups) elsewhere |= (o != s + 1 && eg == mid);
+    }
+    // the fused step writes the output while it reads x: the output must not share x's arena bytes
+    if (elsewhere || st.groups[static_cast<size_t>(t2.out.group)].storage.kind == Storage::Kind::Arena) continue;
+    Step fused;
+    fused.kind = StepKind::LmHead;
+    fused.label = "kiln LM head (x · Wᵀ, tiled)";
+    fused.in = {mm.in[0], t1.out};  // W [N, K], xt [K, M]
+    fused.out = t2.out;
+    fused.m = mm.n;   // sequence rows
+    fused.n = mm.m;   // vocabulary
+    fused.k = mm.k;
+    if (fused.m > 256) continue;
+    mm = std::move(fused);
+    st.steps.erase(st.steps.begin() + static_cast<std::ptrdiff_t>(s + 2));
+  }
+  return Status::Ok;
+}
+
+Status Builder::build(std::span<const std::byte> payload, State& st) {
+  if (Status s = parse(payload, st); s != Status::Ok) return s;
+  if (Status s = plan_storage(st); s != Status::Ok) return s;
+  // Which constants only fully-connected nodes read (as weights, which XNNPACK packs)
+  only_packed_.assign(st.values.size(), true);
+  for (size_t i = 0; i < io_.size(); ++i) {
+    const bool fc = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type() == NodeType::XNNFullyConnected;
+    for (size_t j = 0; j < io_[i].num_in; ++j)
+      if (io_[i].in[j] != kInvalidId && !(fc && j >= 1)) only_packed_[io_[i].in[j]] = false;
+  }
+  if (Status s = make_steps(st); s != Status::Ok) return s;
+  // Subgraphs whose values all live in the arena or constants are set up once, here.
+  for (Step& step : st.steps) {
+    if (step.kind != StepKind::Subgraph) continue;
+    for (size_t e = 0; e < step.externals.size(); ++e) {
+      const Storage& sto = st.groups[static_cast<size_t>(step.external_groups[e])].storage;
+      if (sto.kind == Storage::Kind::Arena) step.externals[e].data = st.arena + sto.offset;
+    }
+    if (!step.binds_args &&
+        xnn_setup_runtime(step.runtime, step.externals.size(), step.externals.data()) != xnn_status_success)
+      return fail(error_, Status::Internal, "xnn_setup_runtime failed");
+  }
+  st.bound_args.assign(st.arg_values.size(), nullptr);
+  return Status::Ok;
+}
+
+// ---------------------------------------------------------------- the Backend
+
+Status init(const rt::PteFile& file, std::span<const std::byte> payload, std::span<const rt::CompileSpecView>,
+            void** state, ErrorMessage* error) {
+  if (!g.xnn_ready) return fail(error, Status::NotSupported, "XNNPACK is not initialized on this CPU");
+  auto st = std::unique_ptr<State>(new (std::nothrow) State);
+  if (!st) return fail(error, Status::OutOfMemory, "out of memory");
+  Builder b(file, error);
+  if (Status s = b.build(payload, *st); s != Status::Ok) return s;
+  *state = st.release();
+  return Status::Ok;
+}
+
+Status execute(void* opaque, std::span<EValue*> args, ErrorMessage* error) {
+  State& st = *static_cast<State*>(opaque);
+  if (args.size() != st.arg_values.size())
+    return failf(error, Status::InvalidArgument, "the call passes %zu arguments, the graph has %zu inputs and outputs",
+                 args.size(), st.arg_values.size());
+  bool rebind = false;
+  for (size_t a = 0; a < args.size(); ++a) {
+    if (!args[a] || !args[a]->is_tensor() || args[a]->tensor().dtype != ScalarType::Float ||
+        args[a]->tensor().numel != st.arg_numel[a] || !args[a]->tensor().data)
+      return failf(error, Status::InvalidArgument, "argument %zu is not a float tensor of %lld elements", a,
+                   static_cast<long long>(st.arg_numel[a]));
+    if (st.bound_args[a] != args[a]->tensor().data) rebind = true;
+  }
+  if (rebind) {
+    for (Step& step : st.steps) {
+      if (step.kind != StepKind::Subgraph || !step.binds_args) continue;
+      for (size_t e = 0; e < step.externals.size(); ++e) {
+        const Storage& sto = st.groups[static_cast<size_t>(step.external_groups[e])].storage;
+        if (sto.kind == Storage::Kind::Arg) step.externals[e].data = args[sto.arg]->tensor().data;
+      }
+      if (xnn_setup_runtime(step.runtime, step.externals.size(), step.externals.data()) != xnn_status_success)
+        return fail(error, Status::Internal, "xnn_setup_runtime failed");
+    }
+    for (size_t a = 0; a < args.size(); ++a) st.bound_args[a] = args[a]->tensor().data;
+  }
+  using Clock = std::chrono::steady_clock;
+  for (Step& step : st.steps) {
+    Clock::time_point t0;
+    if (st.profiling) t0 = Clock::now();
+    auto in = [&](size_t j) { return step.in[j].data(st.groups, st.arena, args); };
+    auto* out = const_cast<float*>(step.out.group >= 0 ? step.out.data(st.groups, st.arena, args) : nullptr);
+    switch (step.kind) {
+      case StepKind::Subgraph:
+        if (xnn_invoke_runtime(step.runtime) != xnn_status_success)
+          return fail(error, Status::Internal, "xnn_invoke_runtime failed");
+        break;
+      case StepKind::FullyConnected: run_fully_connected(step, in(0), out); break;
+      case StepKind::Bmm: run_bmm(step, in(0), in(1), out); break;
+      case StepKind::LmHead: run_lm_head(step, in(0), in(1), out); break;
+      case StepKind::Transpose: run_transpose(step, in(0), out); break;
+      case StepKind::Slice: run_slice(step, in(0), out); break;
+      case StepKind::Unary: case StepKind::Copy: case StepKind::Clamp: run_unary(step, in(0), out); break;
+      case StepKind::Concat: {
+        std::array<const float*, 5> ins{};
+        for (size_t j = 0; j < step.in.size(); ++j) ins[j] = in(j);
+        run_concat(step, std::span<const float* const>(ins.data(), step.in.size()), out);
+        break;
+      }
+    }
+    if (st.profiling) {
+      step.calls++;
+      step.total_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    }
+  }
+  return Status::Ok;
+}
+
+void destroy(void* opaque) { delete static_cast<State*>(opaque); }
+
+void enable_profiling(void* opaque, bool on) {
+  auto& st = *static_cast<State*>(opaque);
+  st.profiling = on;
+  for (Step& s : st.steps) s.calls = s.total_ns = 0;
+}
+
+// One entry per step label (summed), in order of first appearance.
+size_t profile(const void* opaque, std::span<rt::BackendProfileEntry> out) {
+  const auto& st = *static_cast<const State*>(opaque);
+  std::vector<const std::string*> labels;
+  std::vector<rt::BackendProfileEntry> sums;
+  for (const Step& s : st.steps) {
+    size_t k = 0;
+    while (k < labels.size() && *labels[k] != s.label) ++k;
+    if (k == labels.size()) {
+      labels.push_back(&s.label);
+      sums.push_back({s.label.c_str(), 0, 0});
+    }
+    sums[k].calls += s.calls;
+    sums[k].total_ns += s.total_ns;
+  }
+  for (size_t k = 0; k < sums.size() && k < out.size(); ++k) out[k] = sums[k];
+  return sums.size();
+}
+
+const rt::Backend kBackend{"XnnpackBackend", init, execute, destroy, enable_profiling, profile};
+
+}  // namespace
+
+bool register_runtime_backend(const RuntimeOptions& options) {
+  if (!g.xnn_ready) {
+    if (xnn_initialize(nullptr) != xnn_status_success) return false;
+    g.xnn_ready = true;
+  }
+  g.per_node = options.per_node_subgraphs;
+  g.fc = options.fully_connected;
+  size_t threads = std::max<size_t>(1, options.threads);
+  if (threads != g.threads || (threads > 1 && g.pool == nullptr)) {
+    if (g.pool) pthreadpool_destroy(g.pool);
+    g.pool = threads > 1 ? pthreadpool_create(threads) : nullptr;
+    g.threads = threads;
+  }
+  if (rt::find_backend(kBackend.id) == &kBackend) return true;
+  return rt::register_backend(&kBackend);
+}
+
+}  // namespace kiln::backends::xnnpack
