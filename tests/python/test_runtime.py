@@ -51,13 +51,20 @@ def test_gpt2_small(gpt2_small, producer, tmp_path):
 
 
 def test_delegated_program_without_backend_is_a_clear_error(tiny_gpt2, tmp_path):
-    pte = et_lower(tiny_gpt2, "xnnpack")
+    """ExecuTorch's XNNPACK program with its delegates renamed to a backend kiln lacks."""
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+    f = deserialize_pte_binary(et_lower(tiny_gpt2, "xnnpack").read_bytes())
+    for d in f.program.execution_plan[0].delegates:
+        d.id = "NoSuchBackend"
+    pte = tmp_path / "renamed.pte"
+    pte.write_bytes(bytes(serialize_pte_binary(f)))
     ins, _ = reference_io(tiny_gpt2)
     np.save(tmp_path / "in.npy", ins[0])
     proc = run_kiln("run", pte, "--input", tmp_path / "in.npy", check=False)
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert "XnnpackBackend" in proc.stderr
+    assert "NoSuchBackend" in proc.stderr
 
 
 @pytest.mark.parametrize("producer", ["kiln", "executorch"])

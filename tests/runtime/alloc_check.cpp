@@ -5,6 +5,7 @@
 // hook itself works.
 //
 //   kiln_alloc_check FILE.pte   -> {"allocations_during_execute": 0, "hook_counted": 1}
+#include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/runtime/program.h"
 
 #include <atomic>
@@ -56,6 +57,11 @@ int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: kiln_alloc_check FILE.pte\n");
     return 2;
+  }
+  // delegated programs: the XNNPACK backend with a thread pool, as `kiln bench --threads 2` runs them
+  if (!kiln::backends::xnnpack::register_runtime_backend({.threads = 2})) {
+    std::fprintf(stderr, "cannot register the XNNPACK backend\n");
+    return 1;
   }
   kiln::rt::ErrorMessage err;
   auto program = kiln::rt::Program::load(argv[1], &err);

@@ -1,0 +1,191 @@
+"""kiln's runtime runs XNNPACK-delegated programs itself (its XnnpackBackend):
+kiln's own and ExecuTorch's, and matches PyTorch eager.
+
+Every run is checked against the outputs eager PyTorch produced at export
+(DESIGN's fp32 tolerance). The backend has two ways to run fully-connected
+nodes (Debian's XNNPACK, kiln's GEMM) and a thread pool; each is exercised.
+Damaged payloads must give one clear line and a non-zero exit.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+from executorch.exir.schema import DataLocation
+
+from conftest import assert_close, et_lower, kiln_lower, reference_io, run_kiln, spec_of
+
+ALLOC_CHECK = Path(__file__).resolve().parents[2] / "build" / "kiln_alloc_check"
+
+
+def kiln_run(pte: Path, inputs, tmp: Path, *extra: str) -> list[np.ndarray]:
+    """`kiln run` on .npy inputs; returns the outputs."""
+    args = ["run", pte, *extra]
+    for i, x in enumerate(inputs):
+        np.save(tmp / f"in{i}.npy", x)
+        args += ["--input", tmp / f"in{i}.npy"]
+    n_out = len(json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]["outputs"])
+    for i in range(n_out):
+        args += ["--output", tmp / f"out{i}.npy"]
+    run_kiln(*args)
+    return [np.load(tmp / f"out{i}.npy") for i in range(n_out)]
+
+
+@pytest.mark.parametrize("producer", ["kiln", "executorch"])
+def test_tiny_models_match_eager(tiny_model, producer, tmp_path):
+    pte = kiln_lower(tiny_model, "xnnpack") if producer == "kiln" else et_lower(tiny_model, "xnnpack")
+    ins, refs = reference_io(tiny_model)
+    s = spec_of(tiny_model)
+    for o, r in zip(kiln_run(pte, ins, tmp_path), refs, strict=True):
+        assert_close(o, r, f"{producer} XNNPACK .pte of {s['name']} ({s['ir']}) in kiln's runtime")
+
+
+@pytest.mark.parametrize("fc", ["xnnpack", "kiln"])
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("producer", ["kiln", "executorch"])
+def test_fully_connected_paths_and_threads(tiny_gpt2, producer, fc, threads, tmp_path):
+    """Both fully-connected implementations, with and without the thread pool."""
+    pte = kiln_lower(tiny_gpt2, "xnnpack") if producer == "kiln" else et_lower(tiny_gpt2, "xnnpack")
+    ins, refs = reference_io(tiny_gpt2)
+    out = kiln_run(pte, ins, tmp_path, "--fc", fc, "--threads", threads)[0]
+    assert_close(out, refs[0], f"{producer} tiny GPT-2, --fc {fc} --threads {threads}")
+
+
+def test_per_op_program_matches_eager(tiny_gpt2, tmp_path):
+    """One delegate per node: many small payloads, values crossing delegate boundaries."""
+    pte = tmp_path / "gpt2_xnnpack_per_op.pte"
+    run_kiln("lower", "--spec", tiny_gpt2, "--backend", "xnnpack", "--per-op", "--out", pte, "-q")
+    ins, refs = reference_io(tiny_gpt2)
+    assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], "per-op tiny GPT-2 in kiln's runtime")
+
+
+@pytest.mark.parametrize("producer", ["kiln", "executorch"])
+def test_gpt2_small_matches_eager(gpt2_small, producer, tmp_path):
+    pte = kiln_lower(gpt2_small, "xnnpack") if producer == "kiln" else et_lower(gpt2_small, "xnnpack")
+    ins, refs = reference_io(gpt2_small)
+    out = kiln_run(pte, ins, tmp_path, "--threads", "2")[0]
+    assert_close(out, refs[0], f"{producer} XNNPACK GPT-2 small ({spec_of(gpt2_small)['ir']}) in kiln's runtime")
+
+
+def test_bench_reports_the_backends_steps(tiny_gpt2):
+    """`kiln bench --profile` on a delegated program breaks the delegate into its steps,
+    and each step's time is part of the delegate call's."""
+    pte = kiln_lower(tiny_gpt2, "xnnpack")
+    j = json.loads(run_kiln("bench", pte, "--iters", "3", "--threads", "2", "--profile", "--json").stdout)
+    for key in ("load_ms", "first_run_ms", "median_ms", "min_ms", "peak_rss_mb"):
+        assert j[key] > 0, key
+    labels = set(j["profile"])
+    assert any(k.startswith("XnnpackBackend: xnnpack ") for k in labels), labels  # library nodes
+    assert any(k.startswith("XnnpackBackend: kiln ") for k in labels), labels     # kiln's steps
+    assert all(v["ms_per_run"] >= 0 for v in j["profile"].values())
+
+
+def test_execute_allocates_no_heap_memory(tiny_gpt2):
+    pte = kiln_lower(tiny_gpt2, "xnnpack")
+    proc = subprocess.run([str(ALLOC_CHECK), str(pte)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["hook_counted"] >= 1
+    assert result["allocations_during_execute"] == 0
+
+
+# ---------------------------------------------------------------- damaged payloads
+
+def _payload(pte_bytes: bytes):
+    """(program, payload bytes, where they live) of the first delegate."""
+    f = deserialize_pte_binary(pte_bytes)
+    prog = f.program
+    proc = prog.execution_plan[0].delegates[0].processed
+    assert proc.location == DataLocation.INLINE, "kiln stores payloads inline"
+    return f, prog.backend_delegate_data[proc.index]
+
+
+def _rewrite_payload(pte: Path, out: Path, edit) -> Path:
+    f, blob = _payload(pte.read_bytes())
+    blob.data = edit(bytearray(blob.data))
+    out.write_bytes(bytes(serialize_pte_binary(f)))
+    return out
+
+
+def _flatbuffer_field_edit(data: bytearray) -> bytearray:
+    """Points the first node's first stored value id at a value that does not exist
+    (the flatbuffer stays valid; only the graph is wrong). Walks the flatbuffer by
+    the schema's field slots: XNNGraph.xnodes is field 1, XNode.xnode_union field 1."""
+    fb_off = struct.unpack_from("<I", data, 10)[0]
+    root = fb_off + struct.unpack_from("<I", data, fb_off)[0]
+    vt = root - struct.unpack_from("<i", data, root)[0]
+    xnodes_field = struct.unpack_from("<H", data, vt + 4 + 2 * 1)[0]  # field 1: xnodes
+    vec = root + xnodes_field + struct.unpack_from("<I", data, root + xnodes_field)[0]
+    node0 = vec + 4 + struct.unpack_from("<I", data, vec + 4)[0]
+    nvt = node0 - struct.unpack_from("<i", data, node0)[0]
+    union_field = struct.unpack_from("<H", data, nvt + 4 + 2 * 1)[0]  # field 1: xnode_union (field 0 is its type)
+    table = node0 + union_field + struct.unpack_from("<I", data, node0 + union_field)[0]
+    tvt = table - struct.unpack_from("<i", data, table)[0]
+    vt_len = struct.unpack_from("<H", data, tvt)[0]
+    for slot in range(min(3, (vt_len - 4) // 2)):  # the first present id field
+        field = struct.unpack_from("<H", data, tvt + 4 + 2 * slot)[0]
+        if field:
+            struct.pack_into("<I", data, table + field, 0x00FFFFF0)
+            return data
+    raise AssertionError("the first node stores no value id")
+
+
+DAMAGE = {
+    "truncated header": lambda d: d[:20],
+    "flatbuffer outside payload": lambda d: d[:14] + struct.pack("<I", 1 << 30) + d[18:],
+    "corrupt flatbuffer": lambda d: d[:struct.unpack_from("<I", d, 10)[0]] + bytes(64) + d[struct.unpack_from("<I", d, 10)[0] + 64:],
+    "undefined value id": _flatbuffer_field_edit,
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_payload_is_one_clear_error(tiny_gpt2, damage, tmp_path):
+    pte = kiln_lower(tiny_gpt2, "xnnpack")
+    bad = _rewrite_payload(pte, tmp_path / "bad.pte", DAMAGE[damage])
+    ins, _ = reference_io(tiny_gpt2)
+    np.save(tmp_path / "in.npy", ins[0])
+    out = tmp_path / "out.npy"
+    proc = run_kiln("run", bad, "--input", tmp_path / "in.npy", "--output", out, check=False)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "XnnpackBackend" in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_damaged_payloads_never_crash(tiny_gpt2, tmp_path):
+    """Seeded byte and word damage all over the payload's header and graph, run by the
+    sanitizer build: every run ends with the eager answer's shape or one error line."""
+    import random
+
+    from test_runtime_robustness import Case, _asan_bin, _assert_no_problems, run_cases
+
+    asan = _asan_bin()
+    pte = kiln_lower(tiny_gpt2, "xnnpack")
+    f, blob = _payload(pte.read_bytes())
+    original = bytes(blob.data)
+    fb_end = struct.unpack_from("<I", original, 10)[0] + struct.unpack_from("<I", original, 14)[0]
+    rng = random.Random(6)
+    cases = []
+    for n in range(120):
+        d = bytearray(original)
+        if n % 2:
+            pos = rng.randrange(0, fb_end - 4) & ~3
+            struct.pack_into("<I", d, pos, rng.choice([0, 1, 0xFFFFFFFF, 0x7FFFFFFF, rng.randrange(1 << 32)]))
+            what = f"word at {pos}"
+        else:
+            pos = rng.randrange(0, fb_end)
+            d[pos] ^= 1 << rng.randrange(8)
+            what = f"bit flip at {pos}"
+        blob.data = bytes(d)
+        cases.append(Case(f"payload{n}", bytes(serialize_pte_binary(f)), what))
+    ins, _ = reference_io(tiny_gpt2)
+    np.save(tmp_path / "ids.npy", ins[0])
+    tally = run_cases(asan, tmp_path / "ids.npy", cases, tmp_path)
+    _assert_no_problems(tally)
+    assert tally["ok"] + tally["error"] == len(cases)
+    assert tally["error"] > 0  # the damage reached the backend's checks
