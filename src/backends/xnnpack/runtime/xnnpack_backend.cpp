@@ -210,13 +210,13 @@ void run_bmm(const Step& s, const float* a, const float* b, float* c) {
 // small tile (in the stack) and its transpose into out, so the [N, M]
 // intermediate never exists. `xt` is x transposed, [K, M].
 void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
-  constexpr int64_t kBlock = 64;
+  constexpr int64_t kBlock = 128;
   const int64_t M = s.m, N = s.n, K = s.k;
   const int64_t blocks = (N + kBlock - 1) / kBlock;
   parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
     int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
     // tile[nb, M] = W[n0:n0+nb, :] · xt; M is small here (the sequence), checked at init
-    alignas(64) float tile[kBlock * 256];
+    alignas(64) float tile[kBlock * 256];  // 128 KiB of the worker's stack
     for (int64_t m0 = 0; m0 < M; m0 += 256) {
       int64_t mb = std::min<int64_t>(256, M - m0);
       rt::kernels::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
@@ -226,8 +226,42 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
   });
 }
 
-// out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks.
+// out[r] = dot(x[r, :], w[:, col]) for a one-column W (layer norm's means are such
+// FCs); the GEMM's 64-wide register tiles would do 64x the work.
+KILN_VECTOR_CLONES void dot_rows(const float* __restrict x, const float* __restrict w, int64_t k, int64_t rows,
+                                 int64_t ldw, float* __restrict out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * k;
+    float acc[16] = {};
+    const int64_t kv = k & ~int64_t{15};
+    for (int64_t i = 0; i < kv; i += 16)
+      for (int j = 0; j < 16; ++j) acc[j] += xr[i + j] * w[(i + j) * ldw];
+    float sum = 0;
+    for (int j = 0; j < 16; ++j) sum += acc[j];
+    for (int64_t i = kv; i < k; ++i) sum += xr[i] * w[i * ldw];
+    out[r * ldo] = sum;
+  }
+}
+
+// out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks
+// (over rows when W has a few columns).
 void run_fully_connected(const Step& s, const float* x, float* out) {
+  if (s.n < 4) {
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, 2 * static_cast<int64_t>(g.threads)));
+    const int64_t per = (s.m + parts - 1) / parts;
+    parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+      const int64_t r0 = static_cast<int64_t>(t) * per, r1 = std::min(s.m, r0 + per);
+      for (int64_t c = 0; c < s.n; ++c) {
+        if (r1 > r0) dot_rows(x + r0 * s.k, s.weights + c, s.k, r1 - r0, s.n, out + r0 * s.n + c, s.n);
+        for (int64_t r = r0; r < r1; ++r) {
+          float& o = out[r * s.n + c];
+          if (s.bias) o += s.bias[c];
+          o = std::min(std::max(o, s.lo), s.hi);
+        }
+      }
+    });
+    return;
+  }
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 2 * static_cast<int64_t>(g.threads)));
   const int64_t cols = ((s.n + tasks - 1) / tasks + 63) / 64 * 64;
   parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
@@ -851,6 +885,7 @@ Status Builder::kiln_step(State& st, size_t i) {
       const bool kn = (p->flags() & 1u) != 0;  // XNN_FLAG_TRANSPOSE_WEIGHTS: W is [K, N]
       step.kind = StepKind::FullyConnected;
       step.label = "kiln fully connected";
+      if (g.per_node) step.label += " " + std::to_string(w.dims[0]) + "x" + std::to_string(w.dims[1]);
       step.k = kn ? w.dims[0] : w.dims[1];
       step.n = kn ? w.dims[1] : w.dims[0];
       if (in.dims[in.ndims - 1] != step.k || out.dims[out.ndims - 1] != step.n || step.k == 0 || step.n == 0 ||
