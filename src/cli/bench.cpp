@@ -26,7 +26,7 @@ struct BenchOptions {
   int iters = 10;
   int warmup = 1;
   int threads = 1;
-  std::string fc = "auto";
+  std::string fc = "kiln";
   bool as_json = false;
   bool profile = false;
 };
@@ -150,8 +150,8 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--iters", opts->iters, "measured runs")->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "runs before measuring (the first is reported separately)")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool (XNNPACK and kiln's own steps in it)")->capture_default_str();
-  cmd->add_option("--fc", opts->fc, "who runs XNNPACK fully-connected nodes: xnnpack, kiln, or auto (kiln from 16 rows)")
-      ->check(CLI::IsMember({"auto", "xnnpack", "kiln"}))->capture_default_str();
+  cmd->add_option("--fc", opts->fc, "who runs the XNNPACK delegates' fully-connected nodes: kiln (GEMM/GEMV on the mapped weights) or xnnpack (packed at load)")
+      ->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
   cmd->add_flag("--profile", opts->profile, "time every instruction and report time per operator (inside XNNPACK delegates too: their subgraphs are then built per node)");
   cmd->add_flag("--json", opts->as_json, "print JSON (keys: load_ms, first_run_ms, median_ms, min_ms, peak_rss_mb, ...)");

@@ -25,7 +25,7 @@ struct RunOptions {
   std::vector<std::string> outputs;
   std::vector<std::string> compare;
   int threads = 1;
-  std::string fc = "auto";
+  std::string fc = "kiln";
 };
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -116,8 +116,8 @@ void add_run_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order");
   cmd->add_option("--output,-o", opts->outputs, "where to write output tensors (.npy), in order");
   cmd->add_option("--compare", opts->compare, "reference outputs (.npy) to report max abs/rel difference against");
-  cmd->add_option("--fc", opts->fc, "who runs XNNPACK fully-connected nodes: xnnpack, kiln, or auto (kiln from 16 rows)")
-      ->check(CLI::IsMember({"auto", "xnnpack", "kiln"}))->capture_default_str();
+  cmd->add_option("--fc", opts->fc, "who runs the XNNPACK delegates' fully-connected nodes: kiln (GEMM/GEMV on the mapped weights) or xnnpack (packed at load)")
+      ->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();
   cmd->callback([opts, &run] { run = [opts] { return run_run(*opts); }; });

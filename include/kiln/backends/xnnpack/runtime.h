@@ -18,10 +18,12 @@
 
 namespace kiln::backends::xnnpack {
 
-// Who runs fully-connected nodes. Debian's XNNPACK (2022) packs the weights
-// and is the better GEMV (one token); kiln's GEMM reads [K, N] weights in
-// place and runs GEMMs faster on AVX-512 (bench/RESULTS.md has both).
-enum class FullyConnected { Auto, Xnnpack, Kiln };  // Auto: kiln when the node has >= 16 rows
+// Who runs fully-connected nodes: kiln (its GEMM for many rows, a streaming
+// GEMV for a few; [K, N] weights read in place where the file maps them), or
+// Debian's XNNPACK (2022), which packs them at load. kiln's is the default:
+// on this project's AVX-512 machine it is faster at seq_len 128 and at 1, and
+// loads in milliseconds (bench/RESULTS.md has both).
+enum class FullyConnected { Kiln, Xnnpack };
 
 struct RuntimeOptions {
   size_t threads = 1;  // 1: no pool, everything on the calling thread
@@ -29,7 +31,7 @@ struct RuntimeOptions {
   // profile times each node (XNNPACK's own runtime cannot); programs loaded
   // afterwards run slightly slower.
   bool per_node_subgraphs = false;
-  FullyConnected fully_connected = FullyConnected::Auto;
+  FullyConnected fully_connected = FullyConnected::Kiln;
 };
 
 // Registers "XnnpackBackend" with kiln's runtime, or, if it is registered,

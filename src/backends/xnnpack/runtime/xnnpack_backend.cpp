@@ -49,6 +49,7 @@ constexpr uint32_t kInvalidId = 0xFFFFFFFFu;
 constexpr uint32_t kExternalInput = 1u, kExternalOutput = 2u;
 constexpr size_t kMaxRank = 6;        // XNN_MAX_TENSOR_DIMS
 constexpr size_t kArenaAlign = 64;
+constexpr int64_t kGemvRows = 16;     // below this many rows, fully-connected products stream W (GEMV)
 
 Status fail(ErrorMessage* error, Status s, const char* what) {
   if (error) error->set("XnnpackBackend: %s", what);
@@ -76,7 +77,7 @@ struct Globals {
   pthreadpool_t pool = nullptr;
   size_t threads = 1;
   bool per_node = false;
-  FullyConnected fc = FullyConnected::Auto;
+  FullyConnected fc = FullyConnected::Kiln;
   bool xnn_ready = false;
 };
 Globals g;
@@ -205,6 +206,45 @@ void run_bmm(const Step& s, const float* a, const float* b, float* c) {
   });
 }
 
+// A few rows (one token): the product is bound by reading W once, so the
+// GEMM's register tiles (built for many rows) would only waste work. These
+// stream W's rows in place.
+// out[0:rows, 0:nb] += x[0:rows, k] * W[k, 0:nb] for every k (W [K, N] row stride ldw).
+KILN_VECTOR_CLONES void axpy_rows(const float* __restrict x, int64_t rows, int64_t k, const float* __restrict w,
+                                  int64_t ldw, int64_t nb, float* __restrict out, int64_t ldo) {
+  const int64_t nv = nb & ~int64_t{15};  // a multiple of 16: GCC's cheap vectorizer at -O2 takes it
+  int64_t p = 0;
+  for (; p + 4 <= k; p += 4) {  // four rows of W per pass over out: a quarter of the out traffic
+    const float *w0 = w + p * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float x0 = x[r * k + p], x1 = x[r * k + p + 1], x2 = x[r * k + p + 2], x3 = x[r * k + p + 3];
+      float* o = out + r * ldo;
+      for (int64_t j = 0; j < nv; ++j) o[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
+      for (int64_t j = nv; j < nb; ++j) o[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
+    }
+  }
+  for (; p < k; ++p) {
+    const float* wr = w + p * ldw;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float xv = x[r * k + p];
+      float* o = out + r * ldo;
+      for (int64_t j = 0; j < nv; ++j) o[j] += xv * wr[j];
+      for (int64_t j = nv; j < nb; ++j) o[j] += xv * wr[j];
+    }
+  }
+}
+// dot(a[0:k], b[0:k]) in 16 partial sums.
+KILN_VECTOR_CLONES float dot(const float* __restrict a, const float* __restrict b, int64_t k) {
+  float acc[16] = {};
+  const int64_t kv = k & ~int64_t{15};
+  for (int64_t i = 0; i < kv; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  float sum = 0;
+  for (int j = 0; j < 16; ++j) sum += acc[j];
+  for (int64_t i = kv; i < k; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 // out[M, N] = x[M, K] · W[N, K]ᵀ for the tied LM head, whose graph says
 // transpose(bmm(W, transpose(x))): per block of W's rows, one GEMM into a
 // small tile (in the stack) and its transpose into out, so the [N, M]
@@ -212,6 +252,20 @@ void run_bmm(const Step& s, const float* a, const float* b, float* c) {
 void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
   constexpr int64_t kBlock = 128;
   const int64_t M = s.m, N = s.n, K = s.k;
+  if (M < kGemvRows) {  // a few tokens: one pass over W, dot products with x's rows (xt's columns)
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((N + 1023) / 1024, 16 * static_cast<int64_t>(g.threads)));
+    const int64_t rows = (N + blocks - 1) / blocks;
+    parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+      const int64_t n0 = static_cast<int64_t>(t) * rows, n1 = std::min(N, n0 + rows);
+      alignas(64) float x[kGemvRows][1024];
+      if (K > 1024) return;  // checked at init
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t p = 0; p < K; ++p) x[m][p] = xt[p * M + m];
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t m = 0; m < M; ++m) out[m * N + n] = dot(x[m], w + n * K, K);
+    });
+    return;
+  }
   const int64_t blocks = (N + kBlock - 1) / kBlock;
   parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
     int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
@@ -246,6 +300,23 @@ KILN_VECTOR_CLONES void dot_rows(const float* __restrict x, const float* __restr
 // out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks
 // (over rows when W has a few columns).
 void run_fully_connected(const Step& s, const float* x, float* out) {
+  if (s.m < kGemvRows && s.n >= 4) {
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 8 * static_cast<int64_t>(g.threads)));
+    const int64_t cols = ((s.n + blocks - 1) / blocks + 15) / 16 * 16;
+    parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+      const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
+      if (nb <= 0) return;
+      for (int64_t r = 0; r < s.m; ++r) {
+        if (s.bias) std::memcpy(out + r * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
+        else std::memset(out + r * s.n + n0, 0, static_cast<size_t>(nb) * sizeof(float));
+      }
+      axpy_rows(x, s.m, s.k, s.weights + n0, s.n, nb, out + n0, s.n);
+      if (s.lo != -INFINITY || s.hi != INFINITY)
+        for (int64_t r = 0; r < s.m; ++r)
+          for (int64_t j = n0; j < n0 + nb; ++j) out[r * s.n + j] = std::min(std::max(out[r * s.n + j], s.lo), s.hi);
+    });
+    return;
+  }
   if (s.n < 4) {
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, 2 * static_cast<int64_t>(g.threads)));
     const int64_t per = (s.m + parts - 1) / parts;
@@ -1009,9 +1080,7 @@ Status Builder::make_steps(State& st) {
       // both implementations need constant weights
       bool static_w = st.values[io_[i].in[1]].constant && (io_[i].in[2] == kInvalidId || st.values[io_[i].in[2]].constant);
       if (!static_w) return failf(error_, Status::NotSupported, "node %zu: fully connected with non-constant weights", i);
-      const Value& out = st.values[io_[i].out];
-      int64_t rows = out.ndims ? out.numel / std::max<int64_t>(1, out.dims[out.ndims - 1]) : 1;
-      lib = g.fc == FullyConnected::Xnnpack || (g.fc == FullyConnected::Auto && rows < 16);
+      lib = g.fc == FullyConnected::Xnnpack;
     }
     if (skip_[i]) continue;  // a view: no step, inside or between subgraphs
     if (lib) {
@@ -1056,7 +1125,7 @@ Status Builder::make_steps(State& st) {
     fused.m = mm.n;   // sequence rows
     fused.n = mm.m;   // vocabulary
     fused.k = mm.k;
-    if (fused.m > 256) continue;
+    if (fused.m > 256 || fused.k > 1024) continue;
     mm = std::move(fused);
     st.steps.erase(st.steps.begin() + static_cast<std::ptrdiff_t>(s + 2));
   }
