@@ -18,7 +18,7 @@ import pytest
 from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
 from executorch.exir.schema import DataLocation
 
-from conftest import assert_close, et_lower, kiln_lower, reference_io, run_kiln, spec_of
+from conftest import assert_close, et_lower, export_model, kiln_lower, reference_io, run_kiln, spec_of
 
 ALLOC_CHECK = Path(__file__).resolve().parents[2] / "build" / "kiln_alloc_check"
 
@@ -54,6 +54,24 @@ def test_fully_connected_paths_and_threads(tiny_gpt2, producer, fc, threads, tmp
     ins, refs = reference_io(tiny_gpt2)
     out = kiln_run(pte, ins, tmp_path, "--fc", fc, "--threads", threads)[0]
     assert_close(out, refs[0], f"{producer} tiny GPT-2, --fc {fc} --threads {threads}")
+
+
+@pytest.fixture(scope="module", params=[1, 5])
+def tiny_gpt2_few_tokens(request, tmp_path_factory) -> Path:
+    """Tiny GPT-2 at seq_len 1 and 5: fully-connected nodes with fewer than 16 rows,
+    which the backend runs as streaming GEMVs (the LM head too)."""
+    out = tmp_path_factory.mktemp(f"gpt2_tiny_seq{request.param}")
+    return export_model(out, "--config", "tiny", "--seq-len", str(request.param))
+
+
+@pytest.mark.parametrize("fc", ["kiln", "xnnpack"])
+@pytest.mark.parametrize("producer", ["kiln", "executorch"])
+def test_few_tokens_match_eager(tiny_gpt2_few_tokens, producer, fc, tmp_path):
+    spec = tiny_gpt2_few_tokens
+    pte = kiln_lower(spec, "xnnpack") if producer == "kiln" else et_lower(spec, "xnnpack")
+    ins, refs = reference_io(spec)
+    out = kiln_run(pte, ins, tmp_path, "--fc", fc, "--threads", "2")[0]
+    assert_close(out, refs[0], f"{producer} tiny GPT-2 seq_len {ins[0].shape[1]}, --fc {fc}")
 
 
 def test_per_op_program_matches_eager(tiny_gpt2, tmp_path):
