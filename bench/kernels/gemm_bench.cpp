@@ -53,6 +53,33 @@ double now_cpu() {  // this thread's CPU time: robust to other processes sharing
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// The core's fp32 FMA ceiling: 12 independent chains of 16-wide FMAs (enough to
+// cover the FMA latency on two pipes), no memory traffic. GEMM efficiency is
+// measured against this.
+__attribute__((target("avx512f,fma"))) double fma_peak_gflops(double seconds) {
+  typedef float v16 __attribute__((vector_size(64)));
+  v16 acc[12];
+  const v16 mul = v16{} + 1.0000001f, add = v16{} + 1e-7f;
+  for (int i = 0; i < 12; ++i) acc[i] = v16{} + static_cast<float>(i);
+  long rounds = 0;
+  const double c0 = now_cpu();
+  double c1 = c0;
+  while (c1 - c0 < seconds) {
+    for (int r = 0; r < 100000; ++r)
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) acc[i] = acc[i] * mul + add;
+    rounds += 100000;
+    c1 = now_cpu();
+  }
+  float sink = 0;
+  for (int i = 0; i < 12; ++i) sink += acc[i][0];
+  volatile float keep = sink;
+  (void)keep;
+  return static_cast<double>(rounds) * 12 * 32 / (c1 - c0) * 1e-9;
+}
+#endif
+
 int main(int argc, char** argv) {
   using kiln::rt::kernels::SgemmIsa;
   const double min_seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
@@ -62,6 +89,10 @@ int main(int argc, char** argv) {
   std::printf("kiln sgemm, single thread; sgemm() runs the %s path here\n",
               kiln::rt::kernels::sgemm_isa_name(kiln::rt::kernels::sgemm_isa()));
   std::printf("GFLOP/s by wall clock and by thread CPU time (the latter discounts time the core ran others)\n");
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx512f"))
+    std::printf("fp32 FMA peak of one core (AVX-512, no memory traffic): %.1f GFLOP/s\n", fma_peak_gflops(min_seconds));
+#endif
   std::printf("%-8s %-20s %-12s %10s %10s %10s %12s\n", "isa", "M x K x N", "layer", "ms/call", "GFLOP/s",
               "(cpu)", "max rel err");
   std::mt19937 rng(0);
