@@ -26,7 +26,7 @@ struct BenchOptions {
   int iters = 10;
   int warmup = 1;
   int threads = 1;
-  std::string fc = "kiln";
+  std::string engine = "kiln";
   bool as_json = false;
   bool profile = false;
 };
@@ -45,7 +45,7 @@ int run_bench(const BenchOptions& o) {
   check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
   check(o.threads >= 1, "--threads must be >= 1");
   backends::xnnpack::register_runtime_backend(
-      {.threads = static_cast<size_t>(o.threads), .per_node_subgraphs = o.profile, .fully_connected = fc_choice(o.fc)});
+      {.threads = static_cast<size_t>(o.threads), .per_node_subgraphs = o.profile, .engine = engine_choice(o.engine)});
   auto t0 = Clock::now();
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
@@ -150,7 +150,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--iters", opts->iters, "measured runs")->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "runs before measuring (the first is reported separately)")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool (XNNPACK and kiln's own steps in it)")->capture_default_str();
-  cmd->add_option("--fc", opts->fc, "who runs the XNNPACK delegates' fully-connected nodes: kiln (GEMM/GEMV on the mapped weights) or xnnpack (packed at load)")
+  cmd->add_option("--engine", opts->engine,
+                  "who runs XNNPACK delegates' nodes that both can: kiln (its GEMM/GEMV on the mapped weights, fused "
+                  "elementwise rows) or xnnpack (Debian's XNNPACK for every node it has, weights packed at load)")
       ->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
   cmd->add_flag("--profile", opts->profile, "time every instruction and report time per operator (inside XNNPACK delegates too: their subgraphs are then built per node)");

@@ -25,7 +25,7 @@ struct RunOptions {
   std::vector<std::string> outputs;
   std::vector<std::string> compare;
   int threads = 1;
-  std::string fc = "kiln";
+  std::string engine = "kiln";
 };
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -48,7 +48,7 @@ std::string shape_str(std::span<const int64_t> s) { return fmt::format("[{}]", f
 
 int run_run(const RunOptions& o) {
   check(o.threads >= 1, "--threads must be >= 1");
-  backends::xnnpack::register_runtime_backend({.threads = static_cast<size_t>(o.threads), .fully_connected = fc_choice(o.fc)});
+  backends::xnnpack::register_runtime_backend({.threads = static_cast<size_t>(o.threads), .engine = engine_choice(o.engine)});
   auto t0 = Clock::now();
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
@@ -116,7 +116,9 @@ void add_run_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order");
   cmd->add_option("--output,-o", opts->outputs, "where to write output tensors (.npy), in order");
   cmd->add_option("--compare", opts->compare, "reference outputs (.npy) to report max abs/rel difference against");
-  cmd->add_option("--fc", opts->fc, "who runs the XNNPACK delegates' fully-connected nodes: kiln (GEMM/GEMV on the mapped weights) or xnnpack (packed at load)")
+  cmd->add_option("--engine", opts->engine,
+                  "who runs XNNPACK delegates' nodes that both can: kiln (its GEMM/GEMV on the mapped weights, fused "
+                  "elementwise rows) or xnnpack (Debian's XNNPACK for every node it has, weights packed at load)")
       ->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();

@@ -2,8 +2,9 @@
 kiln's own and ExecuTorch's, and matches PyTorch eager.
 
 Every run is checked against the outputs eager PyTorch produced at export
-(DESIGN's fp32 tolerance). The backend has two ways to run fully-connected
-nodes (Debian's XNNPACK, kiln's GEMM) and a thread pool; each is exercised.
+(DESIGN's fp32 tolerance). The backend has two engines (kiln's GEMM/GEMV and
+fused rows, or Debian's XNNPACK for every node it implements) and a thread
+pool; each is exercised.
 Damaged payloads must give one clear line and a non-zero exit.
 """
 from __future__ import annotations
@@ -36,24 +37,27 @@ def kiln_run(pte: Path, inputs, tmp: Path, *extra: str) -> list[np.ndarray]:
     return [np.load(tmp / f"out{i}.npy") for i in range(n_out)]
 
 
+@pytest.mark.parametrize("engine", ["kiln", "xnnpack"])
 @pytest.mark.parametrize("producer", ["kiln", "executorch"])
-def test_tiny_models_match_eager(tiny_model, producer, tmp_path):
+def test_tiny_models_match_eager(tiny_model, producer, engine, tmp_path):
+    """GPT-2, BERT and Llama graphs (layer norm, RMS norm, GELU, SiLU, rotary slices and
+    concatenations, masks), through kiln's fused rows and GEMMs or through XNNPACK."""
     pte = kiln_lower(tiny_model, "xnnpack") if producer == "kiln" else et_lower(tiny_model, "xnnpack")
     ins, refs = reference_io(tiny_model)
     s = spec_of(tiny_model)
-    for o, r in zip(kiln_run(pte, ins, tmp_path), refs, strict=True):
-        assert_close(o, r, f"{producer} XNNPACK .pte of {s['name']} ({s['ir']}) in kiln's runtime")
+    for o, r in zip(kiln_run(pte, ins, tmp_path, "--engine", engine), refs, strict=True):
+        assert_close(o, r, f"{producer} XNNPACK .pte of {s['name']} ({s['ir']}) in kiln's runtime, --engine {engine}")
 
 
-@pytest.mark.parametrize("fc", ["xnnpack", "kiln"])
+@pytest.mark.parametrize("engine", ["xnnpack", "kiln"])
 @pytest.mark.parametrize("threads", ["1", "2"])
 @pytest.mark.parametrize("producer", ["kiln", "executorch"])
-def test_fully_connected_paths_and_threads(tiny_gpt2, producer, fc, threads, tmp_path):
-    """Both fully-connected implementations, with and without the thread pool."""
+def test_engines_and_threads(tiny_gpt2, producer, engine, threads, tmp_path):
+    """Both engines, with and without the thread pool."""
     pte = kiln_lower(tiny_gpt2, "xnnpack") if producer == "kiln" else et_lower(tiny_gpt2, "xnnpack")
     ins, refs = reference_io(tiny_gpt2)
-    out = kiln_run(pte, ins, tmp_path, "--fc", fc, "--threads", threads)[0]
-    assert_close(out, refs[0], f"{producer} tiny GPT-2, --fc {fc} --threads {threads}")
+    out = kiln_run(pte, ins, tmp_path, "--engine", engine, "--threads", threads)[0]
+    assert_close(out, refs[0], f"{producer} tiny GPT-2, --engine {engine} --threads {threads}")
 
 
 @pytest.fixture(scope="module", params=[1, 5])
@@ -64,14 +68,14 @@ def tiny_gpt2_few_tokens(request, tmp_path_factory) -> Path:
     return export_model(out, "--config", "tiny", "--seq-len", str(request.param))
 
 
-@pytest.mark.parametrize("fc", ["kiln", "xnnpack"])
+@pytest.mark.parametrize("engine", ["kiln", "xnnpack"])
 @pytest.mark.parametrize("producer", ["kiln", "executorch"])
-def test_few_tokens_match_eager(tiny_gpt2_few_tokens, producer, fc, tmp_path):
+def test_few_tokens_match_eager(tiny_gpt2_few_tokens, producer, engine, tmp_path):
     spec = tiny_gpt2_few_tokens
     pte = kiln_lower(spec, "xnnpack") if producer == "kiln" else et_lower(spec, "xnnpack")
     ins, refs = reference_io(spec)
-    out = kiln_run(pte, ins, tmp_path, "--fc", fc, "--threads", "2")[0]
-    assert_close(out, refs[0], f"{producer} tiny GPT-2 seq_len {ins[0].shape[1]}, --fc {fc}")
+    out = kiln_run(pte, ins, tmp_path, "--engine", engine, "--threads", "2")[0]
+    assert_close(out, refs[0], f"{producer} tiny GPT-2 seq_len {ins[0].shape[1]}, --engine {engine}")
 
 
 def test_per_op_program_matches_eager(tiny_gpt2, tmp_path):
@@ -82,25 +86,35 @@ def test_per_op_program_matches_eager(tiny_gpt2, tmp_path):
     assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], "per-op tiny GPT-2 in kiln's runtime")
 
 
+@pytest.mark.parametrize("engine", ["kiln", "xnnpack"])
 @pytest.mark.parametrize("producer", ["kiln", "executorch"])
-def test_gpt2_small_matches_eager(gpt2_small, producer, tmp_path):
+def test_gpt2_small_matches_eager(gpt2_small, producer, engine, tmp_path):
     pte = kiln_lower(gpt2_small, "xnnpack") if producer == "kiln" else et_lower(gpt2_small, "xnnpack")
     ins, refs = reference_io(gpt2_small)
-    out = kiln_run(pte, ins, tmp_path, "--threads", "2")[0]
-    assert_close(out, refs[0], f"{producer} XNNPACK GPT-2 small ({spec_of(gpt2_small)['ir']}) in kiln's runtime")
+    out = kiln_run(pte, ins, tmp_path, "--threads", "2", "--engine", engine)[0]
+    assert_close(out, refs[0], f"{producer} XNNPACK GPT-2 small ({spec_of(gpt2_small)['ir']}) in kiln's runtime, "
+                               f"--engine {engine}")
 
 
-def test_bench_reports_the_backends_steps(tiny_gpt2):
-    """`kiln bench --profile` on a delegated program breaks the delegate into its steps,
-    and each step's time is part of the delegate call's."""
+@pytest.mark.parametrize("engine", ["kiln", "xnnpack"])
+def test_bench_reports_the_backends_steps(tiny_gpt2, engine):
+    """`kiln bench --profile` on a delegated program breaks the delegate into its steps:
+    with --engine xnnpack, XNNPACK's nodes and kiln's for the rest; with kiln's engine,
+    its fused rows and GEMMs."""
     pte = kiln_lower(tiny_gpt2, "xnnpack")
-    j = json.loads(run_kiln("bench", pte, "--iters", "3", "--threads", "2", "--profile", "--json").stdout)
+    j = json.loads(run_kiln("bench", pte, "--iters", "3", "--threads", "2", "--profile", "--engine", engine,
+                            "--json").stdout)
     for key in ("load_ms", "first_run_ms", "median_ms", "min_ms", "peak_rss_mb"):
         assert j[key] > 0, key
     labels = set(j["profile"])
-    assert any(k.startswith("XnnpackBackend: xnnpack ") for k in labels), labels  # library nodes
-    assert any(k.startswith("XnnpackBackend: kiln ") for k in labels), labels     # kiln's steps
-    assert all(v["ms_per_run"] >= 0 for v in j["profile"].values())
+    if engine == "xnnpack":
+        assert any(k.startswith("XnnpackBackend: xnnpack FullyConnected") for k in labels), labels
+        assert any(k.startswith("XnnpackBackend: kiln batch matmul") for k in labels), labels  # the library lacks it
+    else:
+        assert not any(k.startswith("XnnpackBackend: xnnpack ") for k in labels), labels
+        assert any(k.startswith("XnnpackBackend: kiln fused rows:") for k in labels), labels
+        assert any(k.startswith("XnnpackBackend: kiln fully connected") for k in labels), labels
+    assert all(v["ms_per_run"] >= 0 and v["calls"] >= 1 for v in j["profile"].values())
 
 
 def test_execute_allocates_no_heap_memory(tiny_gpt2):

@@ -18,12 +18,16 @@
 
 namespace kiln::backends::xnnpack {
 
-// Who runs fully-connected nodes: kiln (its GEMM for many rows, a streaming
-// GEMV for a few; [K, N] weights read in place where the file maps them), or
-// Debian's XNNPACK (2022), which packs them at load. kiln's is the default:
-// on this project's AVX-512 machine it is faster at seq_len 128 and at 1, and
-// loads in milliseconds (bench/RESULTS.md has both).
-enum class FullyConnected { Kiln, Xnnpack };
+// Who runs the nodes both can run.
+//  Kiln (default): fully-connected nodes on kiln's GEMM (many rows) or a
+//    streaming GEMV (a few rows), reading [K, N] weights where the file maps
+//    them; chains of elementwise nodes, softmax and row means fused into one
+//    pass per row; XNNPACK runs the nodes kiln has no code for (convolution,
+//    pooling, padding, ...). Faster here at seq_len 128 and 1, loads in ms.
+//  Xnnpack: every node Debian's XNNPACK (2022) implements runs on it (weights
+//    packed at load); kiln's code runs only the nodes that library lacks.
+// bench/RESULTS.md measures both.
+enum class Engine { Kiln, Xnnpack };
 
 struct RuntimeOptions {
   size_t threads = 1;  // 1: no pool, everything on the calling thread
@@ -31,7 +35,7 @@ struct RuntimeOptions {
   // profile times each node (XNNPACK's own runtime cannot); programs loaded
   // afterwards run slightly slower.
   bool per_node_subgraphs = false;
-  FullyConnected fully_connected = FullyConnected::Kiln;
+  Engine engine = Engine::Kiln;
 };
 
 // Registers "XnnpackBackend" with kiln's runtime, or, if it is registered,

@@ -77,7 +77,7 @@ struct Globals {
   pthreadpool_t pool = nullptr;
   size_t threads = 1;
   bool per_node = false;
-  FullyConnected fc = FullyConnected::Kiln;
+  Engine engine = Engine::Kiln;
   bool xnn_ready = false;
 };
 Globals g;
@@ -124,8 +124,31 @@ struct Group {
 
 // ---------------------------------------------------------------- steps
 
-enum class StepKind : uint8_t { Subgraph, FullyConnected, Bmm, LmHead, Transpose, Slice, Concat, Unary, Copy, Clamp };
+enum class StepKind : uint8_t { Subgraph, FullyConnected, Rows, Bmm, LmHead, Transpose, Slice, Concat, Unary, Copy, Clamp };
 enum class UnaryOp : uint8_t { Tanh, Rsqrt, Gelu, Exp, Log, Sin, Cos, Copy };
+
+// Row programs (fused elementwise chains, see Builder::find_chains): values
+// seen as R rows of C floats; an operand is a value computed earlier in the
+// chain (a slot) or bytes in memory, whose rows repeat with period P (numpy
+// broadcasting of a trailing block), or a per-row scalar.
+enum class RowOpKind : uint8_t { Add, Sub, Mul, Div, Max, Min, Square, Sqrt, Rsqrt, Neg, Abs, Sigmoid, Tanh, Exp, Gelu,
+                                 Copy, Softmax, RowDot };
+struct RowOperand {
+  enum class Src : uint8_t { None, Slot, Memory } src = Src::None;
+  int32_t index = -1;    // slot, or storage group
+  int64_t period = 1;    // memory: rows repeat every `period` rows
+  bool scalar = false;   // one float per row (else C)
+};
+struct RowOp {
+  RowOpKind kind = RowOpKind::Copy;
+  RowOperand a, b;
+  int32_t out_slot = -1;
+  bool out_scalar = false;
+  int32_t write_group = -1;     // also stored to memory (read after the chain), else the slot only
+  float lo = -INFINITY, hi = INFINITY;
+  const float* w = nullptr;     // RowDot: C weights
+  float bias = 0.0f;
+};
 
 struct Operand {
   int32_t group = -1;
@@ -155,6 +178,13 @@ struct Step {
   float lo = -INFINITY, hi = INFINITY;
   const float* weights = nullptr;                    // fully connected: [k, n] row-major
   const float* bias = nullptr;                       // [n] or null
+  // Rows: the fused chain
+  std::vector<RowOp> row_ops;
+  int64_t rows = 0, cols = 0, tasks = 1, slots = 0;
+  std::vector<int64_t> slot_offset;   // floats into a task's scratch
+  std::vector<float> scratch;         // tasks x per-task floats
+  std::vector<float*> slot_ptr;       // tasks x slots: where each slot's row is, this row
+  int64_t scratch_per_task = 0;
   // profiling
   uint64_t calls = 0, total_ns = 0;
 };
@@ -443,6 +473,9 @@ KILN_VECTOR_CLONES void rsqrt_loop(const float* __restrict in, float* __restrict
 KILN_VECTOR_CLONES void exp_loop(const float* __restrict in, float* __restrict out, int64_t n) {
   map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::exp_f(x); });
 }
+KILN_VECTOR_CLONES void sigmoid_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::sigmoid_f(x); });
+}
 
 void run_unary(const Step& s, const float* in, float* out) {
   const int64_t n = s.count;
@@ -478,6 +511,149 @@ void run_concat(const Step& s, std::span<const float* const> ins, float* out) {
       dst += s.widths[j];
     }
   }
+}
+
+
+// ---------------------------------------------------------------- fused rows
+
+// out = a op b over n floats; a scalar operand (as/bs) is one float for all n.
+template <typename F>
+inline __attribute__((always_inline)) void binary_loop(const float* __restrict a, bool as, const float* __restrict b,
+                                                       bool bs, float* __restrict o, int64_t n, F f) {
+  const int64_t nv = n & ~int64_t{15};
+  if (!as && !bs) {
+    for (int64_t i = 0; i < nv; ++i) o[i] = f(a[i], b[i]);
+    for (int64_t i = nv; i < n; ++i) o[i] = f(a[i], b[i]);
+  } else if (as && !bs) {
+    const float x = a[0];
+    for (int64_t i = 0; i < nv; ++i) o[i] = f(x, b[i]);
+    for (int64_t i = nv; i < n; ++i) o[i] = f(x, b[i]);
+  } else if (!as) {
+    const float y = b[0];
+    for (int64_t i = 0; i < nv; ++i) o[i] = f(a[i], y);
+    for (int64_t i = nv; i < n; ++i) o[i] = f(a[i], y);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[0], b[0]);
+  }
+}
+
+KILN_VECTOR_CLONES void row_binary(RowOpKind k, const float* a, bool as, const float* b, bool bs, float* o, int64_t n) {
+  switch (k) {
+    case RowOpKind::Add: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x + y; }); break;
+    case RowOpKind::Sub: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x - y; }); break;
+    case RowOpKind::Mul: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x * y; }); break;
+    case RowOpKind::Div: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x / y; }); break;
+    case RowOpKind::Max:
+      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return rt::kernels::select_f(x < y, y, x); });
+      break;
+    case RowOpKind::Min:
+      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return rt::kernels::select_f(y < x, y, x); });
+      break;
+    default: break;
+  }
+}
+
+KILN_VECTOR_CLONES void row_unary(RowOpKind k, const float* __restrict in, float* __restrict o, int64_t n) {
+  using namespace rt::kernels;
+  switch (k) {
+    case RowOpKind::Square: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return x * x; }); break;
+    case RowOpKind::Sqrt: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return std::sqrt(x); }); break;
+    case RowOpKind::Rsqrt: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return 1.0f / std::sqrt(x); }); break;
+    case RowOpKind::Neg: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return -x; }); break;
+    case RowOpKind::Abs: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return std::fabs(x); }); break;
+    // the transcendental ones have their own clones: inlined here, GCC would
+    // call tanh_f/exp_f out of line (its inlining budget for this function is spent)
+    case RowOpKind::Sigmoid: sigmoid_loop(in, o, n); break;
+    case RowOpKind::Tanh: tanh_loop(in, o, n); break;
+    case RowOpKind::Exp: exp_loop(in, o, n); break;
+    case RowOpKind::Gelu:
+      for (int64_t i = 0; i < n; ++i) o[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678118654752f));
+      break;
+    case RowOpKind::Copy: if (o != in) std::memcpy(o, in, static_cast<size_t>(n) * sizeof(float)); break;
+    default: break;
+  }
+}
+
+// softmax over one row
+KILN_VECTOR_CLONES void row_softmax(const float* __restrict in, float* __restrict o, int64_t n) {
+  float m[16];
+  for (float& v : m) v = -INFINITY;
+  const int64_t nv = n & ~int64_t{15};
+  for (int64_t i = 0; i < nv; i += 16)
+    for (int j = 0; j < 16; ++j) m[j] = rt::kernels::select_f(in[i + j] > m[j], in[i + j], m[j]);
+  float mx = -INFINITY;
+  for (float v : m) mx = v > mx ? v : mx;
+  for (int64_t i = nv; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
+  float acc[16] = {};
+  for (int64_t i = 0; i < nv; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += (o[i + j] = rt::kernels::exp_f(in[i + j] - mx));
+  float sum = 0;
+  for (float v : acc) sum += v;
+  for (int64_t i = nv; i < n; ++i) sum += (o[i] = rt::kernels::exp_f(in[i] - mx));
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < nv; ++i) o[i] *= inv;
+  for (int64_t i = nv; i < n; ++i) o[i] *= inv;
+}
+
+// Runs a fused chain: rows split into step.tasks blocks; each row goes through
+// every op with its intermediate rows in the task's scratch (L1/L2-resident).
+void run_rows(Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) {
+  for (size_t m = 0; m < s.in.size(); ++m)  // memory operands and written groups, resolved once per call
+    s.slot_ptr[static_cast<size_t>(s.tasks * s.slots) + m] = const_cast<float*>(s.in[m].data(groups, arena, args));
+  float* const* base = s.slot_ptr.data() + s.tasks * s.slots;
+  const int64_t per = (s.rows + s.tasks - 1) / s.tasks, C = s.cols;
+  parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
+    float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
+    float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
+    const int64_t r1 = std::min(s.rows, (static_cast<int64_t>(t) + 1) * per);
+    for (int64_t r = static_cast<int64_t>(t) * per; r < r1; ++r) {
+      for (const RowOp& op : s.row_ops) {
+        auto fetch = [&](const RowOperand& x) -> const float* {
+          if (x.src == RowOperand::Src::Slot) return sp[x.index];
+          if (x.src == RowOperand::Src::Memory) return base[x.index] + (r % x.period) * (x.scalar ? 1 : C);
+          return nullptr;
+        };
+        const float* a = fetch(op.a);
+        const float* b = fetch(op.b);
+        float* out = op.write_group >= 0 ? base[op.write_group] + r * (op.out_scalar ? 1 : C)
+                                         : scratch + s.slot_offset[static_cast<size_t>(op.out_slot)];
+        sp[op.out_slot] = out;
+        const int64_t n = op.out_scalar ? 1 : C;
+        switch (op.kind) {
+          case RowOpKind::Add: case RowOpKind::Sub: case RowOpKind::Mul: case RowOpKind::Div: case RowOpKind::Max:
+          case RowOpKind::Min:
+            row_binary(op.kind, a, op.a.scalar && !op.out_scalar, b, op.b.scalar && !op.out_scalar, out, n);
+            break;
+          case RowOpKind::Softmax: row_softmax(a, out, n); break;
+          case RowOpKind::RowDot: out[0] = dot(a, op.w, C) + op.bias; break;
+          default: row_unary(op.kind, a, out, n); break;
+        }
+        if (op.lo != -INFINITY || op.hi != INFINITY)
+          for (int64_t i = 0; i < n; ++i) out[i] = std::min(std::max(out[i], op.lo), op.hi);
+      }
+    }
+  });
+}
+
+// How operand `e` broadcasts against output `d` seen as rows of d's last dim:
+// full rows (e's last dim is d's) or one value per row (e's last dim 1),
+// repeating every `period` rows; false if e is not numpy-broadcastable that way.
+bool row_mode(const Value& e, const Value& d, int64_t* period, bool* scalar) {
+  const uint32_t n = d.ndims;
+  if (n == 0 || e.ndims > n) return false;
+  std::array<int64_t, kMaxRank> ed{};
+  for (uint32_t i = 0; i < n; ++i) ed[i] = i < n - e.ndims ? 1 : e.dims[i - (n - e.ndims)];
+  const int64_t C = d.dims[n - 1];
+  if (C == 1 || ed[n - 1] == 1) *scalar = true;
+  else if (ed[n - 1] == C) *scalar = false;
+  else return false;
+  uint32_t k = n - 1;
+  while (k > 0 && ed[k - 1] == d.dims[k - 1]) --k;
+  for (uint32_t i = 0; i < k; ++i)
+    if (ed[i] != 1) return false;
+  *period = 1;
+  for (uint32_t i = k; i + 1 < n; ++i) *period *= d.dims[i];
+  return true;
 }
 
 // ---------------------------------------------------------------- building
@@ -571,6 +747,17 @@ class Builder {
   std::vector<NodeIO> io_;
   std::vector<bool> skip_;                 // reshapes that are views
   std::vector<bool> only_packed_;          // per value: read only as fully-connected weights
+  // fused row chains (Engine::Kiln)
+  Status find_chains(State& st);
+  bool add_row_op(const State& st, size_t node, int64_t rows, int64_t cols, Step& step,
+                  std::vector<int32_t>& slot_of_group, std::vector<bool>& slot_scalar);
+  struct Chain {
+    size_t begin = 0, last = 0;  // first and last member node
+    Step step;
+  };
+  std::vector<Chain> chains_;
+  std::vector<int32_t> chain_of_;          // per node: its chain, or -1
+  std::vector<bool> slot_only_;            // per group: lives only in a chain's row slots
 };
 
 Status Builder::check_value(const State& st, uint32_t id, size_t node, const char* role) const {
@@ -739,23 +926,30 @@ Status Builder::plan_storage(State& st) {
     grp.storage.kind = Storage::Kind::Arg;
     grp.storage.arg = static_cast<uint32_t>(a);
   }
-  // lifetimes over node positions
+  if (Status s = find_chains(st); s != Status::Ok) return s;
+  // lifetimes over node positions; a fused chain runs its nodes row by row, so
+  // everything it reads or writes is live from its first node to its last
   for (size_t i = 0; i < io_.size(); ++i) {
     if (skip_[i]) continue;
-    auto pos = static_cast<int64_t>(i);
+    auto def = static_cast<int64_t>(i), use = def;
+    if (chain_of_[i] >= 0) {
+      def = static_cast<int64_t>(chains_[static_cast<size_t>(chain_of_[i])].begin);
+      use = static_cast<int64_t>(chains_[static_cast<size_t>(chain_of_[i])].last);
+    }
     for (size_t j = 0; j < io_[i].num_in; ++j)
       if (io_[i].in[j] != kInvalidId) {
         Group& grp = st.groups[static_cast<size_t>(st.values[io_[i].in[j]].group)];
-        grp.last_use = std::max(grp.last_use, pos);
+        grp.last_use = std::max(grp.last_use, use);
       }
     Group& grp = st.groups[static_cast<size_t>(st.values[io_[i].out].group)];
-    grp.first_def = std::min(grp.first_def, pos);
-    grp.last_use = std::max(grp.last_use, pos);
+    grp.first_def = std::min(grp.first_def, def);
+    grp.last_use = std::max(grp.last_use, use);
   }
   // arena: first fit by lifetime, in order of definition
   std::vector<size_t> order;
   for (size_t gi = 0; gi < st.groups.size(); ++gi)
-    if (st.groups[gi].storage.kind == Storage::Kind::None && st.groups[gi].last_use >= 0) order.push_back(gi);
+    if (st.groups[gi].storage.kind == Storage::Kind::None && st.groups[gi].last_use >= 0 && !slot_only_[gi])
+      order.push_back(gi);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return st.groups[a].first_def < st.groups[b].first_def; });
   struct Live { size_t offset, size; int64_t end; };
   std::vector<Live> live;
@@ -781,6 +975,202 @@ Status Builder::plan_storage(State& st) {
     st.arena = static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, top));
     if (!st.arena) return failf(error_, Status::OutOfMemory, "cannot allocate %zu bytes of activations", top);
     std::memset(st.arena, 0, top);
+  }
+  return Status::Ok;
+}
+
+
+// Fused row chains (Engine::Kiln): maximal runs of consecutive elementwise
+// nodes, softmaxes and row means (fully connected with one output column) over
+// the same R rows of C floats run as one step that takes each row through every
+// node while it is in cache. What the chain computes and nothing after it
+// reads stays in per-task scratch; the rest is written where it lives.
+bool Builder::add_row_op(const State& st, size_t i, int64_t rows, int64_t cols, Step& step,
+                         std::vector<int32_t>& slot_of_group, std::vector<bool>& slot_scalar) {
+  const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+  const NodeIO& io = io_[i];
+  const Value& out = st.values[io.out];
+  RowOp op;
+  if (const auto* mm = node->output_min_max()) { op.lo = mm->output_min(); op.hi = mm->output_max(); }
+  const NodeType t = node->xnode_union_type();
+  // the output: full rows or one value per row, of this chain's geometry
+  if (out.ndims == 0) return false;
+  const int64_t oc = out.dims[out.ndims - 1];
+  if (oc == cols && cols > 1 && out.numel == rows * cols) op.out_scalar = false;
+  else if (oc == 1 && out.numel == rows) op.out_scalar = true;
+  else return false;
+  auto operand = [&](uint32_t v, RowOperand& x, bool full_rows_only) -> bool {
+    const Value& val = st.values[v];
+    int64_t period = 0;
+    bool scalar = false;
+    if (full_rows_only) {  // a row mean's input: exactly the chain's rows
+      if (val.ndims == 0 || val.dims[val.ndims - 1] != cols || val.numel != rows * cols) return false;
+      period = rows;
+    } else if (!row_mode(val, out, &period, &scalar)) {
+      return false;
+    }
+    const int32_t grp = val.group;
+    if (slot_of_group[static_cast<size_t>(grp)] >= 0) {  // computed earlier in this chain
+      if (period != rows || scalar != slot_scalar[static_cast<size_t>(slot_of_group[static_cast<size_t>(grp)])]) return false;
+      x.src = RowOperand::Src::Slot;
+      x.index = slot_of_group[static_cast<size_t>(grp)];
+    } else {
+      x.src = RowOperand::Src::Memory;
+      x.index = grp;  // a group for now; made an index into the step's memory table below
+      x.period = period;
+    }
+    x.scalar = scalar;
+    return true;
+  };
+  switch (t) {
+    case NodeType::XNNAdd: op.kind = RowOpKind::Add; break;
+    case NodeType::XNNSubtract: op.kind = RowOpKind::Sub; break;
+    case NodeType::XNNMultiply: op.kind = RowOpKind::Mul; break;
+    case NodeType::XNNDiv: op.kind = RowOpKind::Div; break;
+    case NodeType::XNNMaximum: op.kind = RowOpKind::Max; break;
+    case NodeType::XNNMinimum: op.kind = RowOpKind::Min; break;
+    case NodeType::XNNSquare: op.kind = RowOpKind::Square; break;
+    case NodeType::XNNSquareRoot: op.kind = RowOpKind::Sqrt; break;
+    case NodeType::XNNReciprocalSquareRoot: op.kind = RowOpKind::Rsqrt; break;
+    case NodeType::XNNNegate: op.kind = RowOpKind::Neg; break;
+    case NodeType::XNNAbs: op.kind = RowOpKind::Abs; break;
+    case NodeType::XNNSigmoid: op.kind = RowOpKind::Sigmoid; break;
+    case NodeType::XNNTanh: op.kind = RowOpKind::Tanh; break;
+    case NodeType::XNNExp: op.kind = RowOpKind::Exp; break;
+    case NodeType::XNNGelu: op.kind = RowOpKind::Gelu; break;
+    case NodeType::XNNCopy: case NodeType::XNNClamp: op.kind = RowOpKind::Copy; break;
+    case NodeType::XNNSoftmax: op.kind = RowOpKind::Softmax; break;
+    case NodeType::XNNFullyConnected: op.kind = RowOpKind::RowDot; break;
+    default: return false;
+  }
+  switch (op.kind) {
+    case RowOpKind::Add: case RowOpKind::Sub: case RowOpKind::Mul: case RowOpKind::Div: case RowOpKind::Max:
+    case RowOpKind::Min:
+      if (!operand(io.in[0], op.a, false) || !operand(io.in[1], op.b, false)) return false;
+      if (op.out_scalar && (!op.a.scalar || !op.b.scalar)) return false;
+      break;
+    case RowOpKind::Softmax:
+      if (op.out_scalar || !operand(io.in[0], op.a, false) || op.a.scalar || st.values[io.in[0]].numel != out.numel)
+        return false;
+      break;
+    case RowOpKind::RowDot: {
+      const Value& w = st.values[io.in[1]];
+      if (!op.out_scalar || !w.constant || w.numel != cols || w.ndims != 2 || !operand(io.in[0], op.a, true)) return false;
+      if (io.in[2] != kInvalidId) {
+        const Value& b = st.values[io.in[2]];
+        if (!b.constant || b.numel != 1) return false;
+        op.bias = *static_cast<const float*>(b.constant);
+      }
+      op.w = static_cast<const float*>(w.constant);
+      break;
+    }
+    default:  // unary, elementwise
+      if (!operand(io.in[0], op.a, false) || st.values[io.in[0]].numel != out.numel || op.a.scalar != op.out_scalar)
+        return false;
+      break;
+  }
+  // the output's slot
+  const int32_t og = out.group;
+  if (slot_of_group[static_cast<size_t>(og)] >= 0) return false;  // written twice: not SSA
+  op.out_slot = static_cast<int32_t>(slot_scalar.size());
+  slot_scalar.push_back(op.out_scalar);
+  slot_of_group[static_cast<size_t>(og)] = op.out_slot;
+  op.write_group = og;  // decided in find_chains
+  step.row_ops.push_back(op);
+  return true;
+}
+
+Status Builder::find_chains(State& st) {
+  chain_of_.assign(io_.size(), -1);
+  slot_only_.assign(st.groups.size(), false);
+  if (g.engine != Engine::Kiln) return Status::Ok;
+  // readers of each group, by node
+  std::vector<std::vector<uint32_t>> readers(st.groups.size());
+  for (size_t i = 0; i < io_.size(); ++i) {
+    if (skip_[i]) continue;
+    for (size_t j = 0; j < io_[i].num_in; ++j)
+      if (io_[i].in[j] != kInvalidId) readers[static_cast<size_t>(st.values[io_[i].in[j]].group)].push_back(static_cast<uint32_t>(i));
+  }
+  std::vector<int32_t> slot_of_group(st.groups.size(), -1);
+  for (size_t i = 0; i < io_.size(); ++i) {
+    if (skip_[i]) continue;
+    // the chain's geometry comes from its first node: full rows out, or a row mean's input
+    const NodeIO& io = io_[i];
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    const Value& out = st.values[io.out];
+    const Value& in = st.values[io.in[0]];
+    int64_t rows = 0, cols = 0;
+    if (node->xnode_union_type() == NodeType::XNNFullyConnected) {
+      if (in.ndims > 0) { cols = in.dims[in.ndims - 1]; rows = cols ? in.numel / cols : 0; }
+    } else if (out.ndims > 0) {
+      cols = out.dims[out.ndims - 1];
+      rows = cols ? out.numel / cols : 0;
+    }
+    if (cols < 2 || rows < 1) continue;
+    Chain c;
+    c.step.kind = StepKind::Rows;
+    std::vector<bool> slot_scalar;
+    std::vector<int32_t> touched;
+    size_t last = i;
+    bool any = false;
+    for (size_t j = i; j < io_.size(); ++j) {
+      if (skip_[j]) continue;
+      size_t before = c.step.row_ops.size();
+      if (!add_row_op(st, j, rows, cols, c.step, slot_of_group, slot_scalar)) break;
+      touched.push_back(st.values[io_[j].out].group);
+      (void)before;
+      last = j;
+      any = true;
+    }
+    if (!any) continue;
+    c.begin = i;
+    c.last = last;
+    // which results are written: read after the chain, or a call output
+    std::vector<int32_t> mem;  // the step's memory table: groups
+    auto mem_index = [&](int32_t grp) {
+      for (size_t m = 0; m < mem.size(); ++m)
+        if (mem[m] == grp) return static_cast<int32_t>(m);
+      mem.push_back(grp);
+      return static_cast<int32_t>(mem.size() - 1);
+    };
+    for (RowOp& op : c.step.row_ops) {
+      const int32_t grp = op.write_group;
+      bool outside = st.groups[static_cast<size_t>(grp)].storage.kind == Storage::Kind::Arg;
+      for (uint32_t r : readers[static_cast<size_t>(grp)]) outside |= r < i || r > last;
+      if (outside) {
+        op.write_group = mem_index(grp);
+      } else {
+        op.write_group = -1;
+        slot_only_[static_cast<size_t>(grp)] = true;
+      }
+      for (RowOperand* x : {&op.a, &op.b})
+        if (x->src == RowOperand::Src::Memory) x->index = mem_index(x->index);
+    }
+    for (int32_t grp : touched) slot_of_group[static_cast<size_t>(grp)] = -1;
+    // step layout: memory table, per-task scratch for the slots that stay in it
+    Step& step = c.step;
+    step.rows = rows;
+    step.cols = cols;
+    step.slots = static_cast<int64_t>(slot_scalar.size());
+    step.tasks = std::max<int64_t>(1, std::min<int64_t>(rows, static_cast<int64_t>(g.threads)));
+    for (int32_t grp : mem) step.in.push_back(Operand{grp});
+    for (size_t k = 0; k < slot_scalar.size(); ++k) {
+      step.slot_offset.push_back(step.scratch_per_task);
+      step.scratch_per_task += slot_scalar[k] ? 16 : (cols + 15) / 16 * 16;
+    }
+    step.scratch.assign(static_cast<size_t>(step.tasks * step.scratch_per_task), 0.0f);
+    step.slot_ptr.assign(static_cast<size_t>(step.tasks * step.slots) + mem.size(), nullptr);
+    step.label = "kiln fused rows:";
+    for (const RowOp& op : step.row_ops) {
+      static const char* const names[] = {"add", "sub", "mul", "div", "max", "min", "square", "sqrt", "rsqrt", "neg",
+                                          "abs", "sigmoid", "tanh", "exp", "gelu", "copy", "softmax", "dot"};
+      step.label += " ";
+      step.label += names[static_cast<size_t>(op.kind)];
+    }
+    const auto index = static_cast<int32_t>(chains_.size());
+    for (size_t j = i; j <= last; ++j) chain_of_[j] = index;
+    chains_.push_back(std::move(c));
+    i = last;
   }
   return Status::Ok;
 }
@@ -1080,9 +1470,20 @@ Status Builder::make_steps(State& st) {
       // both implementations need constant weights
       bool static_w = st.values[io_[i].in[1]].constant && (io_[i].in[2] == kInvalidId || st.values[io_[i].in[2]].constant);
       if (!static_w) return failf(error_, Status::NotSupported, "node %zu: fully connected with non-constant weights", i);
-      lib = g.fc == FullyConnected::Xnnpack;
+      lib = g.engine == Engine::Xnnpack;
     }
     if (skip_[i]) continue;  // a view: no step, inside or between subgraphs
+    if (chain_of_[i] >= 0) {  // a fused chain: one step at its first node
+      Chain& c = chains_[static_cast<size_t>(chain_of_[i])];
+      if (i == c.begin) {
+        if (open) {
+          if (Status s = subgraph_step(st, begin, i); s != Status::Ok) return s;
+          open = false;
+        }
+        st.steps.push_back(std::move(c.step));
+      }
+      continue;
+    }
     if (lib) {
       if (!open) { begin = i; open = true; }
       if (g.per_node) {  // profiling: one subgraph per node
@@ -1208,6 +1609,7 @@ Status execute(void* opaque, std::span<EValue*> args, ErrorMessage* error) {
           return fail(error, Status::Internal, "xnn_invoke_runtime failed");
         break;
       case StepKind::FullyConnected: run_fully_connected(step, in(0), out); break;
+      case StepKind::Rows: run_rows(step, st.groups, st.arena, args); break;
       case StepKind::Bmm: run_bmm(step, in(0), in(1), out); break;
       case StepKind::LmHead: run_lm_head(step, in(0), in(1), out); break;
       case StepKind::Transpose: run_transpose(step, in(0), out); break;
@@ -1265,7 +1667,7 @@ bool register_runtime_backend(const RuntimeOptions& options) {
     g.xnn_ready = true;
   }
   g.per_node = options.per_node_subgraphs;
-  g.fc = options.fully_connected;
+  g.engine = options.engine;
   size_t threads = std::max<size_t>(1, options.threads);
   if (threads != g.threads || (threads > 1 && g.pool == nullptr)) {
     if (g.pool) pthreadpool_destroy(g.pool);
