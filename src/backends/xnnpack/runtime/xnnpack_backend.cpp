@@ -304,8 +304,10 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
     for (int64_t m0 = 0; m0 < M; m0 += 256) {
       int64_t mb = std::min<int64_t>(256, M - m0);
       rt::kernels::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
-      for (int64_t i = 0; i < mb; ++i)
-        for (int64_t j = 0; j < nb; ++j) out[(m0 + i) * N + n0 + j] = tile[j * mb + i];
+      for (int64_t i0 = 0; i0 < mb; i0 += 16)  // transposed into out in 16 x 16 blocks (both sides in cache lines)
+        for (int64_t j0 = 0; j0 < nb; j0 += 16)
+          for (int64_t i = i0; i < std::min(mb, i0 + 16); ++i)
+            for (int64_t j = j0; j < std::min(nb, j0 + 16); ++j) out[(m0 + i) * N + n0 + j] = tile[j * mb + i];
     }
   });
 }
@@ -331,7 +333,7 @@ KILN_VECTOR_CLONES void dot_rows(const float* __restrict x, const float* __restr
 // (over rows when W has a few columns).
 void run_fully_connected(const Step& s, const float* x, float* out) {
   if (s.m < kGemvRows && s.n >= 4) {
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 8 * static_cast<int64_t>(g.threads)));
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 2 * static_cast<int64_t>(g.threads)));
     const int64_t cols = ((s.n + blocks - 1) / blocks + 15) / 16 * 16;
     parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
       const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
