@@ -300,7 +300,7 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
   parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
     int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
     // tile[nb, M] = W[n0:n0+nb, :] · xt; M is small here (the sequence), checked at init
-    alignas(64) float tile[kBlock * 256];  // 128 KiB of the worker's stack
+    alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
     for (int64_t m0 = 0; m0 < M; m0 += 256) {
       int64_t mb = std::min<int64_t>(256, M - m0);
       rt::kernels::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
