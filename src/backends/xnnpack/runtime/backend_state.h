@@ -1,0 +1,195 @@
+// Internal to kiln's XNNPACK backend: the state a delegate keeps from init to
+// execute (values, their storage, the steps), the thread pool, and the steps
+// that run on kiln's own code (steps.cpp). xnnpack_backend.cpp builds them.
+#pragma once
+
+#include "kiln/backends/xnnpack/runtime.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/evalue.h"
+
+#include <pthreadpool.h>
+#include <xnnpack.h>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kiln::backends::xnnpack::detail {
+
+using rt::EValue;
+
+constexpr uint32_t kInvalidId = 0xFFFFFFFFu;
+constexpr uint32_t kExternalInput = 1u, kExternalOutput = 2u;
+constexpr size_t kMaxRank = 6;        // XNN_MAX_TENSOR_DIMS
+constexpr size_t kArenaAlign = 64;
+constexpr int64_t kGemvRows = 16;     // below this many rows, fully-connected products stream W (GEMV)
+
+// ---------------------------------------------------------------- thread pool
+
+struct Globals {
+  pthreadpool_t pool = nullptr;
+  size_t threads = 1;
+  bool per_node = false;
+  Engine engine = Engine::Kiln;
+  bool xnn_ready = false;
+};
+extern Globals g;  // set by register_runtime_backend
+
+template <typename F>
+void parallel_for(size_t n, const F& f) {
+  if (g.pool == nullptr || n <= 1) {
+    for (size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  pthreadpool_parallelize_1d(
+      g.pool, [](void* ctx, size_t i) { (*static_cast<const F*>(ctx))(i); }, const_cast<F*>(&f), n, 0);
+}
+
+// ---------------------------------------------------------------- values
+
+// Where a value's bytes are at execute time.
+struct Storage {
+  enum class Kind : uint8_t { None, Arena, Arg, Static } kind = Kind::None;
+  uint32_t arg = 0;            // Arg: index into the delegate call's arguments
+  size_t offset = 0;           // Arena: byte offset
+  const void* data = nullptr;  // Static: constant bytes
+};
+
+struct Value {
+  bool defined = false;
+  uint32_t ndims = 0;
+  std::array<int64_t, kMaxRank> dims{};
+  int64_t numel = 1;
+  uint32_t external_id = 0;
+  uint32_t flags = 0;
+  const void* constant = nullptr;     // static data, or null
+  std::span<const std::byte> constant_bytes;
+  int32_t group = -1;                 // reshape group (values sharing bytes)
+  size_t bytes() const { return static_cast<size_t>(numel) * sizeof(float); }
+};
+
+// Values joined by reshapes share one storage.
+struct Group {
+  Storage storage;
+  size_t bytes = 0;
+  int64_t first_def = INT64_MAX, last_use = -1;
+};
+
+// ---------------------------------------------------------------- steps
+
+enum class StepKind : uint8_t { Subgraph, FullyConnected, Rows, Bmm, LmHead, Transpose, Slice, Concat, Unary, Copy, Clamp };
+enum class UnaryOp : uint8_t { Tanh, Rsqrt, Gelu, Exp, Log, Sin, Cos, Copy };
+
+// Row programs (fused elementwise chains, see Builder::find_chains): values
+// seen as R rows of C floats; an operand is a value computed earlier in the
+// chain (a slot) or bytes in memory, whose rows repeat with period P (numpy
+// broadcasting of a trailing block), or a per-row scalar.
+enum class RowOpKind : uint8_t { Add, Sub, Mul, Div, Max, Min, Square, Sqrt, Rsqrt, Neg, Abs, Sigmoid, Tanh, Exp, Gelu,
+                                 Copy, Softmax, RowDot };
+struct RowOperand {
+  enum class Src : uint8_t { None, Slot, Memory } src = Src::None;
+  int32_t index = -1;    // slot, or storage group
+  int64_t period = 1;    // memory: rows repeat every `period` rows
+  bool scalar = false;   // one float per row (else C)
+};
+struct RowOp {
+  RowOpKind kind = RowOpKind::Copy;
+  RowOperand a, b;
+  int32_t out_slot = -1;
+  bool out_scalar = false;
+  int32_t write_group = -1;     // also stored to memory (read after the chain), else the slot only
+  float lo = -INFINITY, hi = INFINITY;
+  const float* w = nullptr;     // RowDot: C weights
+  float bias = 0.0f;
+};
+
+struct Operand {
+  int32_t group = -1;
+  const float* data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const;
+};
+
+struct Step {
+  StepKind kind = StepKind::Copy;
+  std::string label;
+  // Subgraph
+  xnn_runtime_t runtime = nullptr;
+  std::vector<xnn_external_value> externals;
+  std::vector<int32_t> external_groups;  // storage group of each external
+  bool binds_args = false;
+  // kiln steps: inputs (up to 5) and output
+  std::vector<Operand> in;
+  Operand out;
+  UnaryOp unary = UnaryOp::Copy;
+  // shapes
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  int64_t a_batch_stride = 0, b_batch_stride = 0;
+  uint32_t rank = 0;
+  std::array<int64_t, kMaxRank> in_dims{}, out_dims{}, perm{}, offsets{};
+  int64_t outer = 0, inner = 0;                      // concat: rows and per-input row widths
+  std::array<int64_t, 5> widths{};
+  int64_t count = 0;                                 // unary/copy/clamp elements
+  float lo = -INFINITY, hi = INFINITY;
+  const float* weights = nullptr;                    // fully connected: [k, n] row-major
+  const float* bias = nullptr;                       // [n] or null
+  // Rows: the fused chain
+  std::vector<RowOp> row_ops;
+  int64_t rows = 0, cols = 0, tasks = 1, slots = 0;
+  std::vector<int64_t> slot_offset;   // floats into a task's scratch
+  std::vector<float> scratch;         // tasks x per-task floats
+  std::vector<float*> slot_ptr;       // tasks x slots: where each slot's row is, this row
+  int64_t scratch_per_task = 0;
+  // profiling
+  uint64_t calls = 0, total_ns = 0;
+};
+
+inline const float* Operand::data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const {
+  const Storage& s = groups[static_cast<size_t>(group)].storage;
+  switch (s.kind) {
+    case Storage::Kind::Arena: return reinterpret_cast<const float*>(arena + s.offset);
+    case Storage::Kind::Arg: return static_cast<const float*>(args[s.arg]->tensor().data);
+    case Storage::Kind::Static: return static_cast<const float*>(s.data);
+    case Storage::Kind::None: break;
+  }
+  return nullptr;
+}
+
+struct State {
+  std::vector<Value> values;
+  std::vector<Group> groups;
+  std::vector<Step> steps;
+  std::vector<uint32_t> arg_values;     // arg index -> value id
+  std::vector<int64_t> arg_numel;
+  size_t num_inputs = 0;
+  std::byte* arena = nullptr;
+  size_t arena_bytes = 0;
+  std::vector<const void*> bound_args;  // argument pointers the subgraphs were set up with
+  bool profiling = false;
+  std::vector<std::unique_ptr<float, decltype(&std::free)>> owned;  // weights kiln laid out itself
+
+  ~State() {
+    for (Step& s : steps)
+      if (s.runtime) xnn_delete_runtime(s.runtime);
+    std::free(arena);
+  }
+};
+
+
+// ---------------------------------------------------------------- kiln's steps (steps.cpp)
+
+void run_bmm(const Step& s, const float* a, const float* b, float* c);
+void run_lm_head(const Step& s, const float* w, const float* xt, float* out);
+void run_fully_connected(const Step& s, const float* x, float* out);
+void run_transpose(const Step& s, const float* in, float* out);
+void run_slice(const Step& s, const float* in, float* out);
+void run_unary(const Step& s, const float* in, float* out);
+void run_concat(const Step& s, std::span<const float* const> ins, float* out);
+void run_rows(Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args);
+bool row_mode(const Value& e, const Value& d, int64_t* period, bool* scalar);
+
+}  // namespace kiln::backends::xnnpack::detail

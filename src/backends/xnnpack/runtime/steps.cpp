@@ -1,0 +1,457 @@
+// kiln's own code for the steps of an XNNPACK delegate that do not run on the
+// XNNPACK library: GEMM/GEMV fully-connected products and the tied LM head,
+// batch matmul, transpose, slice, concatenate, elementwise maps, and fused
+// row chains. Each splits its work over the backend's thread pool; none
+// allocates.
+#include "backend_state.h"
+#include "gemm.h"
+#include "math_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kiln::backends::xnnpack::detail {
+
+Globals g;
+
+// ---------------------------------------------------------------- kiln's steps
+
+void run_bmm(const Step& s, const float* a, const float* b, float* c) {
+  // C[i] = A[i] · B[i], row-major, batches of A/B broadcast when their stride is 0.
+  // Parallel over batches and over blocks of rows.
+  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((s.m + 63) / 64, 4 * static_cast<int64_t>(g.threads)));
+  const int64_t rows = (s.m + row_blocks - 1) / row_blocks;
+  parallel_for(static_cast<size_t>(s.batch * row_blocks), [&](size_t t) {
+    int64_t bi = static_cast<int64_t>(t) / row_blocks, r0 = (static_cast<int64_t>(t) % row_blocks) * rows;
+    int64_t r1 = std::min(s.m, r0 + rows);
+    if (r1 <= r0) return;
+    rt::kernels::sgemm(r1 - r0, s.n, s.k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
+                       s.n, false, c + bi * s.m * s.n + r0 * s.n, s.n);
+  });
+}
+
+// A few rows (one token): the product is bound by reading W once, so the
+// GEMM's register tiles (built for many rows) would only waste work. These
+// stream W's rows in place.
+// out[0:rows, 0:nb] += x[0:rows, k] * W[k, 0:nb] for every k (W [K, N] row stride ldw).
+KILN_VECTOR_CLONES static void axpy_rows(const float* __restrict x, int64_t rows, int64_t k, const float* __restrict w,
+                                  int64_t ldw, int64_t nb, float* __restrict out, int64_t ldo) {
+  const int64_t nv = nb & ~int64_t{15};  // a multiple of 16: GCC's cheap vectorizer at -O2 takes it
+  int64_t p = 0;
+  for (; p + 4 <= k; p += 4) {  // four rows of W per pass over out: a quarter of the out traffic
+    const float *w0 = w + p * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float x0 = x[r * k + p], x1 = x[r * k + p + 1], x2 = x[r * k + p + 2], x3 = x[r * k + p + 3];
+      float* o = out + r * ldo;
+      for (int64_t j = 0; j < nv; ++j) o[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
+      for (int64_t j = nv; j < nb; ++j) o[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
+    }
+  }
+  for (; p < k; ++p) {
+    const float* wr = w + p * ldw;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float xv = x[r * k + p];
+      float* o = out + r * ldo;
+      for (int64_t j = 0; j < nv; ++j) o[j] += xv * wr[j];
+      for (int64_t j = nv; j < nb; ++j) o[j] += xv * wr[j];
+    }
+  }
+}
+// dot(a[0:k], b[0:k]) in 16 partial sums.
+KILN_VECTOR_CLONES static float dot(const float* __restrict a, const float* __restrict b, int64_t k) {
+  float acc[16] = {};
+  const int64_t kv = k & ~int64_t{15};
+  for (int64_t i = 0; i < kv; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  float sum = 0;
+  for (int j = 0; j < 16; ++j) sum += acc[j];
+  for (int64_t i = kv; i < k; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// out[M, N] = x[M, K] · W[N, K]ᵀ for the tied LM head, whose graph says
+// transpose(bmm(W, transpose(x))): per block of W's rows, one GEMM into a
+// small tile (in the stack) and its transpose into out, so the [N, M]
+// intermediate never exists. `xt` is x transposed, [K, M].
+void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
+  constexpr int64_t kBlock = 128;
+  const int64_t M = s.m, N = s.n, K = s.k;
+  if (M < kGemvRows) {  // a few tokens: one pass over W, dot products with x's rows (xt's columns)
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((N + 1023) / 1024, 16 * static_cast<int64_t>(g.threads)));
+    const int64_t rows = (N + blocks - 1) / blocks;
+    parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+      const int64_t n0 = static_cast<int64_t>(t) * rows, n1 = std::min(N, n0 + rows);
+      alignas(64) float x[kGemvRows][1024];
+      if (K > 1024) return;  // checked at init
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t p = 0; p < K; ++p) x[m][p] = xt[p * M + m];
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t m = 0; m < M; ++m) out[m * N + n] = dot(x[m], w + n * K, K);
+    });
+    return;
+  }
+  const int64_t blocks = (N + kBlock - 1) / kBlock;
+  parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+    int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
+    // tile[nb, M] = W[n0:n0+nb, :] · xt; M is small here (the sequence), checked at init
+    alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
+    for (int64_t m0 = 0; m0 < M; m0 += 256) {
+      int64_t mb = std::min<int64_t>(256, M - m0);
+      rt::kernels::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
+      for (int64_t i0 = 0; i0 < mb; i0 += 16)  // transposed into out in 16 x 16 blocks (both sides in cache lines)
+        for (int64_t j0 = 0; j0 < nb; j0 += 16)
+          for (int64_t i = i0; i < std::min(mb, i0 + 16); ++i)
+            for (int64_t j = j0; j < std::min(nb, j0 + 16); ++j) out[(m0 + i) * N + n0 + j] = tile[j * mb + i];
+    }
+  });
+}
+
+// out[r] = dot(x[r, :], w[:, col]) for a one-column W (layer norm's means are such
+// FCs); the GEMM's 64-wide register tiles would do 64x the work.
+KILN_VECTOR_CLONES static void dot_rows(const float* __restrict x, const float* __restrict w, int64_t k, int64_t rows,
+                                 int64_t ldw, float* __restrict out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * k;
+    float acc[16] = {};
+    const int64_t kv = k & ~int64_t{15};
+    for (int64_t i = 0; i < kv; i += 16)
+      for (int j = 0; j < 16; ++j) acc[j] += xr[i + j] * w[(i + j) * ldw];
+    float sum = 0;
+    for (int j = 0; j < 16; ++j) sum += acc[j];
+    for (int64_t i = kv; i < k; ++i) sum += xr[i] * w[i * ldw];
+    out[r * ldo] = sum;
+  }
+}
+
+// out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks
+// (over rows when W has a few columns).
+void run_fully_connected(const Step& s, const float* x, float* out) {
+  if (s.m < kGemvRows && s.n >= 4) {
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 2 * static_cast<int64_t>(g.threads)));
+    const int64_t cols = ((s.n + blocks - 1) / blocks + 15) / 16 * 16;
+    parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+      const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
+      if (nb <= 0) return;
+      for (int64_t r = 0; r < s.m; ++r) {
+        if (s.bias) std::memcpy(out + r * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
+        else std::memset(out + r * s.n + n0, 0, static_cast<size_t>(nb) * sizeof(float));
+      }
+      axpy_rows(x, s.m, s.k, s.weights + n0, s.n, nb, out + n0, s.n);
+      if (s.lo != -INFINITY || s.hi != INFINITY)
+        for (int64_t r = 0; r < s.m; ++r)
+          for (int64_t j = n0; j < n0 + nb; ++j) out[r * s.n + j] = std::min(std::max(out[r * s.n + j], s.lo), s.hi);
+    });
+    return;
+  }
+  if (s.n < 4) {
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, 2 * static_cast<int64_t>(g.threads)));
+    const int64_t per = (s.m + parts - 1) / parts;
+    parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+      const int64_t r0 = static_cast<int64_t>(t) * per, r1 = std::min(s.m, r0 + per);
+      for (int64_t c = 0; c < s.n; ++c) {
+        if (r1 > r0) dot_rows(x + r0 * s.k, s.weights + c, s.k, r1 - r0, s.n, out + r0 * s.n + c, s.n);
+        for (int64_t r = r0; r < r1; ++r) {
+          float& o = out[r * s.n + c];
+          if (s.bias) o += s.bias[c];
+          o = std::min(std::max(o, s.lo), s.hi);
+        }
+      }
+    });
+    return;
+  }
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 2 * static_cast<int64_t>(g.threads)));
+  const int64_t cols = ((s.n + tasks - 1) / tasks + 63) / 64 * 64;
+  parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
+    const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
+    if (nb <= 0) return;
+    if (s.bias)
+      for (int64_t i = 0; i < s.m; ++i) std::memcpy(out + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
+    rt::kernels::sgemm(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0, s.n, s.bias != nullptr, out + n0, s.n);
+    if (s.lo != -INFINITY || s.hi != INFINITY)
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = n0; j < n0 + nb; ++j) out[i * s.n + j] = std::min(std::max(out[i * s.n + j], s.lo), s.hi);
+  });
+}
+
+void run_transpose(const Step& s, const float* in, float* out) {
+  const uint32_t r = s.rank;
+  // input strides, in elements
+  std::array<int64_t, kMaxRank> in_stride{};
+  int64_t st = 1;
+  for (int i = static_cast<int>(r) - 1; i >= 0; --i) {
+    in_stride[static_cast<size_t>(i)] = st;
+    st *= s.in_dims[static_cast<size_t>(i)];
+  }
+  // the output's dims and, for each, the input stride it walks
+  std::array<int64_t, kMaxRank> od{}, os{};
+  for (uint32_t i = 0; i < r; ++i) {
+    od[i] = s.out_dims[i];
+    os[i] = in_stride[static_cast<size_t>(s.perm[i])];
+  }
+  if (r == 2 || (r >= 2 && os[r - 1] != 1)) {
+    // the last output dim walks a strided input dim: blocked over the last two output dims
+    const int64_t R = od[r - 2], C = od[r - 1];
+    const int64_t sr = os[r - 2], sc = os[r - 1];
+    int64_t outer = 1;
+    for (uint32_t i = 0; i + 2 < r; ++i) outer *= od[i];
+    constexpr int64_t B = 32;
+    const int64_t rb = (R + B - 1) / B;
+    parallel_for(static_cast<size_t>(outer * rb), [&](size_t t) {
+      int64_t o = static_cast<int64_t>(t) / rb, r0 = (static_cast<int64_t>(t) % rb) * B;
+      int64_t base = 0, rem = o;
+      for (int i = static_cast<int>(r) - 3; i >= 0; --i) {
+        base += (rem % od[static_cast<size_t>(i)]) * os[static_cast<size_t>(i)];
+        rem /= od[static_cast<size_t>(i)];
+      }
+      float* dst = out + o * R * C;
+      for (int64_t c0 = 0; c0 < C; c0 += B)
+        for (int64_t i = r0; i < std::min(R, r0 + B); ++i)
+          for (int64_t j = c0; j < std::min(C, c0 + B); ++j) dst[i * C + j] = in[base + i * sr + j * sc];
+    });
+    return;
+  }
+  // the last output dim is contiguous in the input: copy rows
+  const int64_t row = od[r - 1];
+  int64_t rows = 1;
+  for (uint32_t i = 0; i + 1 < r; ++i) rows *= od[i];
+  parallel_for(static_cast<size_t>(std::min<int64_t>(rows, 4 * static_cast<int64_t>(g.threads))), [&](size_t t) {
+    int64_t parts = std::min<int64_t>(rows, 4 * static_cast<int64_t>(g.threads));
+    int64_t per = (rows + parts - 1) / parts;
+    for (int64_t q = static_cast<int64_t>(t) * per; q < std::min(rows, (static_cast<int64_t>(t) + 1) * per); ++q) {
+      int64_t base = 0, rem = q;
+      for (int i = static_cast<int>(r) - 2; i >= 0; --i) {
+        base += (rem % od[static_cast<size_t>(i)]) * os[static_cast<size_t>(i)];
+        rem /= od[static_cast<size_t>(i)];
+      }
+      std::memcpy(out + q * row, in + base, static_cast<size_t>(row) * sizeof(float));
+    }
+  });
+}
+
+void run_slice(const Step& s, const float* in, float* out) {
+  // rows of the innermost dim, each a contiguous run
+  const uint32_t r = s.rank;
+  std::array<int64_t, kMaxRank> in_stride{};
+  int64_t st = 1;
+  for (int i = static_cast<int>(r) - 1; i >= 0; --i) {
+    in_stride[static_cast<size_t>(i)] = st;
+    st *= s.in_dims[static_cast<size_t>(i)];
+  }
+  const int64_t row = s.out_dims[r - 1];
+  int64_t rows = 1;
+  for (uint32_t i = 0; i + 1 < r; ++i) rows *= s.out_dims[i];
+  for (int64_t q = 0; q < rows; ++q) {
+    int64_t base = s.offsets[r - 1], rem = q;
+    for (int i = static_cast<int>(r) - 2; i >= 0; --i) {
+      const auto d = static_cast<size_t>(i);
+      base += (rem % s.out_dims[d] + s.offsets[d]) * in_stride[d];
+      rem /= s.out_dims[d];
+    }
+    std::memcpy(out + q * row, in + base, static_cast<size_t>(row) * sizeof(float));
+  }
+}
+
+// Hot loops over contiguous floats, compiled for AVX-512, AVX2 and the
+// baseline (math_util.h); a multiple-of-16 main loop so that GCC's cheap
+// vectorizer at -O2 takes it.
+template <typename Op>
+static inline __attribute__((always_inline)) void map_loop(const float* __restrict in, float* __restrict out, int64_t n, Op op) {
+  const int64_t nv = n & ~int64_t{15};
+  for (int64_t i = 0; i < nv; ++i) out[i] = op(in[i]);
+  for (int64_t i = nv; i < n; ++i) out[i] = op(in[i]);
+}
+KILN_VECTOR_CLONES static void tanh_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::tanh_f(x); });
+}
+KILN_VECTOR_CLONES static void rsqrt_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return 1.0f / std::sqrt(x); });
+}
+KILN_VECTOR_CLONES static void exp_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::exp_f(x); });
+}
+KILN_VECTOR_CLONES static void sigmoid_loop(const float* __restrict in, float* __restrict out, int64_t n) {
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::sigmoid_f(x); });
+}
+
+void run_unary(const Step& s, const float* in, float* out) {
+  const int64_t n = s.count;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n / 16384, 4 * static_cast<int64_t>(g.threads)));
+  const int64_t per = (n + parts - 1) / parts;
+  parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+    int64_t b = static_cast<int64_t>(t) * per, e = std::min(n, b + per);
+    using namespace rt::kernels;
+    switch (s.unary) {
+      case UnaryOp::Tanh: tanh_loop(in + b, out + b, e - b); break;
+      case UnaryOp::Rsqrt: rsqrt_loop(in + b, out + b, e - b); break;
+      case UnaryOp::Gelu:
+        for (int64_t i = b; i < e; ++i) out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678118654752f));
+        break;
+      case UnaryOp::Exp: exp_loop(in + b, out + b, e - b); break;
+      case UnaryOp::Log: for (int64_t i = b; i < e; ++i) out[i] = std::log(in[i]); break;
+      case UnaryOp::Sin: for (int64_t i = b; i < e; ++i) out[i] = std::sin(in[i]); break;
+      case UnaryOp::Cos: for (int64_t i = b; i < e; ++i) out[i] = std::cos(in[i]); break;
+      case UnaryOp::Copy: std::memcpy(out + b, in + b, static_cast<size_t>(e - b) * sizeof(float)); break;
+    }
+    if (s.lo != -INFINITY || s.hi != INFINITY)
+      for (int64_t i = b; i < e; ++i) out[i] = std::min(std::max(out[i], s.lo), s.hi);
+  });
+}
+
+void run_concat(const Step& s, std::span<const float* const> ins, float* out) {
+  int64_t total = 0;
+  for (size_t j = 0; j < s.in.size(); ++j) total += s.widths[j];
+  for (int64_t o = 0; o < s.outer; ++o) {
+    float* dst = out + o * total;
+    for (size_t j = 0; j < s.in.size(); ++j) {
+      std::memcpy(dst, ins[j] + o * s.widths[j], static_cast<size_t>(s.widths[j]) * sizeof(float));
+      dst += s.widths[j];
+    }
+  }
+}
+
+
+// ---------------------------------------------------------------- fused rows
+
+// out = a op b over n floats; a scalar operand (as/bs) is one float for all n.
+template <typename F>
+static inline __attribute__((always_inline)) void binary_loop(const float* __restrict a, bool as, const float* __restrict b,
+                                                       bool bs, float* __restrict o, int64_t n, F f) {
+  const int64_t nv = n & ~int64_t{15};
+  if (!as && !bs) {
+    for (int64_t i = 0; i < nv; ++i) o[i] = f(a[i], b[i]);
+    for (int64_t i = nv; i < n; ++i) o[i] = f(a[i], b[i]);
+  } else if (as && !bs) {
+    const float x = a[0];
+    for (int64_t i = 0; i < nv; ++i) o[i] = f(x, b[i]);
+    for (int64_t i = nv; i < n; ++i) o[i] = f(x, b[i]);
+  } else if (!as) {
+    const float y = b[0];
+    for (int64_t i = 0; i < nv; ++i) o[i] = f(a[i], y);
+    for (int64_t i = nv; i < n; ++i) o[i] = f(a[i], y);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[0], b[0]);
+  }
+}
+
+KILN_VECTOR_CLONES static void row_binary(RowOpKind k, const float* a, bool as, const float* b, bool bs, float* o, int64_t n) {
+  switch (k) {
+    case RowOpKind::Add: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x + y; }); break;
+    case RowOpKind::Sub: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x - y; }); break;
+    case RowOpKind::Mul: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x * y; }); break;
+    case RowOpKind::Div: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x / y; }); break;
+    case RowOpKind::Max:
+      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return rt::kernels::select_f(x < y, y, x); });
+      break;
+    case RowOpKind::Min:
+      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return rt::kernels::select_f(y < x, y, x); });
+      break;
+    default: break;
+  }
+}
+
+KILN_VECTOR_CLONES static void row_unary(RowOpKind k, const float* __restrict in, float* __restrict o, int64_t n) {
+  using namespace rt::kernels;
+  switch (k) {
+    case RowOpKind::Square: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return x * x; }); break;
+    case RowOpKind::Sqrt: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return std::sqrt(x); }); break;
+    case RowOpKind::Rsqrt: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return 1.0f / std::sqrt(x); }); break;
+    case RowOpKind::Neg: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return -x; }); break;
+    case RowOpKind::Abs: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return std::fabs(x); }); break;
+    // the transcendental ones have their own clones: inlined here, GCC would
+    // call tanh_f/exp_f out of line (its inlining budget for this function is spent)
+    case RowOpKind::Sigmoid: sigmoid_loop(in, o, n); break;
+    case RowOpKind::Tanh: tanh_loop(in, o, n); break;
+    case RowOpKind::Exp: exp_loop(in, o, n); break;
+    case RowOpKind::Gelu:
+      for (int64_t i = 0; i < n; ++i) o[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678118654752f));
+      break;
+    case RowOpKind::Copy: if (o != in) std::memcpy(o, in, static_cast<size_t>(n) * sizeof(float)); break;
+    default: break;
+  }
+}
+
+// softmax over one row
+KILN_VECTOR_CLONES static void row_softmax(const float* __restrict in, float* __restrict o, int64_t n) {
+  float m[16];
+  for (float& v : m) v = -INFINITY;
+  const int64_t nv = n & ~int64_t{15};
+  for (int64_t i = 0; i < nv; i += 16)
+    for (int j = 0; j < 16; ++j) m[j] = rt::kernels::select_f(in[i + j] > m[j], in[i + j], m[j]);
+  float mx = -INFINITY;
+  for (float v : m) mx = v > mx ? v : mx;
+  for (int64_t i = nv; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
+  float acc[16] = {};
+  for (int64_t i = 0; i < nv; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += (o[i + j] = rt::kernels::exp_f(in[i + j] - mx));
+  float sum = 0;
+  for (float v : acc) sum += v;
+  for (int64_t i = nv; i < n; ++i) sum += (o[i] = rt::kernels::exp_f(in[i] - mx));
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < nv; ++i) o[i] *= inv;
+  for (int64_t i = nv; i < n; ++i) o[i] *= inv;
+}
+
+// Runs a fused chain: rows split into step.tasks blocks; each row goes through
+// every op with its intermediate rows in the task's scratch (L1/L2-resident).
+void run_rows(Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) {
+  for (size_t m = 0; m < s.in.size(); ++m)  // memory operands and written groups, resolved once per call
+    s.slot_ptr[static_cast<size_t>(s.tasks * s.slots) + m] = const_cast<float*>(s.in[m].data(groups, arena, args));
+  float* const* base = s.slot_ptr.data() + s.tasks * s.slots;
+  const int64_t per = (s.rows + s.tasks - 1) / s.tasks, C = s.cols;
+  parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
+    float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
+    float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
+    const int64_t r1 = std::min(s.rows, (static_cast<int64_t>(t) + 1) * per);
+    for (int64_t r = static_cast<int64_t>(t) * per; r < r1; ++r) {
+      for (const RowOp& op : s.row_ops) {
+        auto fetch = [&](const RowOperand& x) -> const float* {
+          if (x.src == RowOperand::Src::Slot) return sp[x.index];
+          if (x.src == RowOperand::Src::Memory) return base[x.index] + (r % x.period) * (x.scalar ? 1 : C);
+          return nullptr;
+        };
+        const float* a = fetch(op.a);
+        const float* b = fetch(op.b);
+        float* out = op.write_group >= 0 ? base[op.write_group] + r * (op.out_scalar ? 1 : C)
+                                         : scratch + s.slot_offset[static_cast<size_t>(op.out_slot)];
+        sp[op.out_slot] = out;
+        const int64_t n = op.out_scalar ? 1 : C;
+        switch (op.kind) {
+          case RowOpKind::Add: case RowOpKind::Sub: case RowOpKind::Mul: case RowOpKind::Div: case RowOpKind::Max:
+          case RowOpKind::Min:
+            row_binary(op.kind, a, op.a.scalar && !op.out_scalar, b, op.b.scalar && !op.out_scalar, out, n);
+            break;
+          case RowOpKind::Softmax: row_softmax(a, out, n); break;
+          case RowOpKind::RowDot: out[0] = dot(a, op.w, C) + op.bias; break;
+          default: row_unary(op.kind, a, out, n); break;
+        }
+        if (op.lo != -INFINITY || op.hi != INFINITY)
+          for (int64_t i = 0; i < n; ++i) out[i] = std::min(std::max(out[i], op.lo), op.hi);
+      }
+    }
+  });
+}
+
+// How operand `e` broadcasts against output `d` seen as rows of d's last dim:
+// full rows (e's last dim is d's) or one value per row (e's last dim 1),
+// repeating every `period` rows; false if e is not numpy-broadcastable that way.
+bool row_mode(const Value& e, const Value& d, int64_t* period, bool* scalar) {
+  const uint32_t n = d.ndims;
+  if (n == 0 || e.ndims > n) return false;
+  std::array<int64_t, kMaxRank> ed{};
+  for (uint32_t i = 0; i < n; ++i) ed[i] = i < n - e.ndims ? 1 : e.dims[i - (n - e.ndims)];
+  const int64_t C = d.dims[n - 1];
+  if (C == 1 || ed[n - 1] == 1) *scalar = true;
+  else if (ed[n - 1] == C) *scalar = false;
+  else return false;
+  uint32_t k = n - 1;
+  while (k > 0 && ed[k - 1] == d.dims[k - 1]) --k;
+  for (uint32_t i = 0; i < k; ++i)
+    if (ed[i] != 1) return false;
+  *period = 1;
+  for (uint32_t i = k; i + 1 < n; ++i) *period *= d.dims[i];
+  return true;
+}
+
+
+}  // namespace kiln::backends::xnnpack::detail
