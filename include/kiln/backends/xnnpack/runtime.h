@@ -2,13 +2,15 @@
 // payloads of a .pte (kiln's and ExecuTorch's: XNNHeader + XNNGraph
 // flatbuffer, constants from the payload or the program's named data).
 //
-// At init the backend parses the graph, defines every run of nodes that
-// Debian's XNNPACK library implements as one XNNPACK subgraph (weights packed
-// once, there), and puts the nodes that library lacks (batch matmul,
-// transpose, slice, concatenate, tanh, gelu, rsqrt, exp, log, sin, cos, copy)
-// on kiln's own code in between. Every intermediate value lives in one arena
-// planned by lifetime; reshapes are views of their input. execute() binds the
-// call's tensors and runs the steps; it allocates nothing.
+// At init the backend parses and checks the graph and turns its nodes into
+// steps: XNNPACK subgraphs (Debian's libxnnpack) for runs of nodes the engine
+// gives the library, kiln's own code for the rest -- always for the nodes that
+// library lacks (batch matmul, transpose, slice, concatenate, tanh, gelu,
+// rsqrt, exp, log, sin, cos, copy), and with the default engine also for
+// fully-connected nodes and fused elementwise row chains (see Engine). Every
+// intermediate value lives in one arena planned by lifetime; reshapes are
+// views of their input. execute() binds the call's tensors and runs the
+// steps; it allocates nothing.
 //
 // One pthreadpool, sized by RuntimeOptions::threads, serves XNNPACK and
 // kiln's steps.
