@@ -174,15 +174,20 @@ void run_fully_connected(const Step& s, const float* x, float* out) {
   });
 }
 
+// Element strides of a contiguous tensor of `rank` dims.
+static std::array<int64_t, kMaxRank> row_major_strides(const std::array<int64_t, kMaxRank>& dims, uint32_t rank) {
+  std::array<int64_t, kMaxRank> stride{};
+  int64_t st = 1;
+  for (int i = static_cast<int>(rank) - 1; i >= 0; --i) {
+    stride[static_cast<size_t>(i)] = st;
+    st *= dims[static_cast<size_t>(i)];
+  }
+  return stride;
+}
+
 void run_transpose(const Step& s, const float* in, float* out) {
   const uint32_t r = s.rank;
-  // input strides, in elements
-  std::array<int64_t, kMaxRank> in_stride{};
-  int64_t st = 1;
-  for (int i = static_cast<int>(r) - 1; i >= 0; --i) {
-    in_stride[static_cast<size_t>(i)] = st;
-    st *= s.in_dims[static_cast<size_t>(i)];
-  }
+  const std::array<int64_t, kMaxRank> in_stride = row_major_strides(s.in_dims, r);
   // the output's dims and, for each, the input stride it walks
   std::array<int64_t, kMaxRank> od{}, os{};
   for (uint32_t i = 0; i < r; ++i) {
@@ -232,12 +237,7 @@ void run_transpose(const Step& s, const float* in, float* out) {
 void run_slice(const Step& s, const float* in, float* out) {
   // rows of the innermost dim, each a contiguous run
   const uint32_t r = s.rank;
-  std::array<int64_t, kMaxRank> in_stride{};
-  int64_t st = 1;
-  for (int i = static_cast<int>(r) - 1; i >= 0; --i) {
-    in_stride[static_cast<size_t>(i)] = st;
-    st *= s.in_dims[static_cast<size_t>(i)];
-  }
+  const std::array<int64_t, kMaxRank> in_stride = row_major_strides(s.in_dims, r);
   const int64_t row = s.out_dims[r - 1];
   int64_t rows = 1;
   for (uint32_t i = 0; i + 1 < r; ++i) rows *= s.out_dims[i];
