@@ -524,10 +524,8 @@ Status Builder::find_chains(State& st) {
     bool any = false;
     for (size_t j = i; j < io_.size(); ++j) {
       if (skip_[j]) continue;
-      size_t before = c.step.row_ops.size();
       if (!add_row_op(st, j, rows, cols, c.step, slot_of_group, slot_scalar)) break;
       touched.push_back(st.values[io_[j].out].group);
-      (void)before;
       last = j;
       any = true;
     }
