@@ -2,7 +2,7 @@
 // GPT-2 small projection shapes at seq_len 128: C[128, N] = A[128, 768] · B[768, N]
 // with B row-major [K, N], as mm/addmm call it. Not a test; run by hand:
 //   build/kiln_gemm_bench [min_seconds_per_shape]
-#include "gemm.h"
+#include "kiln/cpu/gemm.h"
 
 #include <chrono>
 #include <cmath>
@@ -81,13 +81,13 @@ __attribute__((target("avx512f,fma"))) double fma_peak_gflops(double seconds) {
 #endif
 
 int main(int argc, char** argv) {
-  using kiln::rt::kernels::SgemmIsa;
+  using kiln::cpu::SgemmIsa;
   const double min_seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
   const Shape shapes[] = {{128, 768, 768, "attn c_proj"},
                           {128, 768, 3072, "mlp c_fc"},
                           {128, 768, 50257, "lm_head"}};
   std::printf("kiln sgemm, single thread; sgemm() runs the %s path here\n",
-              kiln::rt::kernels::sgemm_isa_name(kiln::rt::kernels::sgemm_isa()));
+              kiln::cpu::sgemm_isa_name(kiln::cpu::sgemm_isa()));
   std::printf("GFLOP/s by wall clock and by thread CPU time (the latter discounts time the core ran others)\n");
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx512f"))
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     for (auto& v : b) v = dist(rng);
     for (SgemmIsa isa : {SgemmIsa::Avx512, SgemmIsa::Avx2, SgemmIsa::Generic}) {
       auto call = [&] {
-        return kiln::rt::kernels::sgemm_with(isa, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n, false, c.data(),
+        return kiln::cpu::sgemm_with(isa, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n, false, c.data(),
                                              s.n);
       };
       if (!call()) continue;  // not on this CPU; else this was the warm-up
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
       char dims[64];
       std::snprintf(dims, sizeof(dims), "%lld x %lld x %lld", static_cast<long long>(s.m),
                     static_cast<long long>(s.k), static_cast<long long>(s.n));
-      std::printf("%-8s %-20s %-12s %10.3f %10.1f %10.1f %12.2e\n", kiln::rt::kernels::sgemm_isa_name(isa), dims,
+      std::printf("%-8s %-20s %-12s %10.3f %10.1f %10.1f %12.2e\n", kiln::cpu::sgemm_isa_name(isa), dims,
                   s.what, (w1 - w0) / iters * 1e3, flop * iters / (w1 - w0) * 1e-9, flop * iters / (c1 - c0) * 1e-9,
                   max_rel_error(s, a, b, c));
     }

@@ -5,7 +5,7 @@
 // broadcasting; reduced-precision floats compute in float and round on store.
 #include "kernel_tables.h"
 #include "kernel_util.h"
-#include "math_util.h"
+#include "kiln/cpu/math.h"
 
 #include <cmath>
 #include <limits>
@@ -13,6 +13,8 @@
 #include <type_traits>
 
 namespace kiln::rt::kernels {
+
+using namespace ::kiln::cpu;  // exp_f, tanh_f, sums: the compute layer's float math
 namespace {
 
 // ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 // (no heap), and the dtype rules follow torch's out= variants.
 #include "kernel_tables.h"
 #include "kernel_util.h"
-#include "math_util.h"
+#include "kiln/cpu/math.h"
 
 #include <cmath>
 #include <cstring>
@@ -12,6 +12,8 @@
 #include <type_traits>
 
 namespace kiln::rt::kernels {
+
+using namespace ::kiln::cpu;  // exp_f, tanh_f, sums: the compute layer's float math
 namespace {
 
 #define KILN_NARGS(n, name) \

@@ -4,8 +4,8 @@
 // row chains. Each splits its work over the backend's thread pool; none
 // allocates.
 #include "backend_state.h"
-#include "gemm.h"
-#include "math_util.h"
+#include "kiln/cpu/gemm.h"
+#include "kiln/cpu/math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,7 +26,7 @@ void run_bmm(const Step& s, const float* a, const float* b, float* c) {
     int64_t bi = static_cast<int64_t>(t) / row_blocks, r0 = (static_cast<int64_t>(t) % row_blocks) * rows;
     int64_t r1 = std::min(s.m, r0 + rows);
     if (r1 <= r0) return;
-    rt::kernels::sgemm(r1 - r0, s.n, s.k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
+    cpu::sgemm(r1 - r0, s.n, s.k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
                        s.n, false, c + bi * s.m * s.n + r0 * s.n, s.n);
   });
 }
@@ -98,7 +98,7 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
     alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
     for (int64_t m0 = 0; m0 < M; m0 += 256) {
       int64_t mb = std::min<int64_t>(256, M - m0);
-      rt::kernels::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
+      cpu::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
       for (int64_t i0 = 0; i0 < mb; i0 += 16)  // transposed into out in 16 x 16 blocks (both sides in cache lines)
         for (int64_t j0 = 0; j0 < nb; j0 += 16)
           for (int64_t i = i0; i < std::min(mb, i0 + 16); ++i)
@@ -167,7 +167,7 @@ void run_fully_connected(const Step& s, const float* x, float* out) {
     if (nb <= 0) return;
     if (s.bias)
       for (int64_t i = 0; i < s.m; ++i) std::memcpy(out + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
-    rt::kernels::sgemm(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0, s.n, s.bias != nullptr, out + n0, s.n);
+    cpu::sgemm(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0, s.n, s.bias != nullptr, out + n0, s.n);
     if (s.lo != -INFINITY || s.hi != INFINITY)
       for (int64_t i = 0; i < s.m; ++i)
         for (int64_t j = n0; j < n0 + nb; ++j) out[i * s.n + j] = std::min(std::max(out[i * s.n + j], s.lo), s.hi);
@@ -262,16 +262,16 @@ static inline __attribute__((always_inline)) void map_loop(const float* __restri
   for (int64_t i = nv; i < n; ++i) out[i] = op(in[i]);
 }
 KILN_VECTOR_CLONES static void tanh_loop(const float* __restrict in, float* __restrict out, int64_t n) {
-  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::tanh_f(x); });
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return cpu::tanh_f(x); });
 }
 KILN_VECTOR_CLONES static void rsqrt_loop(const float* __restrict in, float* __restrict out, int64_t n) {
   map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return 1.0f / std::sqrt(x); });
 }
 KILN_VECTOR_CLONES static void exp_loop(const float* __restrict in, float* __restrict out, int64_t n) {
-  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::exp_f(x); });
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return cpu::exp_f(x); });
 }
 KILN_VECTOR_CLONES static void sigmoid_loop(const float* __restrict in, float* __restrict out, int64_t n) {
-  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return rt::kernels::sigmoid_f(x); });
+  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return cpu::sigmoid_f(x); });
 }
 
 void run_unary(const Step& s, const float* in, float* out) {
@@ -280,7 +280,7 @@ void run_unary(const Step& s, const float* in, float* out) {
   const int64_t per = (n + parts - 1) / parts;
   parallel_for(static_cast<size_t>(parts), [&](size_t t) {
     int64_t b = static_cast<int64_t>(t) * per, e = std::min(n, b + per);
-    using namespace rt::kernels;
+    using namespace cpu;
     switch (s.unary) {
       case UnaryOp::Tanh: tanh_loop(in + b, out + b, e - b); break;
       case UnaryOp::Rsqrt: rsqrt_loop(in + b, out + b, e - b); break;
@@ -341,17 +341,17 @@ KILN_VECTOR_CLONES static void row_binary(RowOpKind k, const float* a, bool as, 
     case RowOpKind::Mul: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x * y; }); break;
     case RowOpKind::Div: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x / y; }); break;
     case RowOpKind::Max:
-      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return rt::kernels::select_f(x < y, y, x); });
+      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return cpu::select_f(x < y, y, x); });
       break;
     case RowOpKind::Min:
-      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return rt::kernels::select_f(y < x, y, x); });
+      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return cpu::select_f(y < x, y, x); });
       break;
     default: break;
   }
 }
 
 KILN_VECTOR_CLONES static void row_unary(RowOpKind k, const float* __restrict in, float* __restrict o, int64_t n) {
-  using namespace rt::kernels;
+  using namespace cpu;
   switch (k) {
     case RowOpKind::Square: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return x * x; }); break;
     case RowOpKind::Sqrt: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return std::sqrt(x); }); break;
@@ -377,16 +377,16 @@ KILN_VECTOR_CLONES static void row_softmax(const float* __restrict in, float* __
   for (float& v : m) v = -INFINITY;
   const int64_t nv = n & ~int64_t{15};
   for (int64_t i = 0; i < nv; i += 16)
-    for (int j = 0; j < 16; ++j) m[j] = rt::kernels::select_f(in[i + j] > m[j], in[i + j], m[j]);
+    for (int j = 0; j < 16; ++j) m[j] = cpu::select_f(in[i + j] > m[j], in[i + j], m[j]);
   float mx = -INFINITY;
   for (float v : m) mx = v > mx ? v : mx;
   for (int64_t i = nv; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
   float acc[16] = {};
   for (int64_t i = 0; i < nv; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += (o[i + j] = rt::kernels::exp_f(in[i + j] - mx));
+    for (int j = 0; j < 16; ++j) acc[j] += (o[i + j] = cpu::exp_f(in[i + j] - mx));
   float sum = 0;
   for (float v : acc) sum += v;
-  for (int64_t i = nv; i < n; ++i) sum += (o[i] = rt::kernels::exp_f(in[i] - mx));
+  for (int64_t i = nv; i < n; ++i) sum += (o[i] = cpu::exp_f(in[i] - mx));
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < nv; ++i) o[i] *= inv;
   for (int64_t i = nv; i < n; ++i) o[i] *= inv;

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace kiln::rt::kernels {
+namespace kiln::cpu {
 
 // C[m, n] = alpha * A[m, k] · B[k, n] + (accumulate ? C : 0), all row-major with
 // leading dimensions (row strides, in elements) lda, ldb, ldc. C must not alias A or B.
@@ -24,4 +24,4 @@ const char* sgemm_isa_name(SgemmIsa isa);  // "generic", "avx2", "avx512"
 bool sgemm_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
-}  // namespace kiln::rt::kernels
+}  // namespace kiln::cpu

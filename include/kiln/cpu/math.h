@@ -19,7 +19,7 @@
 #define KILN_VECTOR_CLONES
 #endif
 
-namespace kiln::rt::kernels {
+namespace kiln::cpu {
 
 // c ? a : b on float bits. Both a and b are computed first, so no arm is
 // evaluated conditionally; with -ftrapping-math (GCC's default) GCC would not
@@ -130,4 +130,4 @@ inline T max_nan(const T* x, int64_t n, T init) {
   return nan ? std::numeric_limits<T>::quiet_NaN() : m;
 }
 
-}  // namespace kiln::rt::kernels
+}  // namespace kiln::cpu
