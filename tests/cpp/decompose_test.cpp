@@ -6,10 +6,9 @@
 // computed here.
 #include "kiln/core/error.h"
 #include "kiln/passes/edge_program.h"
+#include "test_support.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
-#include <zip.h>
 
 #include <cstring>
 #include <filesystem>
@@ -26,12 +25,7 @@ using graph::NamedArgument;
 using graph::ValueId;
 
 graph::TensorMeta meta(std::vector<int64_t> sizes, ScalarType dtype = ScalarType::Float) {
-  graph::TensorMeta m;
-  m.dtype = dtype;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) m.strides[d - 1] = m.strides[d] * sizes[d];
-  m.sizes = std::move(sizes);
-  return m;
+  return test::contiguous_meta(std::move(sizes), dtype);
 }
 
 NamedArgument T(std::string name, ValueId v) { return {std::move(name), Argument::tensor(v), false}; }
@@ -104,19 +98,9 @@ class Source {
   // The program, its weights in a zip archive on disk.
   const pt2::ExportedProgram& finish() {
     static int serial = 0;
-    path_ = (fs::temp_directory_path() / ("kiln_decompose_" + std::to_string(::getpid()) + "_" +
-                                          std::to_string(serial++) + ".pt2"))
-                .string();
-    int err = 0;
-    zip_t* z = zip_open(path_.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
-    EXPECT_NE(z, nullptr);
-    for (const auto& [entry, data] : entries_) {
-      void* copy = std::malloc(data.size() + 1);
-      std::memcpy(copy, data.data(), data.size());
-      EXPECT_GE(zip_file_add(z, entry.c_str(), zip_source_buffer(z, copy, data.size(), 1), ZIP_FL_ENC_UTF_8), 0);
-    }
-    if (entries_.empty()) zip_file_add(z, "empty", zip_source_buffer(z, nullptr, 0, 0), 0);
-    EXPECT_EQ(zip_close(z), 0);
+    std::map<std::string, std::string> files = entries_;
+    if (files.empty()) files["empty"] = "";  // libzip writes no file for an empty archive
+    path_ = test::write_zip("kiln_decompose_" + std::to_string(serial++), files);
     ep_.path = path_;
     ep_.dialect = "TRAINING";
     ep_.archive = std::make_shared<const pt2::Pt2Archive>(path_);

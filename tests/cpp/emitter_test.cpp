@@ -5,6 +5,7 @@
 // storage, and, on random graphs, a memory plan under which every read sees
 // the bytes its producer wrote (simulated here over the arena byte by byte).
 #include "kiln/emit/emitter.h"
+#include "test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -22,13 +23,7 @@ using graph::Argument;
 using graph::NamedArgument;
 using graph::ValueId;
 
-graph::TensorMeta meta(std::vector<int64_t> sizes) {
-  graph::TensorMeta m;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) m.strides[d - 1] = m.strides[d] * sizes[d];
-  m.sizes = std::move(sizes);
-  return m;
-}
+graph::TensorMeta meta(std::vector<int64_t> sizes) { return test::contiguous_meta(std::move(sizes)); }
 
 NamedArgument T(std::string name, ValueId v) { return {std::move(name), Argument::tensor(v), false}; }
 NamedArgument Ints(std::string name, std::vector<int64_t> xs) {
@@ -45,12 +40,7 @@ struct EdgeBuilder {
     return v;
   }
   ValueId constant(std::vector<float> data, std::vector<int64_t> sizes) {
-    ValueId v = p.graph.add_value("c" + std::to_string(counter++), meta(std::move(sizes)));
-    std::vector<std::byte> bytes(data.size() * sizeof(float));
-    std::memcpy(bytes.data(), data.data(), bytes.size());
-    p.constants[v] = passes::ConstantData{nullptr, std::make_shared<const std::vector<std::byte>>(std::move(bytes)),
-                                          p.graph.value(v).name};
-    return v;
+    return test::add_float_constant(p, "c" + std::to_string(counter++), data, std::move(sizes));
   }
   std::vector<ValueId> node(std::string target, std::vector<NamedArgument> inputs,
                             std::vector<std::vector<int64_t>> outs, bool out_list = false) {
