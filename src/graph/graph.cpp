@@ -1,5 +1,6 @@
 #include "kiln/graph/graph.h"
 
+#include "kiln/core/enum_names.h"
 #include "kiln/core/error.h"
 
 namespace kiln::graph {
@@ -42,25 +43,10 @@ std::vector<ValueId> Argument::tensor_ids() const {
 }
 
 std::string_view argument_kind_name(Argument::Kind kind) {
-  switch (kind) {
-    case Argument::Kind::None: return "none";
-    case Argument::Kind::Tensor: return "tensor";
-    case Argument::Kind::Tensors: return "tensors";
-    case Argument::Kind::OptionalTensors: return "optional_tensors";
-    case Argument::Kind::Int: return "int";
-    case Argument::Kind::Ints: return "ints";
-    case Argument::Kind::Float: return "float";
-    case Argument::Kind::Floats: return "floats";
-    case Argument::Kind::Bool: return "bool";
-    case Argument::Kind::Bools: return "bools";
-    case Argument::Kind::String: return "string";
-    case Argument::Kind::Strings: return "strings";
-    case Argument::Kind::ScalarType: return "scalar_type";
-    case Argument::Kind::MemoryFormat: return "memory_format";
-    case Argument::Kind::Layout: return "layout";
-    case Argument::Kind::Device: return "device";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 16> kNames{
+      "none", "tensor", "tensors", "optional_tensors", "int", "ints", "float", "floats", "bool", "bools", "string",
+      "strings", "scalar_type", "memory_format", "layout", "device"};
+  return enum_name<Argument::Kind::Device>(kind, kNames);
 }
 
 const NamedArgument* Node::input(std::string_view arg_name) const {
@@ -77,30 +63,16 @@ std::vector<ValueId> Node::output_ids() const {
 }
 
 std::string_view input_kind_name(InputSpec::Kind kind) {
-  switch (kind) {
-    case InputSpec::Kind::UserInput: return "user_input";
-    case InputSpec::Kind::Parameter: return "parameter";
-    case InputSpec::Kind::Buffer: return "buffer";
-    case InputSpec::Kind::TensorConstant: return "tensor_constant";
-    case InputSpec::Kind::ConstantInput: return "constant_input";
-    case InputSpec::Kind::CustomObj: return "custom_obj";
-    case InputSpec::Kind::Token: return "token";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 7> kNames{
+      "user_input", "parameter", "buffer", "tensor_constant", "constant_input", "custom_obj", "token"};
+  return enum_name<InputSpec::Kind::Token>(kind, kNames);
 }
 
 std::string_view output_kind_name(OutputSpec::Kind kind) {
-  switch (kind) {
-    case OutputSpec::Kind::UserOutput: return "user_output";
-    case OutputSpec::Kind::BufferMutation: return "buffer_mutation";
-    case OutputSpec::Kind::UserInputMutation: return "user_input_mutation";
-    case OutputSpec::Kind::ParameterMutation: return "parameter_mutation";
-    case OutputSpec::Kind::LossOutput: return "loss_output";
-    case OutputSpec::Kind::GradientToParameter: return "gradient_to_parameter";
-    case OutputSpec::Kind::GradientToUserInput: return "gradient_to_user_input";
-    case OutputSpec::Kind::Token: return "token";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 8> kNames{
+      "user_output", "buffer_mutation", "user_input_mutation", "parameter_mutation", "loss_output",
+      "gradient_to_parameter", "gradient_to_user_input", "token"};
+  return enum_name<OutputSpec::Kind::Token>(kind, kNames);
 }
 
 ValueId Graph::add_value(std::string name, TensorMeta meta) {

@@ -1,5 +1,6 @@
 #include "kiln/pt2/pt2_reader.h"
 
+#include "kiln/core/enum_names.h"
 #include "kiln/core/error.h"
 
 #include <nlohmann/json.hpp>
@@ -83,12 +84,6 @@ struct Reader {
     bad(where, fmt::format("unknown SymInt kind '{}'", kind));
   }
 
-  std::vector<int64_t> sym_ints(const json& j, const std::string& where) const {
-    std::vector<int64_t> out;
-    for (const auto& e : as_array(j, where)) out.push_back(sym_int(e, where));
-    return out;
-  }
-
   ScalarType scalar_type(const json& j, const std::string& where) const {
     int64_t code = as_int(j, where);
     auto t = scalar_type_from_export_code(code);
@@ -99,8 +94,8 @@ struct Reader {
   TensorMeta tensor_meta(const json& j, const std::string& where) const {
     TensorMeta m;
     m.dtype = scalar_type(field(j, "dtype", where), where + " dtype");
-    m.sizes = sym_ints(field(j, "sizes", where), where + " sizes");
-    m.strides = sym_ints(field(j, "strides", where), where + " strides");
+    m.sizes = list_of(field(j, "sizes", where), where + " sizes", &Reader::sym_int);
+    m.strides = list_of(field(j, "strides", where), where + " strides", &Reader::sym_int);
     if (m.strides.size() != m.sizes.size())
       bad(where, fmt::format("{} sizes but {} strides", m.sizes.size(), m.strides.size()));
     for (size_t i = 0; i < m.sizes.size(); ++i) {
@@ -130,103 +125,67 @@ struct Reader {
     return d;
   }
 
+  bool as_bool(const json& j, const std::string& where) const {
+    if (!j.is_boolean()) bad(where, "expected a boolean");
+    return j.get<bool>();
+  }
+
+  // A JSON list, each element read by `element`.
+  template <class T>
+  std::vector<std::decay_t<T>> list_of(const json& j, const std::string& where,
+                                       T (Reader::*element)(const json&, const std::string&) const) const {
+    std::vector<std::decay_t<T>> out;
+    for (const auto& e : as_array(j, where)) out.push_back((this->*element)(e, where));
+    return out;
+  }
+
+  // An OptionalTensor: {"as_none": ...} or {"as_tensor": {...}}.
+  std::optional<ValueId> optional_tensor(const json& j, const std::string& where) const {
+    auto [k, v] = union_member(j, where);
+    if (k == "as_none") return std::nullopt;
+    if (k == "as_tensor") return tensor_ref(*v, where);
+    bad(where, fmt::format("unknown optional tensor kind '{}'", k));
+  }
+
   Argument argument(const json& j, const std::string& where) const {
     auto [kind, vp] = union_member(j, where);
     const json& v = *vp;
-    Argument a;
     using K = Argument::Kind;
-    if (kind == "as_none") {
-      a.kind = K::None;
-    } else if (kind == "as_tensor") {
-      a.kind = K::Tensor;
-      a.payload = tensor_ref(v, where);
-    } else if (kind == "as_tensors") {
-      a.kind = K::Tensors;
-      std::vector<ValueId> ids;
-      for (const auto& e : as_array(v, where)) ids.push_back(tensor_ref(e, where));
-      a.payload = std::move(ids);
-    } else if (kind == "as_optional_tensors") {
-      a.kind = K::OptionalTensors;
-      std::vector<std::optional<ValueId>> ids;
-      for (const auto& e : as_array(v, where)) {
-        auto [k, ev] = union_member(e, where);
-        if (k == "as_none") ids.emplace_back(std::nullopt);
-        else if (k == "as_tensor") ids.emplace_back(tensor_ref(*ev, where));
-        else bad(where, fmt::format("unknown optional tensor kind '{}'", k));
-      }
-      a.payload = std::move(ids);
-    } else if (kind == "as_optional_tensor") {
-      auto [k, ev] = union_member(v, where);
-      if (k == "as_none") {
-        a.kind = K::None;
-      } else if (k == "as_tensor") {
-        a.kind = K::Tensor;
-        a.payload = tensor_ref(*ev, where);
-      } else {
-        bad(where, fmt::format("unknown optional tensor kind '{}'", k));
-      }
-    } else if (kind == "as_int") {
-      a.kind = K::Int;
-      a.payload = as_int(v, where);
-    } else if (kind == "as_ints") {
-      a.kind = K::Ints;
-      std::vector<int64_t> xs;
-      for (const auto& e : as_array(v, where)) xs.push_back(as_int(e, where));
-      a.payload = std::move(xs);
-    } else if (kind == "as_float") {
-      a.kind = K::Float;
-      a.payload = as_float(v, where);
-    } else if (kind == "as_floats") {
-      a.kind = K::Floats;
-      std::vector<double> xs;
-      for (const auto& e : as_array(v, where)) xs.push_back(as_float(e, where));
-      a.payload = std::move(xs);
-    } else if (kind == "as_bool") {
-      if (!v.is_boolean()) bad(where, "expected a boolean");
-      a.kind = K::Bool;
-      a.payload = v.get<bool>();
-    } else if (kind == "as_bools") {
-      a.kind = K::Bools;
-      std::vector<bool> xs;
-      for (const auto& e : as_array(v, where)) {
-        if (!e.is_boolean()) bad(where, "expected a boolean");
-        xs.push_back(e.get<bool>());
-      }
-      a.payload = std::move(xs);
-    } else if (kind == "as_string") {
-      a.kind = K::String;
-      a.payload = as_string(v, where);
-    } else if (kind == "as_strings") {
-      a.kind = K::Strings;
-      std::vector<std::string> xs;
-      for (const auto& e : as_array(v, where)) xs.push_back(as_string(e, where));
-      a.payload = std::move(xs);
-    } else if (kind == "as_scalar_type") {
-      a.kind = K::ScalarType;
-      a.payload = scalar_type(v, where);
-    } else if (kind == "as_memory_format") {
+    if (kind == "as_none") return {};
+    if (kind == "as_tensor") return {K::Tensor, tensor_ref(v, where)};
+    if (kind == "as_tensors") return {K::Tensors, list_of(v, where, &Reader::tensor_ref)};
+    if (kind == "as_optional_tensors") return {K::OptionalTensors, list_of(v, where, &Reader::optional_tensor)};
+    if (kind == "as_optional_tensor") {
+      auto t = optional_tensor(v, where);
+      return t ? Argument{K::Tensor, *t} : Argument{};
+    }
+    if (kind == "as_int") return {K::Int, as_int(v, where)};
+    if (kind == "as_ints") return {K::Ints, list_of(v, where, &Reader::as_int)};
+    if (kind == "as_float") return {K::Float, as_float(v, where)};
+    if (kind == "as_floats") return {K::Floats, list_of(v, where, &Reader::as_float)};
+    if (kind == "as_bool") return {K::Bool, as_bool(v, where)};
+    if (kind == "as_bools") return {K::Bools, list_of(v, where, &Reader::as_bool)};
+    if (kind == "as_string") return {K::String, as_string(v, where)};
+    if (kind == "as_strings") return {K::Strings, list_of(v, where, &Reader::as_string)};
+    if (kind == "as_scalar_type") return {K::ScalarType, scalar_type(v, where)};
+    if (kind == "as_memory_format") {
       int64_t code = as_int(v, where);
       if (code < 0 || code > 4) bad(where, fmt::format("unknown memory format code {}", code));
-      a.kind = K::MemoryFormat;
-      a.payload = static_cast<graph::MemoryFormat>(code);
-    } else if (kind == "as_layout") {
-      int64_t code = as_int(v, where);
-      a.kind = K::Layout;
-      a.payload = code == 7 ? graph::Layout::Strided : code == 0 ? graph::Layout::Unknown : graph::Layout::Other;
-    } else if (kind == "as_device") {
-      a.kind = K::Device;
-      a.payload = device(v, where);
-    } else if (kind == "as_sym_int" || kind == "as_sym_ints" || kind == "as_sym_bool" || kind == "as_sym_bools" ||
-               kind == "as_sym_float" || kind == "as_sym_floats") {
-      bad(where, fmt::format("symbolic argument '{}'; kiln lowers static shapes only", kind));
-    } else if (kind == "as_graph" || kind == "as_custom_obj" || kind == "as_operator" || kind == "as_complex" ||
-               kind == "as_nested_tensors" || kind == "as_int_lists" || kind == "as_string_to_argument" ||
-               kind == "as_float_lists") {
-      bad(where, fmt::format("argument kind '{}' is not supported by kiln", kind));
-    } else {
-      bad(where, fmt::format("unknown argument kind '{}'", kind));
+      return {K::MemoryFormat, static_cast<graph::MemoryFormat>(code)};
     }
-    return a;
+    if (kind == "as_layout") {
+      int64_t code = as_int(v, where);
+      return {K::Layout, code == 7 ? graph::Layout::Strided : code == 0 ? graph::Layout::Unknown : graph::Layout::Other};
+    }
+    if (kind == "as_device") return {K::Device, device(v, where)};
+    if (kind == "as_sym_int" || kind == "as_sym_ints" || kind == "as_sym_bool" || kind == "as_sym_bools" ||
+        kind == "as_sym_float" || kind == "as_sym_floats")
+      bad(where, fmt::format("symbolic argument '{}'; kiln lowers static shapes only", kind));
+    if (kind == "as_graph" || kind == "as_custom_obj" || kind == "as_operator" || kind == "as_complex" ||
+        kind == "as_nested_tensors" || kind == "as_int_lists" || kind == "as_string_to_argument" ||
+        kind == "as_float_lists")
+      bad(where, fmt::format("argument kind '{}' is not supported by kiln", kind));
+    bad(where, fmt::format("unknown argument kind '{}'", kind));
   }
 };
 
@@ -278,12 +237,8 @@ void read_payload_config(const Reader& r, const Pt2Archive& archive, const std::
 }  // namespace
 
 std::string_view constant_kind_name(ConstantTensor::Kind kind) {
-  switch (kind) {
-    case ConstantTensor::Kind::Parameter: return "parameter";
-    case ConstantTensor::Kind::Buffer: return "buffer";
-    case ConstantTensor::Kind::TensorConstant: return "tensor_constant";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 3> kNames{"parameter", "buffer", "tensor_constant"};
+  return enum_name<ConstantTensor::Kind::TensorConstant>(kind, kNames);
 }
 
 const ConstantTensor* ExportedProgram::find_constant(std::string_view name) const {

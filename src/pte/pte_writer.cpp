@@ -263,69 +263,58 @@ Offset<fbs::Tensor> build_tensor(FlatBufferBuilder& b, const TensorValue& t) {
                            fbs::TensorShapeDynamism::STATIC);
 }
 
+// The union wrappers: an EValue or Instruction holding `member`, of the type `type` names.
+template <class T>
+Offset<fbs::EValue> evalue(FlatBufferBuilder& b, fbs::KernelTypes type, Offset<T> member) {
+  return fbs::CreateEValue(b, type, member.Union());
+}
+template <class T>
+Offset<fbs::Instruction> instruction(FlatBufferBuilder& b, fbs::InstructionArguments type, Offset<T> member) {
+  return fbs::CreateInstruction(b, type, member.Union());
+}
+
 Offset<fbs::EValue> build_value(FlatBufferBuilder& b, const Value& v) {
+  using K = fbs::KernelTypes;
   return std::visit(
       Overloaded{
-          [&](const NoneValue&) { return fbs::CreateEValue(b, fbs::KernelTypes::Null, fbs::CreateNull(b).Union()); },
-          [&](int64_t i) { return fbs::CreateEValue(b, fbs::KernelTypes::Int, fbs::CreateInt(b, i).Union()); },
-          [&](double d) { return fbs::CreateEValue(b, fbs::KernelTypes::Double, fbs::CreateDouble(b, d).Union()); },
-          [&](bool x) { return fbs::CreateEValue(b, fbs::KernelTypes::Bool, fbs::CreateBool(b, x).Union()); },
-          [&](const std::string& s) {
-            return fbs::CreateEValue(b, fbs::KernelTypes::String, fbs::CreateString(b, b.CreateString(s)).Union());
-          },
-          [&](const TensorValue& t) {
-            return fbs::CreateEValue(b, fbs::KernelTypes::Tensor, build_tensor(b, t).Union());
-          },
+          [&](const NoneValue&) { return evalue(b, K::Null, fbs::CreateNull(b)); },
+          [&](int64_t i) { return evalue(b, K::Int, fbs::CreateInt(b, i)); },
+          [&](double d) { return evalue(b, K::Double, fbs::CreateDouble(b, d)); },
+          [&](bool x) { return evalue(b, K::Bool, fbs::CreateBool(b, x)); },
+          [&](const std::string& s) { return evalue(b, K::String, fbs::CreateString(b, b.CreateString(s))); },
+          [&](const TensorValue& t) { return evalue(b, K::Tensor, build_tensor(b, t)); },
           [&](const IntList& l) {
             std::vector<int64_t> items(l.items.begin(), l.items.end());
-            return fbs::CreateEValue(b, fbs::KernelTypes::IntList,
-                                     fbs::CreateIntList(b, b.CreateVector(items)).Union());
+            return evalue(b, K::IntList, fbs::CreateIntList(b, b.CreateVector(items)));
           },
-          [&](const DoubleList& l) {
-            return fbs::CreateEValue(b, fbs::KernelTypes::DoubleList,
-                                     fbs::CreateDoubleList(b, b.CreateVector(l.items)).Union());
-          },
+          [&](const DoubleList& l) { return evalue(b, K::DoubleList, fbs::CreateDoubleList(b, b.CreateVector(l.items))); },
           [&](const BoolList& l) {
             std::vector<uint8_t> items(l.items.begin(), l.items.end());
-            return fbs::CreateEValue(b, fbs::KernelTypes::BoolList,
-                                     fbs::CreateBoolList(b, b.CreateVector(items)).Union());
+            return evalue(b, K::BoolList, fbs::CreateBoolList(b, b.CreateVector(items)));
           },
-          [&](const TensorList& l) {
-            return fbs::CreateEValue(b, fbs::KernelTypes::TensorList,
-                                     fbs::CreateTensorList(b, b.CreateVector(l.items)).Union());
-          },
+          [&](const TensorList& l) { return evalue(b, K::TensorList, fbs::CreateTensorList(b, b.CreateVector(l.items))); },
           [&](const OptionalTensorList& l) {
-            return fbs::CreateEValue(b, fbs::KernelTypes::OptionalTensorList,
-                                     fbs::CreateOptionalTensorList(b, b.CreateVector(l.items)).Union());
+            return evalue(b, K::OptionalTensorList, fbs::CreateOptionalTensorList(b, b.CreateVector(l.items)));
           },
       },
       v);
 }
 
 Offset<fbs::Instruction> build_instruction(FlatBufferBuilder& b, const Instruction& ins) {
+  using I = fbs::InstructionArguments;
   return std::visit(
       Overloaded{
           [&](const KernelCall& k) {
-            return fbs::CreateInstruction(b, fbs::InstructionArguments::KernelCall,
-                                          fbs::CreateKernelCall(b, k.op_index, b.CreateVector(k.args)).Union());
+            return instruction(b, I::KernelCall, fbs::CreateKernelCall(b, k.op_index, b.CreateVector(k.args)));
           },
           [&](const DelegateCall& d) {
-            return fbs::CreateInstruction(
-                b, fbs::InstructionArguments::DelegateCall,
-                fbs::CreateDelegateCall(b, d.delegate_index, b.CreateVector(d.args)).Union());
+            return instruction(b, I::DelegateCall, fbs::CreateDelegateCall(b, d.delegate_index, b.CreateVector(d.args)));
           },
-          [&](const MoveCall& m) {
-            return fbs::CreateInstruction(b, fbs::InstructionArguments::MoveCall,
-                                          fbs::CreateMoveCall(b, m.from, m.to).Union());
-          },
+          [&](const MoveCall& m) { return instruction(b, I::MoveCall, fbs::CreateMoveCall(b, m.from, m.to)); },
           [&](const JumpFalseCall& j) {
-            return fbs::CreateInstruction(b, fbs::InstructionArguments::JumpFalseCall,
-                                          fbs::CreateJumpFalseCall(b, j.cond_value, j.destination).Union());
+            return instruction(b, I::JumpFalseCall, fbs::CreateJumpFalseCall(b, j.cond_value, j.destination));
           },
-          [&](const FreeCall& f) {
-            return fbs::CreateInstruction(b, fbs::InstructionArguments::FreeCall,
-                                          fbs::CreateFreeCall(b, f.value).Union());
-          },
+          [&](const FreeCall& f) { return instruction(b, I::FreeCall, fbs::CreateFreeCall(b, f.value)); },
       },
       ins);
 }

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <string_view>
+
 namespace kiln {
 namespace {
 
@@ -26,6 +29,45 @@ TEST(DType, ElementSizes) {
   EXPECT_EQ(element_size(ScalarType::Half), 2);
   EXPECT_EQ(element_size(ScalarType::Bool), 1);
   EXPECT_EQ(dtype_name(ScalarType::Float), "float32");
+}
+
+// Every dtype's size and name as c10 defines them (c10/core/ScalarType.h),
+// and its code in torch/_export/serde/schema.py where that schema has one.
+TEST(DType, EveryDtypeAgreesWithC10AndTheExportSchema) {
+  struct Row {
+    ScalarType type;
+    int size;
+    std::string_view name;
+    int export_code;  // 0: none
+  };
+  const Row rows[] = {
+      {ScalarType::Byte, 1, "uint8", 1},           {ScalarType::Char, 1, "int8", 2},
+      {ScalarType::Short, 2, "int16", 3},          {ScalarType::Int, 4, "int32", 4},
+      {ScalarType::Long, 8, "int64", 5},           {ScalarType::Half, 2, "float16", 6},
+      {ScalarType::Float, 4, "float32", 7},        {ScalarType::Double, 8, "float64", 8},
+      {ScalarType::ComplexHalf, 4, "complex32", 9}, {ScalarType::ComplexFloat, 8, "complex64", 10},
+      {ScalarType::ComplexDouble, 16, "complex128", 11}, {ScalarType::Bool, 1, "bool", 12},
+      {ScalarType::QInt8, 1, "qint8", 0},          {ScalarType::QUInt8, 1, "quint8", 0},
+      {ScalarType::QInt32, 4, "qint32", 0},        {ScalarType::BFloat16, 2, "bfloat16", 13},
+      {ScalarType::UInt16, 2, "uint16", 28},       {ScalarType::UInt32, 4, "uint32", 34},
+      {ScalarType::UInt64, 8, "uint64", 35},       {ScalarType::Float8_e5m2, 1, "float8_e5m2", 30},
+      {ScalarType::Float8_e4m3fn, 1, "float8_e4m3fn", 29}, {ScalarType::Float8_e5m2fnuz, 1, "float8_e5m2fnuz", 32},
+      {ScalarType::Float8_e4m3fnuz, 1, "float8_e4m3fnuz", 31}, {ScalarType::Float8_e8m0fnu, 1, "float8_e8m0fnu", 33},
+  };
+  for (const auto& r : rows) {
+    SCOPED_TRACE(std::string(r.name));
+    EXPECT_EQ(element_size(r.type), r.size);
+    EXPECT_EQ(dtype_name(r.type), r.name);
+    if (r.export_code != 0) {
+      EXPECT_EQ(scalar_type_from_export_code(r.export_code), r.type);
+    }
+  }
+  for (int code : {14, 27, 36, 44, -1}) EXPECT_FALSE(scalar_type_from_export_code(code).has_value()) << code;
+  // Codes no dtype has (a corrupt file's): size 0, a name that says so.
+  for (int code : {16, 22, 30, 43, 45, 100, -5}) {
+    EXPECT_EQ(element_size(static_cast<ScalarType>(code)), 0) << code;
+    EXPECT_EQ(dtype_name(static_cast<ScalarType>(code)), "unknown") << code;
+  }
 }
 
 }  // namespace

@@ -52,5 +52,16 @@ TEST(Argument, TensorIdsSkipMissingOptionals) {
   EXPECT_TRUE(Argument::integer(4).tensor_ids().empty());
 }
 
+TEST(Names, KindNamesAsTheExportSchemaSpellsThem) {
+  EXPECT_EQ(argument_kind_name(Argument::Kind::None), "none");
+  EXPECT_EQ(argument_kind_name(Argument::Kind::OptionalTensors), "optional_tensors");
+  EXPECT_EQ(argument_kind_name(Argument::Kind::Device), "device");
+  EXPECT_EQ(argument_kind_name(static_cast<Argument::Kind>(200)), "?");
+  EXPECT_EQ(input_kind_name(InputSpec::Kind::UserInput), "user_input");
+  EXPECT_EQ(input_kind_name(InputSpec::Kind::Token), "token");
+  EXPECT_EQ(output_kind_name(OutputSpec::Kind::UserInputMutation), "user_input_mutation");
+  EXPECT_EQ(output_kind_name(OutputSpec::Kind::Token), "token");
+}
+
 }  // namespace
 }  // namespace kiln::graph

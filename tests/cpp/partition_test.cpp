@@ -3,6 +3,7 @@
 // what crosses them, constants have one home, and boundary refusals move
 // nodes to the portable path with a reason.
 #include "kiln/partition/partitioner.h"
+#include "test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -20,13 +21,7 @@ using graph::ValueId;
 
 constexpr std::string_view kUnsupported = "test.unsupported.default";
 
-graph::TensorMeta meta(std::vector<int64_t> sizes) {
-  graph::TensorMeta m;
-  m.strides.assign(sizes.size(), 1);
-  for (size_t d = sizes.size(); d-- > 1;) m.strides[d - 1] = m.strides[d] * sizes[d];
-  m.sizes = std::move(sizes);
-  return m;
-}
+graph::TensorMeta meta(std::vector<int64_t> sizes) { return test::contiguous_meta(std::move(sizes)); }
 
 struct TestProgram {
   passes::EdgeProgram p;
@@ -38,12 +33,7 @@ struct TestProgram {
     return v;
   }
   ValueId constant(std::vector<float> data, std::vector<int64_t> sizes = {2, 3}) {
-    ValueId v = p.graph.add_value("c" + std::to_string(counter++), meta(std::move(sizes)));
-    std::vector<std::byte> bytes(data.size() * sizeof(float));
-    std::memcpy(bytes.data(), data.data(), bytes.size());
-    p.constants[v] = passes::ConstantData{nullptr, std::make_shared<const std::vector<std::byte>>(std::move(bytes)),
-                                          p.graph.value(v).name};
-    return v;
+    return test::add_float_constant(p, "c" + std::to_string(counter++), data, std::move(sizes));
   }
   ValueId node(std::string_view target, std::vector<ValueId> reads, std::vector<int64_t> sizes = {2, 3}) {
     graph::Node n;

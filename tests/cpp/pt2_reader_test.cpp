@@ -2,6 +2,7 @@
 // torch.export.save writes: strided weights, tied storage, malformed fields.
 #include "kiln/core/error.h"
 #include "kiln/pt2/pt2_reader.h"
+#include "test_support.h"
 
 #include <gtest/gtest.h>
 #include <zip.h>
@@ -16,21 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string write_zip(const std::string& name, const std::map<std::string, std::string>& files) {
-  fs::path path = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".pt2");
-  fs::remove(path);
-  int err = 0;
-  zip_t* z = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &err);
-  EXPECT_NE(z, nullptr);
-  for (const auto& [entry, data] : files) {
-    void* copy = std::malloc(data.size() + 1);
-    std::memcpy(copy, data.data(), data.size());
-    zip_source_t* src = zip_source_buffer(z, copy, data.size(), 1);
-    EXPECT_GE(zip_file_add(z, entry.c_str(), src, ZIP_FL_ENC_UTF_8), 0);
-  }
-  EXPECT_EQ(zip_close(z), 0);
-  return path.string();
-}
+using test::write_zip;
 
 std::string floats(std::initializer_list<float> xs) {
   std::string s(xs.size() * sizeof(float), '\0');

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 namespace kiln::backends::xnnpack::detail {
@@ -39,42 +41,50 @@ inline std::optional<double> scalar_of(const Argument& a) {
   }
 }
 
+// The payload of an argument of kind `kind` (described as `expected` in the
+// error naming `what` when it is of another kind).
+template <class T>
+const T& payload_of(const Argument& a, Argument::Kind kind, std::string_view expected, std::string_view what) {
+  check(a.kind == kind, "{}: expected {}, got {}", what, expected, graph::argument_kind_name(a.kind));
+  return std::get<T>(a.payload);
+}
+
+// nullopt for None, else `read(a, what)`.
+template <class Read>
+auto optional_of(const Argument& a, std::string_view what, Read read) -> std::optional<decltype(read(a, what))> {
+  if (is_none(a)) return std::nullopt;
+  return read(a, what);
+}
+
 inline ValueId tensor_of(const Argument& a, std::string_view what) {
-  check(a.kind == Argument::Kind::Tensor, "{}: expected a tensor, got {}", what, graph::argument_kind_name(a.kind));
-  return std::get<ValueId>(a.payload);
+  return payload_of<ValueId>(a, Argument::Kind::Tensor, "a tensor", what);
 }
 
 inline std::optional<ValueId> optional_tensor_of(const Argument& a, std::string_view what) {
-  if (is_none(a)) return std::nullopt;
-  return tensor_of(a, what);
+  return optional_of(a, what, tensor_of);
 }
 
 inline int64_t int_of(const Argument& a, std::string_view what) {
-  check(a.kind == Argument::Kind::Int, "{}: expected an int, got {}", what, graph::argument_kind_name(a.kind));
-  return std::get<int64_t>(a.payload);
+  return payload_of<int64_t>(a, Argument::Kind::Int, "an int", what);
 }
 
 inline std::optional<int64_t> optional_int_of(const Argument& a, std::string_view what) {
-  if (is_none(a)) return std::nullopt;
-  return int_of(a, what);
+  return optional_of(a, what, int_of);
 }
 
 inline bool bool_of(const Argument& a, std::string_view what) {
-  check(a.kind == Argument::Kind::Bool, "{}: expected a bool, got {}", what, graph::argument_kind_name(a.kind));
-  return std::get<bool>(a.payload);
+  return payload_of<bool>(a, Argument::Kind::Bool, "a bool", what);
 }
 
 inline std::string string_of(const Argument& a, std::string_view what) {
-  check(a.kind == Argument::Kind::String, "{}: expected a string, got {}", what, graph::argument_kind_name(a.kind));
-  return std::get<std::string>(a.payload);
+  return payload_of<std::string>(a, Argument::Kind::String, "a string", what);
 }
 
 // An int list (a single int counts as a list of one); nullopt for None.
 inline std::optional<std::vector<int64_t>> optional_ints_of(const Argument& a, std::string_view what) {
   if (is_none(a)) return std::nullopt;
   if (a.kind == Argument::Kind::Int) return std::vector<int64_t>{std::get<int64_t>(a.payload)};
-  check(a.kind == Argument::Kind::Ints, "{}: expected an int list, got {}", what, graph::argument_kind_name(a.kind));
-  return std::get<std::vector<int64_t>>(a.payload);
+  return payload_of<std::vector<int64_t>>(a, Argument::Kind::Ints, "an int list", what);
 }
 
 inline std::vector<int64_t> ints_of(const Argument& a, std::string_view what) {
@@ -84,9 +94,7 @@ inline std::vector<int64_t> ints_of(const Argument& a, std::string_view what) {
 }
 
 inline std::vector<ValueId> tensors_of(const Argument& a, std::string_view what) {
-  check(a.kind == Argument::Kind::Tensors, "{}: expected a tensor list, got {}", what,
-        graph::argument_kind_name(a.kind));
-  return std::get<std::vector<ValueId>>(a.payload);
+  return payload_of<std::vector<ValueId>>(a, Argument::Kind::Tensors, "a tensor list", what);
 }
 
 // `d` counted from the end when negative; nullopt when out of [0, rank).
