@@ -365,6 +365,19 @@ struct TensorOrScalar {
   } storage = {0.0};
 
   const Tensor& t() const { return *tensor; }
+  // Makes this the wrapped number `s` (a 0-dim tensor over `storage`).
+  void set_scalar(const Scalar& s) {
+    scalar = s;
+    is_scalar = true;
+    ScalarType dt = ScalarType::Bool;
+    switch (s.kind) {
+      case Scalar::Kind::Double: storage.d = s.d; dt = ScalarType::Double; break;
+      case Scalar::Kind::Int: storage.i = s.i; dt = ScalarType::Long; break;
+      case Scalar::Kind::Bool: storage.b = s.b; break;
+    }
+    make_contiguous_tensor(wrapped, dt, {}, &storage, sizeof(storage));
+    tensor = &wrapped;
+  }
   void add_to(ResultType& rt) const {
     if (is_scalar) rt.add(scalar);
     else rt.add(*tensor);
@@ -375,16 +388,9 @@ inline bool tensor_or_scalar_arg(KernelContext& ctx, std::span<EValue*> args, si
                                  TensorOrScalar* out) {
   const EValue* v = args[i];
   if (v != nullptr && (v->tag == EValue::Tag::Int || v->tag == EValue::Tag::Double || v->tag == EValue::Tag::Bool)) {
-    scalar_arg(ctx, args, i, op, &out->scalar);
-    out->is_scalar = true;
-    ScalarType dt = ScalarType::Bool;
-    switch (out->scalar.kind) {
-      case Scalar::Kind::Double: out->storage.d = out->scalar.d; dt = ScalarType::Double; break;
-      case Scalar::Kind::Int: out->storage.i = out->scalar.i; dt = ScalarType::Long; break;
-      case Scalar::Kind::Bool: out->storage.b = out->scalar.b; break;
-    }
-    make_contiguous_tensor(out->wrapped, dt, {}, &out->storage, sizeof(out->storage));
-    out->tensor = &out->wrapped;
+    Scalar sc;
+    scalar_arg(ctx, args, i, op, &sc);
+    out->set_scalar(sc);
     return true;
   }
   out->tensor = tensor_arg(ctx, args, i, op);

@@ -3,8 +3,7 @@
 // (type promotion with wrapped numbers and 0-dim tensors, integer-to-float
 // promotion for true division and transcendental functions, out= casting) and
 // broadcasting; reduced-precision floats compute in float and round on store.
-#include "kernel_tables.h"
-#include "kernel_util.h"
+#include "util/register.h"
 #include "kiln/cpu/math.h"
 
 #include <cmath>
@@ -982,87 +981,84 @@ void silu(KernelContext& ctx, std::span<EValue*> args) {
 
 #undef KILN_NARGS
 
-const KernelEntry kElementwise[] = {
-    {"aten::add", "out", add_sub_tensor<false>},
-    {"aten::add", "Scalar_out", add_sub_scalar<ScalarArith::Add>},
-    {"aten::sub", "out", add_sub_tensor<true>},
-    {"aten::sub", "Scalar_out", add_sub_scalar<ScalarArith::Sub>},
-    {"aten::rsub", "Scalar_out", add_sub_scalar<ScalarArith::RSub>},
-    {"aten::mul", "out", mul_tensor},
-    {"aten::mul", "Scalar_out", mul_scalar},
-    {"aten::div", "out", div_tensor},
-    {"aten::div", "out_mode", div_tensor_mode},
-    {"aten::div", "Scalar_out", div_scalar},
-    {"aten::div", "Scalar_mode_out", div_scalar_mode},
-    {"aten::floor_divide", "out", floor_divide},
-    {"aten::pow", "Tensor_Tensor_out", pow_tensor_tensor},
-    {"aten::pow", "Tensor_Scalar_out", pow_tensor_scalar},
-    {"aten::pow", "Scalar_out", pow_scalar_tensor},
-    {"aten::minimum", "out", min_max<false>},
-    {"aten::maximum", "out", min_max<true>},
-    {"aten::clamp", "out", clamp},
-    {"aten::clamp_min", "out", clamp_one<false>},
-    {"aten::clamp_max", "out", clamp_one<true>},
-    {"aten::eq", "Tensor_out", compare_tensor<Cmp::Eq>},
-    {"aten::ne", "Tensor_out", compare_tensor<Cmp::Ne>},
-    {"aten::lt", "Tensor_out", compare_tensor<Cmp::Lt>},
-    {"aten::le", "Tensor_out", compare_tensor<Cmp::Le>},
-    {"aten::gt", "Tensor_out", compare_tensor<Cmp::Gt>},
-    {"aten::ge", "Tensor_out", compare_tensor<Cmp::Ge>},
-    {"aten::eq", "Scalar_out", compare_scalar<Cmp::Eq>},
-    {"aten::ne", "Scalar_out", compare_scalar<Cmp::Ne>},
-    {"aten::lt", "Scalar_out", compare_scalar<Cmp::Lt>},
-    {"aten::le", "Scalar_out", compare_scalar<Cmp::Le>},
-    {"aten::gt", "Scalar_out", compare_scalar<Cmp::Gt>},
-    {"aten::ge", "Scalar_out", compare_scalar<Cmp::Ge>},
-    {"aten::bitwise_and", "Tensor_out", bitwise_tensor<Bit::And>},
-    {"aten::bitwise_or", "Tensor_out", bitwise_tensor<Bit::Or>},
-    {"aten::bitwise_xor", "Tensor_out", bitwise_tensor<Bit::Xor>},
-    {"aten::bitwise_and", "Scalar_out", bitwise_scalar<Bit::And>},
-    {"aten::bitwise_or", "Scalar_out", bitwise_scalar<Bit::Or>},
-    {"aten::bitwise_xor", "Scalar_out", bitwise_scalar<Bit::Xor>},
-    {"aten::bitwise_not", "out", bitwise_not},
-    {"aten::logical_and", "out", logical_binary<Bit::And>},
-    {"aten::logical_or", "out", logical_binary<Bit::Or>},
-    {"aten::logical_xor", "out", logical_binary<Bit::Xor>},
-    {"aten::logical_not", "out", logical_not},
-    {"aten::where", "self_out", where},
-    {"aten::masked_fill", "Scalar_out", masked_fill},
-    {"aten::neg", "out", neg},
-    {"aten::abs", "out", abs_},
-    {"aten::relu", "out", relu},
-    {"aten::sign", "out", sign},
-    {"aten::floor", "out", rounding<Rounding::Floor>},
-    {"aten::ceil", "out", rounding<Rounding::Ceil>},
-    {"aten::round", "out", rounding<Rounding::Round>},
-    {"aten::trunc", "out", rounding<Rounding::Trunc>},
-    {"aten::exp", "out", exp_},
-    {"aten::exp2", "out", exp2_},
-    {"aten::expm1", "out", expm1_},
-    {"aten::log", "out", log_},
-    {"aten::log2", "out", log2_},
-    {"aten::log10", "out", log10_},
-    {"aten::log1p", "out", log1p_},
-    {"aten::sqrt", "out", sqrt_},
-    {"aten::rsqrt", "out", rsqrt_},
-    {"aten::reciprocal", "out", reciprocal_},
-    {"aten::sin", "out", sin_},
-    {"aten::cos", "out", cos_},
-    {"aten::tan", "out", tan_},
-    {"aten::asin", "out", asin_},
-    {"aten::acos", "out", acos_},
-    {"aten::atan", "out", atan_},
-    {"aten::sinh", "out", sinh_},
-    {"aten::cosh", "out", cosh_},
-    {"aten::tanh", "out", tanh_},
-    {"aten::erf", "out", erf_},
-    {"aten::sigmoid", "out", sigmoid_},
-    {"aten::gelu", "out", gelu},
-    {"aten::silu", "out", silu},
-};
 
 }  // namespace
 
-std::span<const KernelEntry> elementwise_kernels() { return kElementwise; }
+KILN_BOXED_KERNEL(add_out, add_sub_tensor<false>);
+KILN_BOXED_KERNEL(add_Scalar_out, add_sub_scalar<ScalarArith::Add>);
+KILN_BOXED_KERNEL(sub_out, add_sub_tensor<true>);
+KILN_BOXED_KERNEL(sub_Scalar_out, add_sub_scalar<ScalarArith::Sub>);
+KILN_BOXED_KERNEL(rsub_Scalar_out, add_sub_scalar<ScalarArith::RSub>);
+KILN_BOXED_KERNEL(mul_out, mul_tensor);
+KILN_BOXED_KERNEL(mul_Scalar_out, mul_scalar);
+KILN_BOXED_KERNEL(div_out, div_tensor);
+KILN_BOXED_KERNEL(div_out_mode, div_tensor_mode);
+KILN_BOXED_KERNEL(div_Scalar_out, div_scalar);
+KILN_BOXED_KERNEL(div_Scalar_mode_out, div_scalar_mode);
+KILN_BOXED_KERNEL(floor_divide_out, floor_divide);
+KILN_BOXED_KERNEL(pow_Tensor_Tensor_out, pow_tensor_tensor);
+KILN_BOXED_KERNEL(pow_Tensor_Scalar_out, pow_tensor_scalar);
+KILN_BOXED_KERNEL(pow_Scalar_out, pow_scalar_tensor);
+KILN_BOXED_KERNEL(minimum_out, min_max<false>);
+KILN_BOXED_KERNEL(maximum_out, min_max<true>);
+KILN_BOXED_KERNEL(clamp_out, clamp);
+KILN_BOXED_KERNEL(clamp_min_out, clamp_one<false>);
+KILN_BOXED_KERNEL(clamp_max_out, clamp_one<true>);
+KILN_BOXED_KERNEL(eq_Tensor_out, compare_tensor<Cmp::Eq>);
+KILN_BOXED_KERNEL(ne_Tensor_out, compare_tensor<Cmp::Ne>);
+KILN_BOXED_KERNEL(lt_Tensor_out, compare_tensor<Cmp::Lt>);
+KILN_BOXED_KERNEL(le_Tensor_out, compare_tensor<Cmp::Le>);
+KILN_BOXED_KERNEL(gt_Tensor_out, compare_tensor<Cmp::Gt>);
+KILN_BOXED_KERNEL(ge_Tensor_out, compare_tensor<Cmp::Ge>);
+KILN_BOXED_KERNEL(eq_Scalar_out, compare_scalar<Cmp::Eq>);
+KILN_BOXED_KERNEL(ne_Scalar_out, compare_scalar<Cmp::Ne>);
+KILN_BOXED_KERNEL(lt_Scalar_out, compare_scalar<Cmp::Lt>);
+KILN_BOXED_KERNEL(le_Scalar_out, compare_scalar<Cmp::Le>);
+KILN_BOXED_KERNEL(gt_Scalar_out, compare_scalar<Cmp::Gt>);
+KILN_BOXED_KERNEL(ge_Scalar_out, compare_scalar<Cmp::Ge>);
+KILN_BOXED_KERNEL(bitwise_and_Tensor_out, bitwise_tensor<Bit::And>);
+KILN_BOXED_KERNEL(bitwise_or_Tensor_out, bitwise_tensor<Bit::Or>);
+KILN_BOXED_KERNEL(bitwise_xor_Tensor_out, bitwise_tensor<Bit::Xor>);
+KILN_BOXED_KERNEL(bitwise_and_Scalar_out, bitwise_scalar<Bit::And>);
+KILN_BOXED_KERNEL(bitwise_or_Scalar_out, bitwise_scalar<Bit::Or>);
+KILN_BOXED_KERNEL(bitwise_xor_Scalar_out, bitwise_scalar<Bit::Xor>);
+KILN_BOXED_KERNEL(bitwise_not_out, bitwise_not);
+KILN_BOXED_KERNEL(logical_and_out, logical_binary<Bit::And>);
+KILN_BOXED_KERNEL(logical_or_out, logical_binary<Bit::Or>);
+KILN_BOXED_KERNEL(logical_xor_out, logical_binary<Bit::Xor>);
+KILN_BOXED_KERNEL(logical_not_out, logical_not);
+KILN_BOXED_KERNEL(where_self_out, where);
+KILN_BOXED_KERNEL(masked_fill_Scalar_out, masked_fill);
+KILN_BOXED_KERNEL(neg_out, neg);
+KILN_BOXED_KERNEL(abs_out, abs_);
+KILN_BOXED_KERNEL(relu_out, relu);
+KILN_BOXED_KERNEL(sign_out, sign);
+KILN_BOXED_KERNEL(floor_out, rounding<Rounding::Floor>);
+KILN_BOXED_KERNEL(ceil_out, rounding<Rounding::Ceil>);
+KILN_BOXED_KERNEL(round_out, rounding<Rounding::Round>);
+KILN_BOXED_KERNEL(trunc_out, rounding<Rounding::Trunc>);
+KILN_BOXED_KERNEL(exp_out, exp_);
+KILN_BOXED_KERNEL(exp2_out, exp2_);
+KILN_BOXED_KERNEL(expm1_out, expm1_);
+KILN_BOXED_KERNEL(log_out, log_);
+KILN_BOXED_KERNEL(log2_out, log2_);
+KILN_BOXED_KERNEL(log10_out, log10_);
+KILN_BOXED_KERNEL(log1p_out, log1p_);
+KILN_BOXED_KERNEL(sqrt_out, sqrt_);
+KILN_BOXED_KERNEL(rsqrt_out, rsqrt_);
+KILN_BOXED_KERNEL(reciprocal_out, reciprocal_);
+KILN_BOXED_KERNEL(sin_out, sin_);
+KILN_BOXED_KERNEL(cos_out, cos_);
+KILN_BOXED_KERNEL(tan_out, tan_);
+KILN_BOXED_KERNEL(asin_out, asin_);
+KILN_BOXED_KERNEL(acos_out, acos_);
+KILN_BOXED_KERNEL(atan_out, atan_);
+KILN_BOXED_KERNEL(sinh_out, sinh_);
+KILN_BOXED_KERNEL(cosh_out, cosh_);
+KILN_BOXED_KERNEL(tanh_out, tanh_);
+KILN_BOXED_KERNEL(erf_out, erf_);
+KILN_BOXED_KERNEL(sigmoid_out, sigmoid_);
+KILN_BOXED_KERNEL(gelu_out, gelu);
+KILN_BOXED_KERNEL(silu_out, silu);
 
 }  // namespace kiln::rt::kernels

@@ -6,8 +6,8 @@
 // conversion kernels compute in a dtype. Argument schemas are the out variants'
 // (see kernel.h); each kernel checks arity, tags, dtypes, shapes and index
 // ranges and fails through the context instead of reading out of bounds.
-#include "data_movement_util.h"
-#include "kernel_tables.h"
+#include "util/data_movement_util.h"
+#include "util/registration.h"
 
 #include <cmath>
 #include <cstring>
@@ -1677,49 +1677,46 @@ void constant_pad_nd_out(KernelContext& ctx, Args args) {
   copy_region(ctx, op, *out, doff, dstd, *self, soff, sst, n, sizes);
 }
 
-const KernelEntry kTable[] = {
-    {"aten::view_copy", "out", view_copy_out},
-    {"aten::alias_copy", "out", alias_copy_out},
-    {"aten::clone", "out", clone_out},
-    {"aten::_to_copy", "out", to_copy_out},
-    {"dim_order_ops::_clone_dim_order", "out", clone_dim_order_out},
-    {"dim_order_ops::_to_dim_order_copy", "out", to_dim_order_copy_out},
-    {"aten::copy", "out", copy_out},
-    {"aten::permute_copy", "out", permute_copy_out},
-    {"aten::transpose_copy", "int_out", transpose_copy_out},
-    {"aten::expand_copy", "out", expand_copy_out},
-    {"aten::unsqueeze_copy", "out", unsqueeze_copy_out},
-    {"aten::squeeze_copy", "dims_out", squeeze_copy_dims_out},
-    {"aten::squeeze_copy", "dim_out", squeeze_copy_dim_out},
-    {"aten::squeeze_copy", "out", squeeze_copy_out},
-    {"aten::slice_copy", "Tensor_out", slice_copy_out},
-    {"aten::select_copy", "int_out", select_copy_out},
-    {"aten::slice_scatter", "out", slice_scatter_out},
-    {"aten::select_scatter", "out", select_scatter_out},
-    {"aten::flip", "out", flip_out},
-    {"aten::repeat", "out", repeat_out},
-    {"aten::tril", "out", triangle_out<true>},
-    {"aten::triu", "out", triangle_out<false>},
-    {"aten::cat", "out", cat_out},
-    {"aten::split_with_sizes_copy", "out", split_with_sizes_copy_out},
-    {"aten::split_copy", "Tensor_out", split_copy_out},
-    {"aten::index", "Tensor_out", index_tensor_out},
-    {"aten::index_put", "out", index_put_out},
-    {"aten::index_select", "out", index_select_out},
-    {"aten::gather", "out", gather_out},
-    {"aten::embedding", "out", embedding_out},
-    {"aten::full", "out", full_out},
-    {"aten::full_like", "out", full_like_out},
-    {"aten::scalar_tensor", "out", scalar_tensor_out},
-    {"aten::fill", "Scalar_out", fill_scalar_out},
-    {"aten::fill", "Tensor_out", fill_tensor_out},
-    {"aten::arange", "out", arange_out},
-    {"aten::arange", "start_out", arange_start_out},
-    {"aten::constant_pad_nd", "out", constant_pad_nd_out},
-};
 
 }  // namespace
 
-std::span<const KernelEntry> data_movement_kernels() { return kTable; }
+KILN_BOXED_KERNEL(view_copy_out, view_copy_out);
+KILN_BOXED_KERNEL(alias_copy_out, alias_copy_out);
+KILN_BOXED_KERNEL(clone_out, clone_out);
+KILN_BOXED_KERNEL(to_copy_out, to_copy_out);
+KILN_BOXED_KERNEL(dim_order_clone_dim_order_out, clone_dim_order_out);
+KILN_BOXED_KERNEL(dim_order_to_dim_order_copy_out, to_dim_order_copy_out);
+KILN_BOXED_KERNEL(copy_out, copy_out);
+KILN_BOXED_KERNEL(permute_copy_out, permute_copy_out);
+KILN_BOXED_KERNEL(transpose_copy_int_out, transpose_copy_out);
+KILN_BOXED_KERNEL(expand_copy_out, expand_copy_out);
+KILN_BOXED_KERNEL(unsqueeze_copy_out, unsqueeze_copy_out);
+KILN_BOXED_KERNEL(squeeze_copy_dims_out, squeeze_copy_dims_out);
+KILN_BOXED_KERNEL(squeeze_copy_dim_out, squeeze_copy_dim_out);
+KILN_BOXED_KERNEL(squeeze_copy_out, squeeze_copy_out);
+KILN_BOXED_KERNEL(slice_copy_Tensor_out, slice_copy_out);
+KILN_BOXED_KERNEL(select_copy_int_out, select_copy_out);
+KILN_BOXED_KERNEL(slice_scatter_out, slice_scatter_out);
+KILN_BOXED_KERNEL(select_scatter_out, select_scatter_out);
+KILN_BOXED_KERNEL(flip_out, flip_out);
+KILN_BOXED_KERNEL(repeat_out, repeat_out);
+KILN_BOXED_KERNEL(tril_out, triangle_out<true>);
+KILN_BOXED_KERNEL(triu_out, triangle_out<false>);
+KILN_BOXED_KERNEL(cat_out, cat_out);
+KILN_BOXED_KERNEL(split_with_sizes_copy_out, split_with_sizes_copy_out);
+KILN_BOXED_KERNEL(split_copy_Tensor_out, split_copy_out);
+KILN_BOXED_KERNEL(index_Tensor_out, index_tensor_out);
+KILN_BOXED_KERNEL(index_put_out, index_put_out);
+KILN_BOXED_KERNEL(index_select_out, index_select_out);
+KILN_BOXED_KERNEL(gather_out, gather_out);
+KILN_BOXED_KERNEL(embedding_out, embedding_out);
+KILN_BOXED_KERNEL(full_out, full_out);
+KILN_BOXED_KERNEL(full_like_out, full_like_out);
+KILN_BOXED_KERNEL(scalar_tensor_out, scalar_tensor_out);
+KILN_BOXED_KERNEL(fill_Scalar_out, fill_scalar_out);
+KILN_BOXED_KERNEL(fill_Tensor_out, fill_tensor_out);
+KILN_BOXED_KERNEL(arange_out, arange_out);
+KILN_BOXED_KERNEL(arange_start_out, arange_start_out);
+KILN_BOXED_KERNEL(constant_pad_nd_out, constant_pad_nd_out);
 
 }  // namespace kiln::rt::kernels

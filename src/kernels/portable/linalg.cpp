@@ -2,8 +2,7 @@
 // other dtypes use a straightforward blocked loop (float accumulation for
 // float16/bfloat16, wrapping integer arithmetic for integers).
 #include "kiln/cpu/gemm.h"
-#include "kernel_tables.h"
-#include "kernel_util.h"
+#include "util/register.h"
 
 #include <cstring>
 #include <type_traits>
@@ -206,14 +205,11 @@ void addmm(KernelContext& ctx, std::span<EValue*> args) {
 
 #undef KILN_NARGS
 
-const KernelEntry kLinalg[] = {
-    {"aten::mm", "out", mm},
-    {"aten::bmm", "out", bmm},
-    {"aten::addmm", "out", addmm},
-};
 
 }  // namespace
 
-std::span<const KernelEntry> linear_algebra_kernels() { return kLinalg; }
+KILN_BOXED_KERNEL(mm_out, mm);
+KILN_BOXED_KERNEL(bmm_out, bmm);
+KILN_BOXED_KERNEL(addmm_out, addmm);
 
 }  // namespace kiln::rt::kernels
