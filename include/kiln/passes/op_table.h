@@ -1,4 +1,5 @@
 // The core-ATen operators kiln emits, with the out-variant each runs as.
+// Derived from the operator table (src/ops/aten_ops.def: the ATen schema text).
 //
 // For every functional operator kiln's edge graphs may contain ("aten.add.Tensor")
 // this table says which out-variant kernel executes it ("aten::add" "out"), the
@@ -14,6 +15,7 @@
 #include <span>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 namespace kiln::passes {
 
@@ -27,9 +29,12 @@ enum class ArgType : uint8_t {
   IntList,
   OptionalIntList,
   Float,
+  OptionalFloat,
   Scalar,  // int, float or bool
   OptionalScalar,
   Bool,
+  OptionalBool,
+  ScalarType,
   OptionalScalarType,
   String,
   Ignored,  // layout/device/pin_memory/memory_format: emitted as None where the out variant has them
@@ -39,7 +44,7 @@ struct ArgSchema {
   std::string_view name;
   ArgType type;
   // Default when the node omits the argument: monostate = required; for optionals, None.
-  std::variant<std::monostate, int64_t, double, bool, std::string_view> default_value{};
+  std::variant<std::monostate, int64_t, double, bool, std::string_view, std::vector<int64_t>> default_value{};
   bool has_default = false;
 };
 
@@ -50,6 +55,7 @@ struct OpSchema {
   std::vector<ArgSchema> args;    // inputs of the out variant, in order (outs excluded)
   int num_outs = 1;               // out tensors appended after args
   bool out_is_list = false;       // one TensorList out (split_with_sizes_copy)
+  uint16_t op = 0;                // its row in the operator table (kiln::ops::OpId)
 };
 
 // Schema for `target`, or nullptr if kiln cannot emit it.

@@ -20,6 +20,7 @@
 #include "kiln/runtime/evalue.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -46,16 +47,24 @@ class KernelContext {
 
 using KernelFn = void (*)(KernelContext& ctx, std::span<EValue*> args);
 
+// One registered kernel: the operator-table row it implements (kiln::ops::OpId,
+// src/ops/aten_ops.def), its boxed entry point, and the schema types of its C++
+// parameters (src/kernels/util/register.h), checked against the schema when the
+// registry starts. A kernel written against the raw args has no params (-1).
 struct KernelEntry {
-  const char* name;      // "aten::add"
-  const char* overload;  // "out"
+  uint16_t op;
   KernelFn fn;
+  const uint8_t* params;
+  int num_params;
 };
 
-// Finds the kernel for `name`.`overload`; nullptr if kiln has none.
+// Finds the kernel for `name`.`overload` ("aten::add", "out"); nullptr if kiln has none.
 KernelFn find_kernel(std::string_view name, std::string_view overload);
 
-// Every registered kernel (for `kiln inspect`, tests and error hints).
-std::span<const KernelEntry> registered_kernels();
+// Every registered kernel (for tests and error hints), in operator-table order.
+std::span<const KernelEntry* const> registered_kernels();
+
+// The qualified name of an entry's operator: "aten::add.out".
+std::string_view kernel_name(const KernelEntry& entry);
 
 }  // namespace kiln::rt

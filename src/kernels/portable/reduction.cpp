@@ -2,8 +2,7 @@
 // argmax, any, cumsum. Accumulation happens in double for floating dtypes
 // (int64 for integers), values are converted chunk by chunk into stack buffers
 // (no heap), and the dtype rules follow torch's out= variants.
-#include "kernel_tables.h"
-#include "kernel_util.h"
+#include "util/register.h"
 #include "kiln/cpu/math.h"
 
 #include <cmath>
@@ -709,23 +708,20 @@ void cumsum(KernelContext& ctx, std::span<EValue*> args) {
 
 #undef KILN_NARGS
 
-const KernelEntry kReduction[] = {
-    {"aten::_softmax", "out", softmax<false>},
-    {"aten::_log_softmax", "out", softmax<true>},
-    {"aten::native_layer_norm", "out", layer_norm},
-    {"aten::sum", "IntList_out", sum_mean<false>},
-    {"aten::mean", "out", sum_mean<true>},
-    {"aten::amax", "out", amax_amin<true>},
-    {"aten::amin", "out", amax_amin<false>},
-    {"aten::argmax", "out", argmax},
-    {"aten::any", "out", any_dim},
-    {"aten::any", "dims_out", any_dims},
-    {"aten::any", "all_out", any_all},
-    {"aten::cumsum", "out", cumsum},
-};
 
 }  // namespace
 
-std::span<const KernelEntry> reduction_kernels() { return kReduction; }
+KILN_BOXED_KERNEL(softmax_out, softmax<false>);
+KILN_BOXED_KERNEL(log_softmax_out, softmax<true>);
+KILN_BOXED_KERNEL(native_layer_norm_out, layer_norm);
+KILN_BOXED_KERNEL(sum_IntList_out, sum_mean<false>);
+KILN_BOXED_KERNEL(mean_out, sum_mean<true>);
+KILN_BOXED_KERNEL(amax_out, amax_amin<true>);
+KILN_BOXED_KERNEL(amin_out, amax_amin<false>);
+KILN_BOXED_KERNEL(argmax_out, argmax);
+KILN_BOXED_KERNEL(any_out, any_dim);
+KILN_BOXED_KERNEL(any_dims_out, any_dims);
+KILN_BOXED_KERNEL(any_all_out, any_all);
+KILN_BOXED_KERNEL(cumsum_out, cumsum);
 
 }  // namespace kiln::rt::kernels

@@ -6,8 +6,8 @@
 // conversion kernels compute in a dtype. Argument schemas are the out variants'
 // (see kernel.h); each kernel checks arity, tags, dtypes, shapes and index
 // ranges and fails through the context instead of reading out of bounds.
-#include "data_movement_util.h"
-#include "kernel_tables.h"
+#include "util/strided_copy.h"
+#include "util/registration.h"
 
 #include <cmath>
 #include <cstring>
@@ -15,7 +15,178 @@
 namespace kiln::rt::kernels {
 namespace {
 
-using namespace dm;
+using Args = std::span<EValue*>;
+
+// Boxed-argument helpers (named arguments) for the kernels of this file, which still
+// take the raw EValue* args; they go when these kernels become typed (util/register.h).
+
+// ---------------------------------------------------------------------------
+// Messages
+
+struct ShapeText {
+  char buf[200];
+  explicit ShapeText(std::span<const int64_t> s) {
+    size_t n = 0;
+    buf[n++] = '[';
+    for (size_t i = 0; i < s.size() && n + 24 < sizeof(buf); ++i) {
+      int w = std::snprintf(buf + n, sizeof(buf) - n, i ? ", %lld" : "%lld", static_cast<long long>(s[i]));
+      if (w > 0) n += static_cast<size_t>(w);
+    }
+    buf[n++] = ']';
+    buf[n] = '\0';
+  }
+};
+
+
+// ---------------------------------------------------------------------------
+// Argument access. Each reports a failure and returns false/nullptr.
+
+inline bool check_arity(KernelContext& ctx, const char* op, Args args, size_t n) {
+  if (args.size() != n) {
+    ctx.fail(Status::InvalidArgument, "%s: expected %zu arguments, got %zu", op, n, args.size());
+    return false;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (args[i] == nullptr) {
+      ctx.fail(Status::InvalidArgument, "%s: argument %zu is missing", op, i);
+      return false;
+    }
+  return true;
+}
+
+// A tensor the kernel can read or write: contiguous, sane rank, data present.
+inline bool check_tensor(KernelContext& ctx, const char* op, const char* name, const Tensor* t) {
+  if (t == nullptr) {
+    ctx.fail(Status::InvalidArgument, "%s: %s is a null tensor", op, name);
+    return false;
+  }
+  if (t->dim < 0 || t->dim > kMaxDims) {
+    ctx.fail(Status::InvalidArgument, "%s: %s has invalid rank %d", op, name, t->dim);
+    return false;
+  }
+  if (!t->is_contiguous()) {
+    ctx.fail(Status::NotSupported, "%s: %s is not contiguous (only dim order identity is supported)", op, name);
+    return false;
+  }
+  if (element_size(t->dtype) <= 0) {
+    ctx.fail(Status::NotSupported, "%s: %s has unsupported dtype %d", op, name, static_cast<int>(t->dtype));
+    return false;
+  }
+  if (t->numel > 0 && t->data == nullptr) {
+    ctx.fail(Status::InvalidArgument, "%s: %s has no data", op, name);
+    return false;
+  }
+  return true;
+}
+
+inline Tensor* tensor_arg(KernelContext& ctx, const char* op, const char* name, const EValue* v) {
+  if (v->tag != EValue::Tag::Tensor) {
+    ctx.fail(Status::InvalidArgument, "%s: %s must be a tensor", op, name);
+    return nullptr;
+  }
+  Tensor* t = v->scalar.t;
+  return check_tensor(ctx, op, name, t) ? t : nullptr;
+}
+
+inline bool int_arg(KernelContext& ctx, const char* op, const char* name, const EValue* v, int64_t* out) {
+  if (v->tag != EValue::Tag::Int) {
+    ctx.fail(Status::InvalidArgument, "%s: %s must be an int", op, name);
+    return false;
+  }
+  *out = v->to_int();
+  return true;
+}
+
+// Optional int: *present false for None.
+inline bool opt_int_arg(KernelContext& ctx, const char* op, const char* name, const EValue* v, bool* present,
+                        int64_t* out) {
+  if (v->tag == EValue::Tag::None) {
+    *present = false;
+    return true;
+  }
+  *present = true;
+  return int_arg(ctx, op, name, v, out);
+}
+
+inline bool bool_arg(KernelContext& ctx, const char* op, const char* name, const EValue* v, bool* out) {
+  if (v->tag != EValue::Tag::Bool) {
+    ctx.fail(Status::InvalidArgument, "%s: %s must be a bool", op, name);
+    return false;
+  }
+  *out = v->to_bool();
+  return true;
+}
+
+inline bool int_list_arg(KernelContext& ctx, const char* op, const char* name, const EValue* v,
+                         std::span<const int64_t>* out) {
+  if (v->tag != EValue::Tag::IntList) {
+    ctx.fail(Status::InvalidArgument, "%s: %s must be an int list", op, name);
+    return false;
+  }
+  *out = v->ints;
+  return true;
+}
+
+inline bool scalar_arg(KernelContext& ctx, const char* op, const char* name, const EValue* v, Scalar* out) {
+  switch (v->tag) {
+    case EValue::Tag::Int: out->kind = Scalar::Kind::Int; out->i = v->to_int(); return true;
+    case EValue::Tag::Double: out->kind = Scalar::Kind::Double; out->d = v->to_double(); return true;
+    case EValue::Tag::Bool: out->kind = Scalar::Kind::Bool; out->b = v->to_bool(); return true;
+    default: ctx.fail(Status::InvalidArgument, "%s: %s must be a scalar (int, float or bool)", op, name); return false;
+  }
+}
+
+// A MemoryFormat? argument: None, contiguous_format (0) or preserve_format (1).
+inline bool memory_format_arg(KernelContext& ctx, const char* op, const EValue* v) {
+  if (v->tag == EValue::Tag::None) return true;
+  if (v->tag != EValue::Tag::Int) {
+    ctx.fail(Status::InvalidArgument, "%s: memory_format must be an int or None", op);
+    return false;
+  }
+  if (v->to_int() != 0 && v->to_int() != 1) {
+    ctx.fail(Status::NotSupported, "%s: memory_format %lld is not supported (contiguous outputs only)", op,
+             static_cast<long long>(v->to_int()));
+    return false;
+  }
+  return true;
+}
+
+// Wraps a possibly negative dim into [0, rank); a 0-dim tensor accepts -1 and 0 as torch does.
+inline bool wrap_dim(KernelContext& ctx, const char* op, int64_t dim, int64_t rank, int64_t* out) {
+  int64_t r = rank <= 0 ? 1 : rank;
+  if (dim < -r || dim >= r) {
+    ctx.fail(Status::InvalidArgument, "%s: dimension %lld out of range (expected to be in range of [%lld, %lld])", op,
+             static_cast<long long>(dim), static_cast<long long>(-r), static_cast<long long>(r - 1));
+    return false;
+  }
+  *out = dim < 0 ? dim + r : dim;
+  return true;
+}
+
+inline bool same_dtype(KernelContext& ctx, const char* op, const Tensor& out, ScalarType expected) {
+  if (out.dtype != expected) {
+    ctx.fail(Status::InvalidArgument, "%s: out has dtype %s, expected %s", op, dtype_str(out.dtype),
+             dtype_str(expected));
+    return false;
+  }
+  return true;
+}
+
+// Makes `out` the result shape: as planned, or resized within its capacity.
+inline bool prepare_out(KernelContext& ctx, const char* op, Tensor& out, std::span<const int64_t> shape) {
+  if (out.same_shape(shape)) return true;
+  if (resize_tensor(out, shape) == Status::Ok) {
+    if (out.numel > 0 && out.data == nullptr) {
+      ctx.fail(Status::InvalidArgument, "%s: out has no data", op);
+      return false;
+    }
+    return true;
+  }
+  ctx.fail(Status::InvalidArgument, "%s: out has shape %s but the result has shape %s, which does not fit in it", op,
+           ShapeText(out.shape()).buf, ShapeText(shape).buf);
+  return false;
+}
+
 
 // ---------------------------------------------------------------------------
 // Shared pieces
@@ -55,8 +226,8 @@ bool convert_into(KernelContext& ctx, const char* op, const Tensor& src, Tensor&
   }
   ConvertRowFn fn = convert_row_fn(out.dtype, src.dtype);
   if (fn == nullptr) {
-    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_text(src.dtype),
-             dtype_text(out.dtype));
+    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_str(src.dtype),
+             dtype_str(out.dtype));
     return false;
   }
   if (src.numel > 0)
@@ -81,8 +252,8 @@ bool copy_region(KernelContext& ctx, const char* op, Tensor& dst, int64_t dst_of
   }
   ConvertRowFn fn = convert_row_fn(dst.dtype, src.dtype);
   if (fn == nullptr) {
-    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_text(src.dtype),
-             dtype_text(dst.dtype));
+    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_str(src.dtype),
+             dtype_str(dst.dtype));
     return false;
   }
   convert_with_plan(p, d, s, fn);
@@ -125,13 +296,13 @@ void slice_bounds(int64_t size, bool has_start, int64_t start, bool has_end, int
 }
 
 bool check_value_fits(KernelContext& ctx, const char* op, const Scalar& v, ScalarType dtype) {
-  if (!is_computable_dtype(dtype)) {
-    ctx.fail(Status::NotSupported, "%s: dtype %s is not supported", op, dtype_text(dtype));
+  if (!is_supported_dtype(dtype)) {
+    ctx.fail(Status::NotSupported, "%s: dtype %s is not supported", op, dtype_str(dtype));
     return false;
   }
   if (!scalar_fits(v, dtype)) {
     ctx.fail(Status::InvalidArgument, "%s: value cannot be converted to type %s without overflow", op,
-             dtype_text(dtype));
+             dtype_str(dtype));
     return false;
   }
   return true;
@@ -766,9 +937,9 @@ void cat_out(KernelContext& ctx, Args args) {
                ShapeText(ref->shape()).buf);
       return;
     }
-    if (!can_cast(t->dtype, out->dtype) || (t->dtype != out->dtype && !is_computable_dtype(t->dtype))) {
+    if (!can_cast(t->dtype, out->dtype) || (t->dtype != out->dtype && !is_supported_dtype(t->dtype))) {
       ctx.fail(Status::InvalidArgument, "%s: input dtype %s can't be cast to the out dtype %s", op,
-               dtype_text(t->dtype), dtype_text(out->dtype));
+               dtype_str(t->dtype), dtype_str(out->dtype));
       return;
     }
     shape[dim] += t->sizes[dim];
@@ -793,8 +964,8 @@ void cat_out(KernelContext& ctx, Args args) {
       } else {
         ConvertRowFn fn = convert_row_fn(out->dtype, t->dtype);
         if (fn == nullptr) {
-          ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_text(t->dtype),
-                   dtype_text(out->dtype));
+          ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_str(t->dtype),
+                   dtype_str(out->dtype));
           return;
         }
         fn(dst + dst_pos * oes, src, chunk, oes, tes);
@@ -1002,7 +1173,7 @@ bool build_index_plan(KernelContext& ctx, const char* op, const Tensor& self, co
       s.self_stride = st[d];
     } else {
       ctx.fail(Status::InvalidArgument, "%s: tensors used as indices must be long, int, byte or bool tensors, got %s",
-               op, dtype_text(t->dtype));
+               op, dtype_str(t->dtype));
       return false;
     }
     for (int c = 0; c < s.span; ++c) indexed[d + c] = true;
@@ -1214,14 +1385,14 @@ void index_put_out(KernelContext& ctx, Args args) {
     return;
   if (values->dtype != self->dtype) {
     ctx.fail(Status::InvalidArgument, "%s: index put requires the source and destination dtypes match, got %s for "
-             "the destination and %s for the source", op, dtype_text(self->dtype), dtype_text(values->dtype));
+             "the destination and %s for the source", op, dtype_str(self->dtype), dtype_str(values->dtype));
     return;
   }
   ConvertRowFn add = nullptr;
   if (accumulate) {
-    visit_dtype(self->dtype, [&](auto tag) { add = &add_row<typename decltype(tag)::type>; });
+    dispatch(self->dtype, [&](auto tag) { add = &add_row<typename decltype(tag)::type>; });
     if (add == nullptr) {
-      ctx.fail(Status::NotSupported, "%s: accumulate is not supported for %s", op, dtype_text(self->dtype));
+      ctx.fail(Status::NotSupported, "%s: accumulate is not supported for %s", op, dtype_str(self->dtype));
       return;
     }
   }
@@ -1496,8 +1667,8 @@ void fill_tensor_out(KernelContext& ctx, Args args) {
   }
   ConvertRowFn fn = convert_row_fn(out->dtype, value->dtype);
   if (fn == nullptr) {
-    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_text(value->dtype),
-             dtype_text(out->dtype));
+    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_str(value->dtype),
+             dtype_str(out->dtype));
     return;
   }
   if (!prepare_out(ctx, op, *out, self->shape())) return;
@@ -1526,8 +1697,8 @@ bool scalar_to_int64(const Scalar& s, int64_t* v) {
 void arange_into(KernelContext& ctx, const char* op, const Scalar& start, const Scalar& end, const Scalar& step,
                  Tensor& out) {
   const ScalarType dt = out.dtype;
-  if (dt == ScalarType::Bool || !is_computable_dtype(dt)) {
-    ctx.fail(Status::NotSupported, "%s: arange is not implemented for %s", op, dtype_text(dt));
+  if (dt == ScalarType::Bool || !is_supported_dtype(dt)) {
+    ctx.fail(Status::NotSupported, "%s: arange is not implemented for %s", op, dtype_str(dt));
     return;
   }
   const double ds = start.as_double(), de = end.as_double(), dst = step.as_double();
@@ -1535,7 +1706,7 @@ void arange_into(KernelContext& ctx, const char* op, const Scalar& start, const 
     ctx.fail(Status::InvalidArgument, "%s: unsupported range %g -> %g step %g", op, ds, de, dst);
     return;
   }
-  const bool integral = !is_floating_dtype(dt);
+  const bool integral = !is_floating(dt);
   int64_t is = 0, ie = 0, istep = 0;
   if (integral && (!scalar_to_int64(start, &is) || !scalar_to_int64(end, &ie) || !scalar_to_int64(step, &istep))) {
     ctx.fail(Status::InvalidArgument, "%s: range does not fit in int64", op);
@@ -1581,7 +1752,7 @@ void arange_into(KernelContext& ctx, const char* op, const Scalar& start, const 
   const int64_t shape[1] = {static_cast<int64_t>(size_d)};
   if (!prepare_out(ctx, op, out, shape)) return;
   const int64_t n = shape[0];
-  visit_dtype(dt, [&](auto tag) {
+  dispatch(dt, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* p = out.data_as<T>();
     if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
@@ -1677,49 +1848,46 @@ void constant_pad_nd_out(KernelContext& ctx, Args args) {
   copy_region(ctx, op, *out, doff, dstd, *self, soff, sst, n, sizes);
 }
 
-const KernelEntry kTable[] = {
-    {"aten::view_copy", "out", view_copy_out},
-    {"aten::alias_copy", "out", alias_copy_out},
-    {"aten::clone", "out", clone_out},
-    {"aten::_to_copy", "out", to_copy_out},
-    {"dim_order_ops::_clone_dim_order", "out", clone_dim_order_out},
-    {"dim_order_ops::_to_dim_order_copy", "out", to_dim_order_copy_out},
-    {"aten::copy", "out", copy_out},
-    {"aten::permute_copy", "out", permute_copy_out},
-    {"aten::transpose_copy", "int_out", transpose_copy_out},
-    {"aten::expand_copy", "out", expand_copy_out},
-    {"aten::unsqueeze_copy", "out", unsqueeze_copy_out},
-    {"aten::squeeze_copy", "dims_out", squeeze_copy_dims_out},
-    {"aten::squeeze_copy", "dim_out", squeeze_copy_dim_out},
-    {"aten::squeeze_copy", "out", squeeze_copy_out},
-    {"aten::slice_copy", "Tensor_out", slice_copy_out},
-    {"aten::select_copy", "int_out", select_copy_out},
-    {"aten::slice_scatter", "out", slice_scatter_out},
-    {"aten::select_scatter", "out", select_scatter_out},
-    {"aten::flip", "out", flip_out},
-    {"aten::repeat", "out", repeat_out},
-    {"aten::tril", "out", triangle_out<true>},
-    {"aten::triu", "out", triangle_out<false>},
-    {"aten::cat", "out", cat_out},
-    {"aten::split_with_sizes_copy", "out", split_with_sizes_copy_out},
-    {"aten::split_copy", "Tensor_out", split_copy_out},
-    {"aten::index", "Tensor_out", index_tensor_out},
-    {"aten::index_put", "out", index_put_out},
-    {"aten::index_select", "out", index_select_out},
-    {"aten::gather", "out", gather_out},
-    {"aten::embedding", "out", embedding_out},
-    {"aten::full", "out", full_out},
-    {"aten::full_like", "out", full_like_out},
-    {"aten::scalar_tensor", "out", scalar_tensor_out},
-    {"aten::fill", "Scalar_out", fill_scalar_out},
-    {"aten::fill", "Tensor_out", fill_tensor_out},
-    {"aten::arange", "out", arange_out},
-    {"aten::arange", "start_out", arange_start_out},
-    {"aten::constant_pad_nd", "out", constant_pad_nd_out},
-};
 
 }  // namespace
 
-std::span<const KernelEntry> data_movement_kernels() { return kTable; }
+KILN_BOXED_KERNEL(view_copy_out, view_copy_out);
+KILN_BOXED_KERNEL(alias_copy_out, alias_copy_out);
+KILN_BOXED_KERNEL(clone_out, clone_out);
+KILN_BOXED_KERNEL(to_copy_out, to_copy_out);
+KILN_BOXED_KERNEL(dim_order_clone_dim_order_out, clone_dim_order_out);
+KILN_BOXED_KERNEL(dim_order_to_dim_order_copy_out, to_dim_order_copy_out);
+KILN_BOXED_KERNEL(copy_out, copy_out);
+KILN_BOXED_KERNEL(permute_copy_out, permute_copy_out);
+KILN_BOXED_KERNEL(transpose_copy_int_out, transpose_copy_out);
+KILN_BOXED_KERNEL(expand_copy_out, expand_copy_out);
+KILN_BOXED_KERNEL(unsqueeze_copy_out, unsqueeze_copy_out);
+KILN_BOXED_KERNEL(squeeze_copy_dims_out, squeeze_copy_dims_out);
+KILN_BOXED_KERNEL(squeeze_copy_dim_out, squeeze_copy_dim_out);
+KILN_BOXED_KERNEL(squeeze_copy_out, squeeze_copy_out);
+KILN_BOXED_KERNEL(slice_copy_Tensor_out, slice_copy_out);
+KILN_BOXED_KERNEL(select_copy_int_out, select_copy_out);
+KILN_BOXED_KERNEL(slice_scatter_out, slice_scatter_out);
+KILN_BOXED_KERNEL(select_scatter_out, select_scatter_out);
+KILN_BOXED_KERNEL(flip_out, flip_out);
+KILN_BOXED_KERNEL(repeat_out, repeat_out);
+KILN_BOXED_KERNEL(tril_out, triangle_out<true>);
+KILN_BOXED_KERNEL(triu_out, triangle_out<false>);
+KILN_BOXED_KERNEL(cat_out, cat_out);
+KILN_BOXED_KERNEL(split_with_sizes_copy_out, split_with_sizes_copy_out);
+KILN_BOXED_KERNEL(split_copy_Tensor_out, split_copy_out);
+KILN_BOXED_KERNEL(index_Tensor_out, index_tensor_out);
+KILN_BOXED_KERNEL(index_put_out, index_put_out);
+KILN_BOXED_KERNEL(index_select_out, index_select_out);
+KILN_BOXED_KERNEL(gather_out, gather_out);
+KILN_BOXED_KERNEL(embedding_out, embedding_out);
+KILN_BOXED_KERNEL(full_out, full_out);
+KILN_BOXED_KERNEL(full_like_out, full_like_out);
+KILN_BOXED_KERNEL(scalar_tensor_out, scalar_tensor_out);
+KILN_BOXED_KERNEL(fill_Scalar_out, fill_scalar_out);
+KILN_BOXED_KERNEL(fill_Tensor_out, fill_tensor_out);
+KILN_BOXED_KERNEL(arange_out, arange_out);
+KILN_BOXED_KERNEL(arange_start_out, arange_start_out);
+KILN_BOXED_KERNEL(constant_pad_nd_out, constant_pad_nd_out);
 
 }  // namespace kiln::rt::kernels

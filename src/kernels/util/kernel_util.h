@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string_view>
 #include <tuple>
@@ -67,8 +68,15 @@ inline constexpr bool is_int_v = std::is_integral_v<T> && !std::is_same_v<T, boo
 template <typename T>
 using compute_t = std::conditional_t<is_reduced_float_v<T>, float, T>;
 
+// Truncation toward zero; NaN and values outside int64 give INT64_MIN (what
+// x86's conversion instruction gives) instead of undefined behaviour.
+inline int64_t float_to_int64(double v) {
+  if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0)) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(v);
+}
+
 // Value conversion between any two storage/compute types, as a C++ static_cast
-// would do it (bool: != 0; floats to ints truncate), with Half/BFloat16 through float.
+// would do it (bool: != 0; floats to ints truncate, through int64), with Half/BFloat16 through float.
 template <typename To, typename From>
 inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
@@ -83,6 +91,8 @@ inline To convert(From v) {
     return BFloat16{float_to_bf16_bits(static_cast<float>(v))};
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
+  } else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To>) {
+    return static_cast<To>(float_to_int64(static_cast<double>(v)));  // via int64, defined for any value
   } else {
     return static_cast<To>(v);
   }
@@ -365,6 +375,19 @@ struct TensorOrScalar {
   } storage = {0.0};
 
   const Tensor& t() const { return *tensor; }
+  // Makes this the wrapped number `s` (a 0-dim tensor over `storage`).
+  void set_scalar(const Scalar& s) {
+    scalar = s;
+    is_scalar = true;
+    ScalarType dt = ScalarType::Bool;
+    switch (s.kind) {
+      case Scalar::Kind::Double: storage.d = s.d; dt = ScalarType::Double; break;
+      case Scalar::Kind::Int: storage.i = s.i; dt = ScalarType::Long; break;
+      case Scalar::Kind::Bool: storage.b = s.b; break;
+    }
+    make_contiguous_tensor(wrapped, dt, {}, &storage, sizeof(storage));
+    tensor = &wrapped;
+  }
   void add_to(ResultType& rt) const {
     if (is_scalar) rt.add(scalar);
     else rt.add(*tensor);
@@ -375,16 +398,9 @@ inline bool tensor_or_scalar_arg(KernelContext& ctx, std::span<EValue*> args, si
                                  TensorOrScalar* out) {
   const EValue* v = args[i];
   if (v != nullptr && (v->tag == EValue::Tag::Int || v->tag == EValue::Tag::Double || v->tag == EValue::Tag::Bool)) {
-    scalar_arg(ctx, args, i, op, &out->scalar);
-    out->is_scalar = true;
-    ScalarType dt = ScalarType::Bool;
-    switch (out->scalar.kind) {
-      case Scalar::Kind::Double: out->storage.d = out->scalar.d; dt = ScalarType::Double; break;
-      case Scalar::Kind::Int: out->storage.i = out->scalar.i; dt = ScalarType::Long; break;
-      case Scalar::Kind::Bool: out->storage.b = out->scalar.b; break;
-    }
-    make_contiguous_tensor(out->wrapped, dt, {}, &out->storage, sizeof(out->storage));
-    out->tensor = &out->wrapped;
+    Scalar sc;
+    scalar_arg(ctx, args, i, op, &sc);
+    out->set_scalar(sc);
     return true;
   }
   out->tensor = tensor_arg(ctx, args, i, op);

@@ -2,8 +2,7 @@
 // other dtypes use a straightforward blocked loop (float accumulation for
 // float16/bfloat16, wrapping integer arithmetic for integers).
 #include "kiln/cpu/gemm.h"
-#include "kernel_tables.h"
-#include "kernel_util.h"
+#include "util/register.h"
 
 #include <cstring>
 #include <type_traits>
@@ -86,17 +85,11 @@ bool check_rank(KernelContext& ctx, const Tensor& t, int32_t rank, const char* w
   return false;
 }
 
-#define KILN_NARGS(n, name) \
-  if (!check_nargs(ctx, args, n, name)) return
-
 // mm.out: (self [m,k], mat2 [k,n], out [m,n])
-void mm(KernelContext& ctx, std::span<EValue*> args) {
+void mm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor& out_t) {
   const char* name = "aten::mm.out";
-  KILN_NARGS(3, name);
-  Tensor* a = tensor_arg(ctx, args, 0, name);
-  Tensor* b = a ? tensor_arg(ctx, args, 1, name) : nullptr;
-  Tensor* out = b ? tensor_arg(ctx, args, 2, name) : nullptr;
-  if (out == nullptr) return;
+  const Tensor *a = &self, *b = &mat2;
+  Tensor* out = &out_t;
   if (!check_rank(ctx, *a, 2, "self", name) || !check_rank(ctx, *b, 2, "mat2", name)) return;
   const int64_t m = a->sizes[0], k = a->sizes[1], n = b->sizes[1];
   if (!check_matmul_dtypes(ctx, *a, *b, *out, name, m * k * n == 0)) return;
@@ -121,13 +114,10 @@ void mm(KernelContext& ctx, std::span<EValue*> args) {
 }
 
 // bmm.out: (self [b,m,k], mat2 [b,k,n], out [b,m,n])
-void bmm(KernelContext& ctx, std::span<EValue*> args) {
+void bmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor& out_t) {
   const char* name = "aten::bmm.out";
-  KILN_NARGS(3, name);
-  Tensor* a = tensor_arg(ctx, args, 0, name);
-  Tensor* b = a ? tensor_arg(ctx, args, 1, name) : nullptr;
-  Tensor* out = b ? tensor_arg(ctx, args, 2, name) : nullptr;
-  if (out == nullptr) return;
+  const Tensor *a = &self, *b = &mat2;
+  Tensor* out = &out_t;
   if (!check_rank(ctx, *a, 3, "self", name) || !check_rank(ctx, *b, 3, "mat2", name)) return;
   const int64_t batch = a->sizes[0], m = a->sizes[1], k = a->sizes[2], n = b->sizes[2];
   if (!check_matmul_dtypes(ctx, *a, *b, *out, name, batch * m * k * n == 0)) return;
@@ -155,16 +145,11 @@ void bmm(KernelContext& ctx, std::span<EValue*> args) {
 }
 
 // addmm.out: (self (broadcastable to [m,n]), mat1 [m,k], mat2 [k,n], Scalar beta, Scalar alpha, out [m,n])
-void addmm(KernelContext& ctx, std::span<EValue*> args) {
+void addmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat1, const Tensor& mat2, Scalar beta,
+               Scalar alpha, Tensor& out_t) {
   const char* name = "aten::addmm.out";
-  KILN_NARGS(6, name);
-  Tensor* bias = tensor_arg(ctx, args, 0, name);
-  Tensor* a = bias ? tensor_arg(ctx, args, 1, name) : nullptr;
-  Tensor* b = a ? tensor_arg(ctx, args, 2, name) : nullptr;
-  Tensor* out = b ? tensor_arg(ctx, args, 5, name) : nullptr;
-  if (out == nullptr) return;
-  Scalar beta, alpha;
-  if (!scalar_arg(ctx, args, 3, name, &beta) || !scalar_arg(ctx, args, 4, name, &alpha)) return;
+  const Tensor *bias = &self, *a = &mat1, *b = &mat2;
+  Tensor* out = &out_t;
   if (!check_rank(ctx, *a, 2, "mat1", name) || !check_rank(ctx, *b, 2, "mat2", name)) return;
   if (!check_matmul_dtypes(ctx, *a, *b, *out, name)) return;
   if (bias->dtype != a->dtype) {
@@ -204,16 +189,11 @@ void addmm(KernelContext& ctx, std::span<EValue*> args) {
   });
 }
 
-#undef KILN_NARGS
-
-const KernelEntry kLinalg[] = {
-    {"aten::mm", "out", mm},
-    {"aten::bmm", "out", bmm},
-    {"aten::addmm", "out", addmm},
-};
 
 }  // namespace
 
-std::span<const KernelEntry> linear_algebra_kernels() { return kLinalg; }
+KILN_KERNEL(mm_out, mm_out);
+KILN_KERNEL(bmm_out, bmm_out);
+KILN_KERNEL(addmm_out, addmm_out);
 
 }  // namespace kiln::rt::kernels

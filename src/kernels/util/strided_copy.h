@@ -1,0 +1,312 @@
+// Strided copies and fills for the kernels that move data: a copy engine over
+// any strides (contiguous runs become memcpy, transposes go by tiles), typed row
+// conversion between dtypes, scalar-to-element stores with torch's overflow check.
+// Dtypes, Scalar and conversions are util/kernel_util.h's. Nothing here allocates.
+#pragma once
+
+#include "util/kernel_util.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+namespace kiln::rt::kernels {
+
+// Converts n elements; steps are in bytes between consecutive elements.
+using ConvertRowFn = void (*)(char* dst, const char* src, int64_t n, int64_t dst_step, int64_t src_step);
+
+template <typename D, typename S>
+void convert_row(char* dst, const char* src, int64_t n, int64_t dst_step, int64_t src_step) {
+  if (dst_step == static_cast<int64_t>(sizeof(D)) && src_step == static_cast<int64_t>(sizeof(S))) {
+    for (int64_t i = 0; i < n; ++i) {
+      S s;
+      std::memcpy(&s, src + i * static_cast<int64_t>(sizeof(S)), sizeof(S));
+      D d = convert<D>(s);
+      std::memcpy(dst + i * static_cast<int64_t>(sizeof(D)), &d, sizeof(D));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    S s;
+    std::memcpy(&s, src + i * src_step, sizeof(S));
+    D d = convert<D>(s);
+    std::memcpy(dst + i * dst_step, &d, sizeof(D));
+  }
+}
+
+// nullptr if either dtype is not computable.
+inline ConvertRowFn convert_row_fn(ScalarType dst, ScalarType src) {
+  ConvertRowFn fn = nullptr;
+  dispatch(dst, [&](auto dt) {
+    dispatch(src, [&](auto st) { fn = &convert_row<typename decltype(dt)::type, typename decltype(st)::type>; });
+  });
+  return fn;
+}
+
+// ---------------------------------------------------------------------------
+// Scalars as elements
+
+// Writes `s` as one element of `dtype` at dst; false if dtype is not computable.
+inline bool scalar_to_element(const Scalar& s, ScalarType dtype, void* dst) {
+  return dispatch(dtype, [&](auto tag) {
+    using D = typename decltype(tag)::type;
+    D v;
+    switch (s.kind) {
+      case Scalar::Kind::Int: v = convert<D>(s.i); break;
+      case Scalar::Kind::Double: v = convert<D>(s.d); break;
+      default: v = convert<D>(s.b); break;
+    }
+    std::memcpy(dst, &v, sizeof(D));
+  });
+}
+
+// torch's overflow check when a Scalar becomes an element of `dtype`
+// (c10::checked_convert): true when the value fits.
+inline bool scalar_fits(const Scalar& s, ScalarType dtype) {
+  if (s.kind == Scalar::Kind::Bool || dtype == ScalarType::Bool) return true;
+  double lo = 0, hi = 0;
+  switch (dtype) {
+    case ScalarType::Byte: lo = 0; hi = 255; break;
+    case ScalarType::Char: lo = -128; hi = 127; break;
+    case ScalarType::Short: lo = -32768; hi = 32767; break;
+    case ScalarType::Int: lo = -2147483648.0; hi = 2147483647.0; break;
+    case ScalarType::Long:
+      if (s.kind == Scalar::Kind::Int) return true;
+      return s.d >= -9223372036854775808.0 && s.d < 9223372036854775808.0;
+    case ScalarType::Half: lo = -65504.0; hi = 65504.0; break;
+    case ScalarType::BFloat16: lo = -3.3895313892515355e38; hi = 3.3895313892515355e38; break;
+    case ScalarType::Float:
+      lo = -static_cast<double>(std::numeric_limits<float>::max());
+      hi = static_cast<double>(std::numeric_limits<float>::max());
+      break;
+    case ScalarType::Double: return true;
+    default: return false;
+  }
+  if (s.kind == Scalar::Kind::Int) {
+    // unsigned targets accept negatives down to -max (c10's rule, e.g. -1 -> 255)
+    if (dtype == ScalarType::Byte) return s.i >= -255 && s.i <= 255;
+    double v = static_cast<double>(s.i);
+    return v >= lo && v <= hi;
+  }
+  if (std::isinf(s.d)) return is_floating(dtype);
+  if (std::isnan(s.d)) return is_floating(dtype);
+  return s.d >= lo && s.d <= hi;
+}
+
+inline int64_t product(std::span<const int64_t> s) {
+  int64_t p = 1;
+  for (int64_t v : s) p *= v;
+  return p;
+}
+
+// Contiguous (row-major) strides of a shape, in elements.
+inline void contiguous_strides(int ndim, const int64_t* sizes, int64_t* strides) {
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= sizes[d] == 0 ? 1 : sizes[d];
+  }
+}
+
+// Reads element i of an int64 or int32 index tensor.
+inline int64_t read_index(const Tensor& t, int64_t i) {
+  return t.dtype == ScalarType::Long ? t.data_as<const int64_t>()[i] : t.data_as<const int32_t>()[i];
+}
+
+inline bool check_index_dtype(KernelContext& ctx, const char* op, const char* name, const Tensor& t) {
+  if (t.dtype != ScalarType::Long && t.dtype != ScalarType::Int) {
+    ctx.fail(Status::InvalidArgument, "%s: %s must be an int64 or int32 tensor, got %s", op, name,
+             dtype_str(t.dtype));
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Fills
+
+// n copies of the element at `elem` (es bytes) at dst.
+inline void fill_elements(void* dst, int64_t n, const void* elem, int es) {
+  if (n <= 0) return;
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* e = static_cast<const unsigned char*>(elem);
+  bool uniform = true;
+  for (int i = 1; i < es; ++i) uniform = uniform && e[i] == e[0];
+  const size_t total = static_cast<size_t>(n) * static_cast<size_t>(es);
+  if (uniform) {
+    std::memset(d, e[0], total);
+    return;
+  }
+  std::memcpy(d, e, static_cast<size_t>(es));
+  size_t done = static_cast<size_t>(es);
+  while (done < total) {
+    size_t chunk = done < total - done ? done : total - done;
+    std::memcpy(d + done, d, chunk);
+    done += chunk;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Strided copy engine: dst[i...] = src[i...] over an n-d index space, each side
+// with its own strides. Dims of size 1 are dropped and dims contiguous on both
+// sides merged, so contiguous runs become single memcpy calls.
+
+constexpr int kMaxPlanDims = 2 * kMaxDims;
+
+struct StridedPlan {
+  int ndim = 0;
+  bool empty = false;
+  int64_t sizes[kMaxPlanDims];
+  int64_t dst_step[kMaxPlanDims];  // bytes
+  int64_t src_step[kMaxPlanDims];  // bytes
+};
+
+// Dims outer to inner; strides in elements of each side's element size.
+inline void plan_strided(StridedPlan& p, int ndim, const int64_t* sizes, const int64_t* dst_strides,
+                         int64_t dst_elem, const int64_t* src_strides, int64_t src_elem) {
+  p.ndim = 0;
+  p.empty = false;
+  for (int d = 0; d < ndim; ++d) {
+    if (sizes[d] == 0) {
+      p.empty = true;
+      return;
+    }
+    if (sizes[d] == 1) continue;
+    const int64_t ds = dst_strides[d] * dst_elem, ss = src_strides[d] * src_elem;
+    if (p.ndim > 0) {
+      const int k = p.ndim - 1;
+      if (p.dst_step[k] == ds * sizes[d] && p.src_step[k] == ss * sizes[d]) {
+        p.sizes[k] *= sizes[d];
+        p.dst_step[k] = ds;
+        p.src_step[k] = ss;
+        continue;
+      }
+    }
+    p.sizes[p.ndim] = sizes[d];
+    p.dst_step[p.ndim] = ds;
+    p.src_step[p.ndim] = ss;
+    ++p.ndim;
+  }
+  if (p.ndim == 0) {
+    p.ndim = 1;
+    p.sizes[0] = 1;
+    p.dst_step[0] = dst_elem;
+    p.src_step[0] = src_elem;
+  }
+}
+
+// Calls block(dst_offset, src_offset) (bytes) for every index of dims [0, outer).
+template <typename Block>
+void for_each_outer(const StridedPlan& p, int outer, Block&& block) {
+  int64_t idx[kMaxPlanDims] = {};
+  int64_t doff = 0, soff = 0;
+  for (;;) {
+    block(doff, soff);
+    int d = outer - 1;
+    for (; d >= 0; --d) {
+      doff += p.dst_step[d];
+      soff += p.src_step[d];
+      if (++idx[d] < p.sizes[d]) break;
+      idx[d] = 0;
+      doff -= p.dst_step[d] * p.sizes[d];
+      soff -= p.src_step[d] * p.sizes[d];
+    }
+    if (d < 0) return;
+  }
+}
+
+template <size_t E>
+void copy_row(char* dst, const char* src, int64_t n, int64_t ds, int64_t ss) {
+  constexpr auto e = static_cast<int64_t>(E);
+  if (ds == e && ss == e) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * E);
+  } else if (ss == 0 && ds == e) {
+    fill_elements(dst, n, src, static_cast<int>(E));
+  } else {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * ds, src + i * ss, E);
+  }
+}
+
+template <size_t E>
+void copy_tile(char* dst, const char* src, int64_t rows, int64_t cols, int64_t d_row, int64_t s_row, int64_t d_col,
+               int64_t s_col) {
+  constexpr int64_t kTile = 16;  // small enough that power-of-two strides do not thrash L1
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t r1 = r0 + kTile < rows ? r0 + kTile : rows;
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t c1 = c0 + kTile < cols ? c0 + kTile : cols;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = c0; c < c1; ++c) std::memcpy(dst + r * d_row + c * d_col, src + r * s_row + c * s_col, E);
+    }
+  }
+}
+
+template <size_t E>
+void run_copy_plan(StridedPlan& p, char* dst, const char* src) {
+  constexpr auto e = static_cast<int64_t>(E);
+  const int last = p.ndim - 1;
+  // A transpose-like copy (dst contiguous along `last`, src contiguous along
+  // another dim): move that dim next to `last` and copy 2-d tiles.
+  if (p.ndim >= 2 && p.dst_step[last] == e && p.src_step[last] != e && p.sizes[last] >= 8) {
+    int j = -1;
+    for (int d = 0; d < last; ++d)
+      if (p.src_step[d] == e && p.sizes[d] >= 8) j = d;
+    if (j >= 0) {
+      const int k = last - 1;
+      std::swap(p.sizes[j], p.sizes[k]);
+      std::swap(p.dst_step[j], p.dst_step[k]);
+      std::swap(p.src_step[j], p.src_step[k]);
+      const int64_t rows = p.sizes[k], cols = p.sizes[last];
+      const int64_t d_row = p.dst_step[k], s_row = p.src_step[k], s_col = p.src_step[last];
+      for_each_outer(p, k, [&](int64_t doff, int64_t soff) {
+        copy_tile<E>(dst + doff, src + soff, rows, cols, d_row, s_row, e, s_col);
+      });
+      return;
+    }
+  }
+  const int64_t n = p.sizes[last], ds = p.dst_step[last], ss = p.src_step[last];
+  for_each_outer(p, last, [&](int64_t doff, int64_t soff) { copy_row<E>(dst + doff, src + soff, n, ds, ss); });
+}
+
+// Copies (same dtype, element size es) according to the plan.
+inline void copy_with_plan(StridedPlan& p, void* dst, const void* src, int es) {
+  if (p.empty) return;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  switch (es) {
+    case 1: run_copy_plan<1>(p, d, s); break;
+    case 2: run_copy_plan<2>(p, d, s); break;
+    case 4: run_copy_plan<4>(p, d, s); break;
+    case 8: run_copy_plan<8>(p, d, s); break;
+    default: run_copy_plan<16>(p, d, s); break;
+  }
+}
+
+// Converts (any computable dtypes) according to the plan.
+inline void convert_with_plan(const StridedPlan& p, void* dst, const void* src, ConvertRowFn fn) {
+  if (p.empty) return;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  const int last = p.ndim - 1;
+  const int64_t n = p.sizes[last], ds = p.dst_step[last], ss = p.src_step[last];
+  for_each_outer(p, last, [&](int64_t doff, int64_t soff) { fn(d + doff, s + soff, n, ds, ss); });
+}
+
+// Reads a strided view of `src` (sizes/strides in elements, starting `offset`
+// elements in) into contiguous dst of the same dtype.
+inline void gather_view(void* dst, const Tensor& src, int ndim, const int64_t* sizes, const int64_t* strides,
+                        int64_t offset) {
+  int64_t dst_strides[kMaxPlanDims];
+  contiguous_strides(ndim, sizes, dst_strides);
+  StridedPlan p;
+  const int es = element_size(src.dtype);
+  plan_strided(p, ndim, sizes, dst_strides, es, strides, es);
+  copy_with_plan(p, dst, static_cast<const char*>(src.data) + offset * es, es);
+}
+
+}  // namespace kiln::rt::kernels
