@@ -50,7 +50,11 @@ int run_bench(const BenchOptions& o) {
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
   if (!program.ok()) fail("{}: {}", o.file, err.c_str());
-  auto method = program->load_method(o.method.c_str(), &err);
+  rt::MethodOptions mo;
+  mo.backend.threads = static_cast<size_t>(o.threads);
+  mo.backend.engine = o.engine.c_str();
+  mo.backend.profiling_detail = o.profile;
+  auto method = program->load_method(o.method.c_str(), mo, &err);
   if (!method.ok()) fail("{}: method '{}': {}", o.file, o.method, err.c_str());
   auto t1 = Clock::now();
   rt::Method& m = method.value();

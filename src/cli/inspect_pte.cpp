@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "kiln/core/dtype.h"
 #include "kiln/core/error.h"
+#include "kiln/fb/kiln_program_generated.h"
 #include "kiln/runtime/pte_file.h"
 
 #include <fmt/format.h>

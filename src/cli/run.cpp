@@ -53,7 +53,10 @@ int run_run(const RunOptions& o) {
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
   if (!program.ok()) fail("{}: {} ({})", o.file, err.c_str(), rt::status_name(program.status()));
-  auto method = program->load_method(o.method.c_str(), &err);
+  rt::MethodOptions mo;
+  mo.backend.threads = static_cast<size_t>(o.threads);
+  mo.backend.engine = o.engine.c_str();
+  auto method = program->load_method(o.method.c_str(), mo, &err);
   if (!method.ok()) fail("{}: method '{}': {} ({})", o.file, o.method, err.c_str(), rt::status_name(method.status()));
   double load_ms = ms_since(t0);
   rt::Method& m = method.value();

@@ -32,7 +32,7 @@ std::vector<int32_t> to_i32(const std::vector<int64_t>& v) {
 
 class Emitter {
  public:
-  Emitter(const EdgeProgram& program, std::span<const DelegatedRegion> regions, EmitReport* report)
+  Emitter(const EdgeProgram& program, std::span<const partition::DelegatedRegion> regions, EmitReport* report)
       : p_(program), regions_(regions), report_(report ? report : &local_report_) {}
 
   pte::Program run() {
@@ -455,7 +455,7 @@ class Emitter {
     }
   }
 
-  void emit_delegate_call(const DelegatedRegion& r) {
+  void emit_delegate_call(const partition::DelegatedRegion& r) {
     for (const auto& blob : r.named_data) {
       auto it = named_size_.find(blob.key);
       if (it != named_size_.end()) {
@@ -481,7 +481,7 @@ class Emitter {
   }
 
   const EdgeProgram& p_;
-  std::span<const DelegatedRegion> regions_;
+  std::span<const partition::DelegatedRegion> regions_;
   EmitReport local_report_;
   EmitReport* report_;
   pte::Program program_;
@@ -506,7 +506,7 @@ pte::Program emit_program(const passes::EdgeProgram& program, EmitReport* report
   return Emitter(program, {}, report).run();
 }
 
-pte::Program emit_program(const passes::EdgeProgram& program, std::span<const DelegatedRegion> regions,
+pte::Program emit_program(const passes::EdgeProgram& program, std::span<const partition::DelegatedRegion> regions,
                           EmitReport* report) {
   return Emitter(program, regions, report).run();
 }

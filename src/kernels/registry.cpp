@@ -10,14 +10,14 @@
 namespace kiln::rt::kernels {
 
 #define KILN_OP(id, target, schema) extern const KernelEntry kiln_kernel_##id;
-#include "ops/aten_ops.def"
+#include "kiln/ops/aten_ops.def"
 #undef KILN_OP
 
 namespace {
 
 const KernelEntry* const kEntries[ops::kNumOps] = {
 #define KILN_OP(id, target, schema) &kiln_kernel_##id,
-#include "ops/aten_ops.def"
+#include "kiln/ops/aten_ops.def"
 #undef KILN_OP
 };
 

@@ -1,4 +1,4 @@
-#include "ops/op_id.h"
+#include "kiln/ops/op_id.h"
 
 #include <array>
 
@@ -6,7 +6,7 @@ namespace kiln::ops {
 
 const OpInfo kOps[kNumOps] = {
 #define KILN_OP(id, target, schema) {#id, target, schema},
-#include "ops/aten_ops.def"
+#include "kiln/ops/aten_ops.def"
 #undef KILN_OP
 };
 
@@ -16,7 +16,7 @@ namespace {
 // other way round, does not compile).
 constexpr size_t kRows = 0
 #define KILN_OP(id, target, schema) +1
-#include "ops/aten_ops.def"
+#include "kiln/ops/aten_ops.def"
 #undef KILN_OP
     ;
 static_assert(kRows == kNumOps, "aten_ops.def: every KILN_OP line is one OpId");

@@ -1,4 +1,4 @@
-#include "ops/schema.h"
+#include "kiln/ops/schema.h"
 
 #include <cstdlib>
 

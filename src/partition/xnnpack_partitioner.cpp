@@ -70,7 +70,7 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     d.summary.named_constants += payload.stats.named_constants;
     d.summary.constant_inputs += std::count_if(r.inputs.begin(), r.inputs.end(),
                                                [&](graph::ValueId v) { return program.is_constant(v); });
-    emit::DelegatedRegion er;
+    DelegatedRegion er;
     er.backend_id = std::string(xnn::kBackendId);
     er.nodes = r.nodes;
     er.inputs = r.inputs;

@@ -2,7 +2,7 @@
 
 #include "kiln/core/error.h"
 
-#include "ops/op_id.h"
+#include "kiln/ops/op_id.h"
 
 #include <map>
 

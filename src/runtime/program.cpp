@@ -1,5 +1,8 @@
 #include "kiln/runtime/program.h"
 
+#include "kiln/fb/kiln_program_generated.h"
+#include "kiln/runtime/kernel_registry.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdarg>
@@ -182,6 +185,10 @@ Result<Program> Program::load(const char* path, ErrorMessage* error) {
 }
 
 Result<Method> Program::load_method(const char* name, ErrorMessage* error) const {
+  return load_method(name, MethodOptions{}, error);
+}
+
+Result<Method> Program::load_method(const char* name, const MethodOptions& options, ErrorMessage* error) const {
   Result<const fb::ExecutionPlan*> found = file_.plan(name, error);
   if (!found.ok()) return found.status();
   const fb::ExecutionPlan& plan = *found.value();
@@ -396,7 +403,7 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
     const fb::Operator* op = plan.operators()->Get(static_cast<flatbuffers::uoffset_t>(k));
     const char* opname = op->name() ? op->name()->c_str() : "";
     const char* overload = op->overload() ? op->overload()->c_str() : "";
-    KernelFn fn = find_kernel(opname, overload);
+    KernelFn fn = lookup_kernel(opname, overload);
     if (fn == nullptr)
       return failure(error, Status::NotFound, "operator %s.%s has no kernel in kiln's runtime", opname, overload);
     kernels.push_back(fn);
@@ -425,7 +432,8 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
                                    : std::span<const std::byte>()});
     }
     DelegateHandle h{backend, nullptr};
-    if (Status s = backend->init(file_, payload.value(), specs, &h.state, error); s != Status::Ok) return s;
+    const BackendInitContext ctx{file_, payload.value(), specs, options.backend};
+    if (Status s = backend->init(ctx, &h.state, error); s != Status::Ok) return s;
     m.delegates_.push_back(h);
     m.delegate_labels_.push_back(id);
   }
@@ -532,6 +540,7 @@ Result<Method> Program::load_method(const char* name, ErrorMessage* error) const
                      "ends", k, mi.b, mi.a);
   }
   m.profile_.assign(m.instructions_.size(), InstructionProfile{});
+  if (options.profiling) m.enable_profiling(true);
   return m;
 }
 

@@ -2,6 +2,8 @@
 // Every check happens in open(); accessors only index what was verified.
 #include "kiln/runtime/pte_file.h"
 
+#include "kiln/fb/kiln_program_generated.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -107,7 +109,7 @@ struct ByteRange {
 // data and the plans. Holds the facts the plan checks need.
 class ProgramChecker {
  public:
-  ProgramChecker(const fb::Program& p, U64 file_size, bool has_header, const pte::ExtendedHeader& eh,
+  ProgramChecker(const fb::Program& p, U64 file_size, bool has_header, const format::ExtendedHeader& eh,
                  ErrorMessage* error)
       : p_(p), file_size_(file_size), has_header_(has_header), eh_(eh), error_(error) {}
 
@@ -466,7 +468,7 @@ class ProgramChecker {
   const fb::Program& p_;
   U64 file_size_;
   bool has_header_;
-  pte::ExtendedHeader eh_;
+  format::ExtendedHeader eh_;
   ErrorMessage* error_;
   uint32_t constant_count_ = 0;
   const fb::ExecutionPlan* plan_ = nullptr;
@@ -501,10 +503,10 @@ Result<PteFile> PteFile::open(const char* path, ErrorMessage* error) {
     return failure(error, Status::AccessFailed, "not a regular file");
   }
   const U64 size = static_cast<U64>(st.st_size);
-  if (size < pte::kExtendedHeaderOffset) {
+  if (size < format::kExtendedHeaderOffset) {
     ::close(fd);
     return failure(error, Status::InvalidProgram, "the file is %llu bytes, too short for a program (at least %zu)",
-                   static_cast<unsigned long long>(size), pte::kExtendedHeaderOffset);
+                   static_cast<unsigned long long>(size), format::kExtendedHeaderOffset);
   }
   // Private (copy-on-write) and writable: the file itself is never changed, but a
   // damaged program whose kernel is handed a constant as its out tensor (or whose
@@ -521,34 +523,34 @@ Result<PteFile> PteFile::open(const char* path, ErrorMessage* error) {
   f.data_ = static_cast<const std::byte*>(map);
   f.size_ = size;
 
-  if (std::memcmp(f.data_ + 4, pte::kProgramIdentifier, 4) != 0) {
+  if (std::memcmp(f.data_ + 4, format::kProgramIdentifier, 4) != 0) {
     char id[5];
     identifier_text(f.data_ + 4, id);
     return failure(error, Status::InvalidProgram,
                    "file identifier is '%s' at byte 4, expected '%s' (not an ExecuTorch program of this format)", id,
-                   pte::kProgramIdentifier);
+                   format::kProgramIdentifier);
   }
 
-  pte::ExtendedHeader eh;
-  switch (pte::parse_extended_header(f.bytes(), &eh)) {
-    case pte::HeaderParse::Absent:
+  format::ExtendedHeader eh;
+  switch (format::parse_extended_header(f.bytes(), &eh)) {
+    case format::HeaderParse::Absent:
       f.program_size_ = size;
       break;
-    case pte::HeaderParse::TooShort:
+    case format::HeaderParse::TooShort:
       return failure(error, Status::InvalidProgram, "the %llu-byte file ends inside the extended header at byte 8",
                      static_cast<unsigned long long>(size));
-    case pte::HeaderParse::BadLength:
+    case format::HeaderParse::BadLength:
       return failure(error, Status::InvalidProgram, "extended header length %llu is below the minimum %u",
-                     static_cast<unsigned long long>(pte::read_le(f.data_ + 12, 4)), pte::kExtendedHeaderMinLength);
-    case pte::HeaderParse::Ok: {
+                     static_cast<unsigned long long>(format::read_le(f.data_ + 12, 4)), format::kExtendedHeaderMinLength);
+    case format::HeaderParse::Ok: {
       f.has_header_ = true;
       f.header_ = eh;
       f.program_size_ = eh.program_size;
-      if (eh.program_size < pte::kExtendedHeaderOffset + eh.length)
+      if (eh.program_size < format::kExtendedHeaderOffset + eh.length)
         return failure(error, Status::InvalidProgram,
                        "extended header: program size %llu is smaller than the header itself (%llu bytes)",
                        static_cast<unsigned long long>(eh.program_size),
-                       static_cast<unsigned long long>(pte::kExtendedHeaderOffset + eh.length));
+                       static_cast<unsigned long long>(format::kExtendedHeaderOffset + eh.length));
       if (eh.program_size > size)
         return failure(error, Status::InvalidProgram,
                        "extended header: program size %llu exceeds the %llu-byte file",

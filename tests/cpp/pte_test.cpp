@@ -3,6 +3,7 @@
 #include "kiln/core/error.h"
 #include "kiln/pte/pte_format.h"
 #include "kiln/pte/pte_writer.h"
+#include "kiln/fb/kiln_program_generated.h"
 #include "kiln/runtime/pte_file.h"
 
 #include <gtest/gtest.h>

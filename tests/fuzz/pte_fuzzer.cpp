@@ -10,6 +10,7 @@
 // legitimately ask for (planned memory, input sizes, backward jumps, which are
 // loops) so that the fuzzer's memory and time limits report bugs, not big or
 // endless programs.
+#include "kiln/fb/kiln_program_generated.h"
 #include "kiln/runtime/program.h"
 
 #include <sys/mman.h>

@@ -1,7 +1,7 @@
 // The operator table (src/ops/aten_ops.def), its schema parser, and the kernel
 // registry's agreement check: kernels' C++ parameter types against the schema.
-#include "ops/op_id.h"
-#include "ops/schema.h"
+#include "kiln/ops/op_id.h"
+#include "kiln/ops/schema.h"
 #include "util/register.h"
 
 #include "kiln/passes/op_table.h"

@@ -7,6 +7,7 @@
 //   kiln_pte_rewrite IN.pte OUT.pte
 #include "kiln/core/error.h"
 #include "kiln/pte/pte_writer.h"
+#include "kiln/fb/kiln_program_generated.h"
 #include "kiln/runtime/pte_file.h"
 
 #include <cstdio>

@@ -9,6 +9,7 @@
 // Constants that only delegates read travel as the delegates' named data.
 #pragma once
 
+#include "kiln/partition/delegated_region.h"
 #include "kiln/passes/edge_program.h"
 #include "kiln/pte/program_model.h"
 
@@ -37,22 +38,10 @@ struct EmitReport {
   uint64_t delegate_payload_bytes = 0;
 };
 
-// A region of the edge graph that a backend runs as one delegate call. The
-// call's arguments are the values of `inputs` then of `outputs`, in order.
-struct DelegatedRegion {
-  std::string backend_id;                  // "XnnpackBackend"
-  std::vector<int32_t> nodes;              // indices into graph.nodes it replaces
-  std::vector<graph::ValueId> inputs;      // computed values, graph inputs or constants, read from outside
-  std::vector<graph::ValueId> outputs;     // computed by the region, read after it
-  pte::DataBlob payload;                   // the backend's processed blob
-  std::vector<pte::NamedBlob> named_data;  // data the payload names (a key given twice is stored once)
-  std::vector<pte::CompileSpec> compile_specs;
-};
-
 pte::Program emit_program(const passes::EdgeProgram& program, EmitReport* report = nullptr);
 
-// As above, with `regions` (disjoint, each convex in the graph) as delegate calls.
-pte::Program emit_program(const passes::EdgeProgram& program, std::span<const DelegatedRegion> regions,
+// As above, with `regions` (disjoint, each convex in the graph; made by the partitioner) as delegate calls.
+pte::Program emit_program(const passes::EdgeProgram& program, std::span<const partition::DelegatedRegion> regions,
                           EmitReport* report = nullptr);
 
 }  // namespace kiln::emit

@@ -8,7 +8,7 @@
 // constant or a builder-made scalar, and in however many regions.
 #pragma once
 
-#include "kiln/emit/emitter.h"
+#include "kiln/partition/delegated_region.h"
 #include "kiln/partition/partitioner.h"
 #include "kiln/passes/edge_program.h"
 
@@ -35,7 +35,7 @@ struct DelegationSummary {
 
 struct XnnpackDelegation {
   Partition partition;
-  std::vector<emit::DelegatedRegion> regions;  // one per partition region, same order
+  std::vector<DelegatedRegion> regions;  // one per partition region, same order
   DelegationSummary summary;
 };
 

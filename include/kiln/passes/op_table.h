@@ -1,5 +1,5 @@
 // The core-ATen operators kiln emits, with the out-variant each runs as.
-// Derived from the operator table (src/ops/aten_ops.def: the ATen schema text).
+// Derived from the operator table (include/kiln/ops/aten_ops.def: the ATen schema text).
 //
 // For every functional operator kiln's edge graphs may contain ("aten.add.Tensor")
 // this table says which out-variant kernel executes it ("aten::add" "out"), the

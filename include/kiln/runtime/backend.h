@@ -34,11 +34,29 @@ struct BackendProfileEntry {
   uint64_t total_ns = 0;
 };
 
+// What the caller of Program::load_method asks of the method's delegates
+// (MethodOptions::backend). Per method, not per process: two methods may run
+// with different settings side by side. Each backend documents what it reads.
+struct BackendOptions {
+  size_t threads = 1;              // parallelism a delegate may use (1: the calling thread only)
+  const char* engine = nullptr;    // a backend-specific choice of implementation; null: its default
+                                   // (XnnpackBackend: "kiln" or "xnnpack", see kiln/backends/xnnpack/runtime.h)
+  bool profiling_detail = false;   // finer steps for a profile (XnnpackBackend: one XNNPACK subgraph per node)
+};
+
+// Everything a backend's init sees of the program and of the caller.
+struct BackendInitContext {
+  const PteFile& file;                      // the program (named data, page release)
+  std::span<const std::byte> payload;       // this delegate's processed blob
+  std::span<const CompileSpecView> specs;   // its compile specs
+  const BackendOptions& options;            // the method's options for its delegates
+};
+
 struct Backend {
   const char* id;
-  // Prepares `payload` (weights may come from file.named_data()); sets *state.
-  Status (*init)(const PteFile& file, std::span<const std::byte> payload, std::span<const CompileSpecView> specs,
-                 void** state, ErrorMessage* error);
+  // Prepares the payload (weights may come from ctx.file.named_data()); sets *state.
+  // The state keeps what it needs of ctx.options: execute() sees only the state.
+  Status (*init)(const BackendInitContext& ctx, void** state, ErrorMessage* error);
   // Runs the delegate on its call's arguments (inputs then outputs, as the program lists them).
   Status (*execute)(void* state, std::span<EValue*> args, ErrorMessage* error);
   void (*destroy)(void* state);

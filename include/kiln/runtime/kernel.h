@@ -48,7 +48,7 @@ class KernelContext {
 using KernelFn = void (*)(KernelContext& ctx, std::span<EValue*> args);
 
 // One registered kernel: the operator-table row it implements (kiln::ops::OpId,
-// src/ops/aten_ops.def), its boxed entry point, and the schema types of its C++
+// include/kiln/ops/aten_ops.def), its boxed entry point, and the schema types of its C++
 // parameters (src/kernels/util/register.h), checked against the schema when the
 // registry starts. A kernel written against the raw args has no params (-1).
 struct KernelEntry {

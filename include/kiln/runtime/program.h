@@ -4,9 +4,14 @@
 //   rt::ErrorMessage err;
 //   auto program = rt::Program::load("model.pte", &err);      // mmap + verify
 //   auto method = program->load_method("forward", &err);      // values, memory, kernels
+//   (or load_method("forward", MethodOptions{...}, &err): threads, engine, profiling per method)
 //   method->set_input(0, ids_data, ids_bytes, &err);           // copies into planned memory
 //   method->execute(&err);                                     // allocates nothing
 //   const rt::Tensor& logits = method->output(0);
+//
+// Kernels come from the executor's registry (kiln/runtime/kernel_registry.h),
+// which kernel libraries fill at startup; delegates from the backend registry.
+// For a one-call API over all of this, see kiln/runtime/module.h.
 //
 // Everything a method needs (planned buffers, value table, kernel and
 // argument tables, backend handles) is allocated by load_method; execute()
@@ -34,6 +39,12 @@ class Program;
 struct InstructionProfile {
   uint64_t calls = 0;
   uint64_t total_ns = 0;
+};
+
+// How a method is prepared: what its delegates may use, whether it profiles.
+struct MethodOptions {
+  BackendOptions backend;  // handed to every delegate's backend at init
+  bool profiling = false;  // as enable_profiling(true) right after loading
 };
 
 class Method {
@@ -116,6 +127,8 @@ class Program {
   // its planned memory, resolves every operator to a kernel and initializes
   // every delegate. NotFound names a missing kernel or backend.
   Result<Method> load_method(const char* name = "forward", ErrorMessage* error = nullptr) const;
+  // As above, with per-method options (threads, backend engine, profiling).
+  Result<Method> load_method(const char* name, const MethodOptions& options, ErrorMessage* error = nullptr) const;
 
   const PteFile& file() const { return file_; }
 

@@ -8,10 +8,14 @@
 // value, operator, delegate and planned-memory indices that instructions and
 // tensors use. Runtime code: no exceptions; failures are a Status plus a
 // one-line message saying what is wrong and where.
+//
+// The flatbuffer types (kiln::fb, generated from schema/kiln_program.fbs) are
+// only declared here: code that reads the program's tables (the executor,
+// `kiln inspect`, tests) includes "kiln/fb/kiln_program_generated.h" itself;
+// a runtime user who only loads and runs programs never needs it.
 #pragma once
 
-#include "kiln/fb/kiln_program_generated.h"
-#include "kiln/pte/pte_format.h"
+#include "kiln/format/pte_frame.h"
 #include "kiln/runtime/status.h"
 
 #include <cstddef>
@@ -19,6 +23,11 @@
 #include <new>
 #include <span>
 #include <string_view>
+
+namespace kiln::fb {
+struct Program;
+struct ExecutionPlan;
+}  // namespace kiln::fb
 
 namespace kiln::rt {
 
@@ -52,7 +61,7 @@ class PteFile {
   uint64_t file_size() const { return size_; }
   // The extended header, if the file has one (files without segment data do not).
   bool has_extended_header() const { return has_header_; }
-  const pte::ExtendedHeader& extended_header() const { return header_; }
+  const format::ExtendedHeader& extended_header() const { return header_; }
   // Bytes of the flatbuffer (header included).
   uint64_t program_size() const { return program_size_; }
 
@@ -89,7 +98,7 @@ class PteFile {
   uint64_t size_ = 0;
   const fb::Program* program_ = nullptr;
   bool has_header_ = false;
-  pte::ExtendedHeader header_{};
+  format::ExtendedHeader header_{};
   uint64_t program_size_ = 0;
 };
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "kiln/runtime/kernel.h"
-#include "ops/op_id.h"
+#include "kiln/ops/op_id.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -14,6 +14,14 @@
 //
 // One pthreadpool, sized by RuntimeOptions::threads, serves XNNPACK and
 // kiln's steps.
+//
+// Per-method options: Program::load_method(name, rt::MethodOptions) hands
+// MethodOptions::backend (threads, engine "kiln"|"xnnpack", profiling_detail =
+// per_node_subgraphs) to the backend's init in rt::BackendInitContext, and
+// kiln::Module fills it from ModuleOptions. Until the backend keeps those in
+// its per-delegate State (with the cpu/ thread-pool wrapper), the pool, the
+// engine and per-node subgraphs are still process-wide, set here: callers
+// (the CLI, kiln::Module) call register_runtime_backend with the same values.
 #pragma once
 
 #include <cstddef>

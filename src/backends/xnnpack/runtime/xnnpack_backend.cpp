@@ -968,8 +968,9 @@ Status Builder::build(std::span<const std::byte> payload, State& st) {
 
 // ---------------------------------------------------------------- the Backend
 
-Status init(const rt::PteFile& file, std::span<const std::byte> payload, std::span<const rt::CompileSpecView>,
-            void** state, ErrorMessage* error) {
+Status init(const rt::BackendInitContext& ctx, void** state, ErrorMessage* error) {
+  const rt::PteFile& file = ctx.file;
+  std::span<const std::byte> payload = ctx.payload;
   if (!g.xnn_ready) return fail(error, Status::NotSupported, "XNNPACK is not initialized on this CPU");
   auto st = std::unique_ptr<State>(new (std::nothrow) State);
   if (!st) return fail(error, Status::OutOfMemory, "out of memory");

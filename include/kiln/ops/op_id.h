@@ -1,7 +1,7 @@
 // OpId: one identifier per line of aten_ops.def, and the table's data by id.
 #pragma once
 
-#include "ops/schema.h"
+#include "kiln/ops/schema.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace kiln::ops {
 
 enum class OpId : uint16_t {
 #define KILN_OP(id, target, schema) id,
-#include "ops/aten_ops.def"
+#include "kiln/ops/aten_ops.def"
 #undef KILN_OP
   Count,
 };

@@ -1,0 +1,77 @@
+// kiln::lower: the whole lowering as one library call (what `kiln lower` runs).
+//
+//   kiln::LowerOptions o;
+//   o.backend = kiln::LowerBackend::Xnnpack;
+//   o.progress = [](std::string_view line) { std::fprintf(stderr, "%.*s\n", int(line.size()), line.data()); };
+//   kiln::LowerResult r = kiln::lower("artifacts/gpt2/model_spec.json", o);   // throws kiln::Error
+//   // r.pte_path, r.metadata_path, r.report, r.delegation, r.seconds ...
+//
+// Stages: read the .pt2 the spec names -> passes (edge form) -> with XNNPACK,
+// partition into convex regions and build their payloads -> emit (memory
+// planning, constants) -> write the .pte under a temporary name -> verify (load
+// it back with kiln's verified loader and prepare its method, delegates
+// included, when kiln's runtime has their backends) -> rename into place ->
+// write the metadata JSON beside it (also atomically). A failure at any stage
+// throws kiln::Error and leaves no output file behind. Nothing is printed:
+// progress goes to the optional callback.
+#pragma once
+
+#include "kiln/emit/emitter.h"
+#include "kiln/partition/xnnpack_partitioner.h"
+#include "kiln/passes/edge_program.h"
+#include "kiln/pt2/model_spec.h"
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+namespace kiln {
+
+enum class LowerBackend { Portable, Xnnpack };
+
+// "portable" / "xnnpack": the name in file names, metadata and messages.
+std::string_view lower_backend_name(LowerBackend b);
+
+struct LowerOptions {
+  LowerBackend backend = LowerBackend::Portable;
+  // Output .pte; empty: <spec directory>/<name>_<backend>.pte. The metadata
+  // JSON goes beside it with the same stem.
+  std::string out;
+  bool per_op = false;  // XNNPACK only: one delegate call per supported node
+  bool verify = true;   // load the written program back before it takes its name
+  // Called once per stage with a one-line description (no newline); may be empty.
+  std::function<void(std::string_view)> progress;
+};
+
+// Seconds per stage (wall clock).
+struct LowerTimings {
+  double read_pt2 = 0, to_edge = 0, partition = 0, emit = 0, write = 0, total = 0;
+};
+
+struct LowerResult {
+  pt2::ModelSpec spec;
+  LowerBackend backend = LowerBackend::Portable;
+  bool per_op = false;
+  std::string pte_path;
+  std::string metadata_path;
+  uint64_t pte_size = 0;  // bytes
+  passes::LoweringStats lowering;
+  emit::EmitReport report;
+  std::optional<partition::DelegationSummary> delegation;  // XNNPACK lowerings
+  // Verification: whether it ran, and the delegate backends kiln's runtime
+  // lacked (then only the loader checked the file, the method was not prepared).
+  bool verified = false;
+  std::set<std::string> unverified_backends;
+  LowerTimings seconds;
+  std::string metadata_json;  // what was written to metadata_path
+};
+
+// Lowers the program `spec_path` (a model_spec.json) names. Throws kiln::Error.
+LowerResult lower(const std::string& spec_path, const LowerOptions& options);
+// The same for a spec already read (pt2::read_model_spec).
+LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& options);
+
+}  // namespace kiln

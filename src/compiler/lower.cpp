@@ -1,0 +1,208 @@
+// kiln::lower (kiln/compiler/lower.h): spec -> .pte + metadata JSON.
+#include "kiln/compiler/lower.h"
+
+#include "kiln/backends/xnnpack/runtime.h"
+#include "kiln/core/error.h"
+#include "kiln/pt2/pt2_reader.h"
+#include "kiln/pte/pte_writer.h"
+#include "kiln/runtime/backend.h"
+#include "kiln/runtime/program.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Removes a staging file unless released: failures leave nothing behind.
+struct StagedFile {
+  std::string path;
+  bool keep = false;
+  ~StagedFile() {
+    if (!keep) {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  }
+};
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  StagedFile staged{path + ".kiln-tmp"};
+  {
+    std::ofstream f(staged.path, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.close();
+    check(f.good(), "{}: cannot write", staged.path);
+  }
+  std::error_code ec;
+  fs::rename(staged.path, path, ec);
+  check(!ec, "{}: cannot rename into place: {}", path, ec.message());
+  staged.keep = true;
+}
+
+std::string metadata(const LowerResult& r) {
+  const emit::EmitReport& report = r.report;
+  const passes::LoweringStats& lstats = r.lowering;
+  json meta;
+  meta["model"] = r.spec.name;
+  meta["model_id"] = r.spec.model_id;
+  meta["backend"] = std::string(lower_backend_name(r.backend));
+  meta["exported_program"] = r.spec.exported_program;
+  meta["pte"] = r.pte_path;
+  meta["pte_size_mb"] = static_cast<double>(r.pte_size) / 1e6;
+  meta["seq_len"] = r.spec.seq_len;
+  meta["delegation"] = nullptr;
+  if (r.delegation) {
+    const auto& d = *r.delegation;
+    meta["delegation"] = {{"backend", "XnnpackBackend"},
+                          {"mode", r.per_op ? "per_op" : "regions"},
+                          {"delegate_call_sites", d.delegate_call_sites},
+                          {"delegated_node_count", d.delegated_node_count},
+                          {"fallback_ops", d.fallback_ops},
+                          {"fallback_count", d.fallback_count},
+                          {"fallback_reasons", d.fallback_reasons},
+                          {"xnnpack_nodes", d.xnnpack_nodes},
+                          {"constants_as_delegate_inputs", d.constant_inputs},
+                          {"named_data", report.named_data},
+                          {"named_data_bytes", report.named_data_bytes},
+                          {"payload_bytes", report.delegate_payload_bytes},
+                          {"partition_rounds", d.partition_rounds}};
+  }
+  meta["program"] = {{"kernel_calls", report.kernel_calls},
+                     {"delegate_calls", report.delegate_calls},
+                     {"operators", report.operators},
+                     {"values", report.values},
+                     {"aliased_views", report.aliased_views}};
+  meta["memory"] = {{"planned_bytes", report.planned_bytes}, {"naive_bytes", report.naive_bytes}};
+  meta["constants"] = {{"buffers", report.constants},
+                       {"bytes", report.constant_bytes},
+                       {"deduplicated_values", report.deduplicated_constants}};
+  meta["lowering"] = {{"source_nodes", lstats.source_nodes},
+                      {"edge_nodes", lstats.edge_nodes},
+                      {"folded_nodes", lstats.folded_nodes},
+                      {"removed_nodes", lstats.removed_nodes}};
+  const LowerTimings& t = r.seconds;
+  meta["lowering_seconds"] = {{"read_pt2", t.read_pt2}, {"to_edge", t.to_edge}, {"partition", t.partition},
+                              {"emit", t.emit},         {"write", t.write},     {"total", t.total}};
+  return meta.dump(2) + "\n";
+}
+
+// Loads the staged file with kiln's verified loader and, when the runtime has
+// every backend its delegates name, prepares its method.
+void verify(const pte::Program& program, const std::string& staged, const std::string& out, LowerResult& r,
+            const std::function<void(const std::string&)>& progress) {
+  for (const auto& plan : program.plans)
+    for (const auto& d : plan.delegates)
+      if (rt::find_backend(d.id) == nullptr) r.unverified_backends.insert(d.id);
+  progress(r.unverified_backends.empty()
+               ? std::string("verifying: loading the program with kiln's runtime")
+               : fmt::format("verifying: loading the program with kiln's verified loader; the method is "
+                             "not prepared: kiln's runtime has no {} yet",
+                             fmt::join(r.unverified_backends, ", ")));
+  rt::ErrorMessage err;
+  auto loaded = rt::Program::load(staged.c_str(), &err);
+  if (!loaded.ok()) fail("{}: written program does not load: {}", out, err.c_str());
+  if (r.unverified_backends.empty()) {
+    auto method = loaded->load_method("forward", &err);
+    if (!method.ok()) fail("{}: written program's method does not prepare: {}", out, err.c_str());
+  }
+  r.verified = true;
+}
+
+}  // namespace
+
+std::string_view lower_backend_name(LowerBackend b) { return b == LowerBackend::Xnnpack ? "xnnpack" : "portable"; }
+
+LowerResult lower(const std::string& spec_path, const LowerOptions& options) {
+  check(!options.per_op || options.backend == LowerBackend::Xnnpack, "per-op delegation applies to XNNPACK only");
+  return lower(pt2::read_model_spec(spec_path), options);
+}
+
+LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
+  const auto t0 = Clock::now();
+  auto progress = [&](const std::string& what) {
+    if (o.progress) o.progress(what);
+  };
+  check(!o.per_op || o.backend == LowerBackend::Xnnpack, "per-op delegation applies to XNNPACK only");
+  const bool xnnpack = o.backend == LowerBackend::Xnnpack;
+  const std::string_view backend = lower_backend_name(o.backend);
+
+  LowerResult r;
+  r.spec = spec;
+  r.backend = o.backend;
+  r.per_op = o.per_op;
+  const std::string out =
+      o.out.empty() ? (fs::path(spec.directory) / fmt::format("{}_{}.pte", spec.name, backend)).string() : o.out;
+  check(fs::path(out).extension() == ".pte", "{}: the output must end in .pte", out);
+  r.pte_path = out;
+  r.metadata_path = fs::path(out).replace_extension(".json").string();
+
+  progress(fmt::format("reading {}", spec.exported_program));
+  pt2::ExportedProgram ep = pt2::read_pt2(spec.exported_program);
+  const double t_read = seconds_since(t0);
+
+  progress(fmt::format("lowering {} nodes to edge form", ep.graph.nodes.size()));
+  passes::EdgeProgram edge = passes::to_edge(ep, &r.lowering);
+  const double t_edge = seconds_since(t0);
+
+  std::optional<partition::XnnpackDelegation> delegation;
+  if (xnnpack) {
+    progress(fmt::format("partitioning {} edge nodes for XNNPACK{}, building payloads", edge.graph.nodes.size(),
+                         o.per_op ? " (one region per node)" : ""));
+    delegation = partition::delegate_to_xnnpack(edge, partition::PartitionOptions{o.per_op});
+    r.delegation = delegation->summary;
+  }
+  const double t_partition = seconds_since(t0);
+
+  pte::Program program;
+  if (delegation) {
+    progress(fmt::format("emitting {} delegate calls and {} portable nodes, planning memory",
+                         delegation->regions.size(), delegation->summary.fallback_count));
+    program = emit::emit_program(edge, delegation->regions, &r.report);
+  } else {
+    progress(fmt::format("emitting {} kernel calls, planning memory", edge.graph.nodes.size()));
+    program = emit::emit_program(edge, &r.report);
+  }
+  const double t_emit = seconds_since(t0);
+
+  progress(fmt::format("writing {} ({:.1f} MB of constants, {:.1f} MB of named data)", out,
+                       static_cast<double>(r.report.constant_bytes) / 1e6,
+                       static_cast<double>(r.report.named_data_bytes) / 1e6));
+  StagedFile staged{out + ".kiln-staging"};
+  pte::write_pte(program, staged.path);
+  const double t_write = seconds_since(t0);
+
+  // Round trip: the file must load in kiln's verified loader and its method
+  // must prepare (kernels resolved, memory planned, delegates initialized)
+  // before it takes the final name. kiln's XNNPACK backend is registered
+  // here if the caller has not done it (registering it again would reset the
+  // caller's settings).
+  if (o.verify) {
+    if (xnnpack && rt::find_backend("XnnpackBackend") == nullptr) backends::xnnpack::register_runtime_backend();
+    verify(program, staged.path, out, r, progress);
+  }
+
+  std::error_code ec;
+  fs::rename(staged.path, out, ec);
+  check(!ec, "{}: cannot rename into place: {}", out, ec.message());
+  staged.keep = true;
+  const double total = seconds_since(t0);
+  r.pte_size = fs::file_size(out);
+  r.seconds = {t_read, t_edge - t_read, t_partition - t_edge, t_emit - t_partition, t_write - t_emit, total};
+
+  r.metadata_json = metadata(r);
+  write_text_atomically(r.metadata_path, r.metadata_json);
+  return r;
+}
+
+}  // namespace kiln
