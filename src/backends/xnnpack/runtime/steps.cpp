@@ -1,8 +1,8 @@
 // kiln's own code for the steps of an XNNPACK delegate that do not run on the
 // XNNPACK library: GEMM/GEMV fully-connected products and the tied LM head,
 // batch matmul, transpose, slice, concatenate, elementwise maps, and fused
-// row chains. Each splits its work over the backend's thread pool; none
-// allocates.
+// row chains. Each splits its work over the backend's thread pool (cpu::ThreadPool);
+// none allocates. The products run on kiln::cpu's f32-gemm and f32-gemv families.
 #include "backend_state.h"
 #include "kiln/cpu/config.h"
 #include "kiln/cpu/gemm.h"
