@@ -1,8 +1,12 @@
-// kiln_gemm_bench: GFLOP/s of kiln's fp32 GEMM core (single thread) on the
-// GPT-2 small projection shapes at seq_len 128: C[128, N] = A[128, 768] · B[768, N]
-// with B row-major [K, N], as mm/addmm call it. Not a test; run by hand:
-//   build/kiln_gemm_bench [min_seconds_per_shape]
-#include "kiln/cpu/gemm.h"
+// kiln_gemm_bench: every f32-gemm and f32-gemv variant of kiln's CPU layer,
+// alone on one thread, on GPT-2 small's shapes -- the GEMMs at seq_len 128
+// (C[128, N] = A[128, K] · B[K, N], B row-major [K, N] as mm/addmm and the
+// XNNPACK backend call it) and the GEMVs at one token (out[1, N] += x · W[K, N],
+// and the tied LM head's 50257 dot products of length 768). GFLOP/s by wall
+// clock and by thread CPU time, and the CPU-time rate as a fraction of the
+// measured fp32 FMA peak of the variant's ISA. Not a test; run by hand:
+//   build/kiln_gemm_bench [min_seconds_per_measurement]
+#include "kiln/cpu/config.h"
 
 #include <chrono>
 #include <cmath>
@@ -15,37 +19,11 @@
 
 namespace {
 
-struct Shape {
-  int64_t m, k, n;
-  const char* what;
-};
+using kiln::cpu::Isa;
 
-double seconds_now() {
+double now_wall() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// Checks a sample of C's entries against a double-precision dot product.
-double max_rel_error(const Shape& s, const std::vector<float>& a, const std::vector<float>& b,
-                     const std::vector<float>& c) {
-  double worst = 0;
-  std::mt19937 rng(1);
-  for (int t = 0; t < 256; ++t) {
-    int64_t i = static_cast<int64_t>(rng() % static_cast<uint32_t>(s.m));
-    int64_t j = static_cast<int64_t>(rng() % static_cast<uint32_t>(s.n));
-    double ref = 0, mag = 0;
-    for (int64_t p = 0; p < s.k; ++p) {
-      ref += static_cast<double>(a[static_cast<size_t>(i * s.k + p)]) * b[static_cast<size_t>(p * s.n + j)];
-      mag += std::fabs(static_cast<double>(a[static_cast<size_t>(i * s.k + p)]) * b[static_cast<size_t>(p * s.n + j)]);
-    }
-    double err = std::fabs(ref - c[static_cast<size_t>(i * s.n + j)]) / (mag > 0 ? mag : 1);
-    if (err > worst) worst = err;
-  }
-  return worst;
-}
-
-}  // namespace
-
-double now_wall() { return seconds_now(); }
 
 double now_cpu() {  // this thread's CPU time: robust to other processes sharing the cores
   timespec ts;
@@ -53,15 +31,21 @@ double now_cpu() {  // this thread's CPU time: robust to other processes sharing
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// The core's fp32 FMA ceiling: 12 independent chains of 16-wide FMAs (enough to
-// cover the FMA latency on two pipes), no memory traffic. GEMM efficiency is
-// measured against this.
-__attribute__((target("avx512f,fma"))) double fma_peak_gflops(double seconds) {
-  typedef float v16 __attribute__((vector_size(64)));
-  v16 acc[12];
-  const v16 mul = v16{} + 1.0000001f, add = v16{} + 1e-7f;
-  for (int i = 0; i < 12; ++i) acc[i] = v16{} + static_cast<float>(i);
+// The core's fp32 ceiling for one vector width: 12 independent chains of
+// multiply-adds (enough to cover the FMA latency on two pipes), no memory
+// traffic. Fused where the ISA has FMA; 2 flops per lane either way.
+template <int kBytes>
+struct VecOf {
+  typedef float type __attribute__((vector_size(kBytes)));
+};
+
+template <int kBytes>
+inline __attribute__((always_inline)) double peak_loop(double seconds) {
+  using V = typename VecOf<kBytes>::type;
+  constexpr int kLanes = kBytes / 4;
+  V acc[12];
+  const V mul = V{} + 1.0000001f, add = V{} + 1e-7f;
+  for (int i = 0; i < 12; ++i) acc[i] = V{} + static_cast<float>(i);
   long rounds = 0;
   const double c0 = now_cpu();
   double c1 = c0;
@@ -76,54 +60,145 @@ __attribute__((target("avx512f,fma"))) double fma_peak_gflops(double seconds) {
   for (int i = 0; i < 12; ++i) sink += acc[i][0];
   volatile float keep = sink;
   (void)keep;
-  return static_cast<double>(rounds) * 12 * 32 / (c1 - c0) * 1e-9;
+  return static_cast<double>(rounds) * 12 * kLanes * 2 / (c1 - c0) * 1e-9;
 }
+
+double peak_generic(double s) { return peak_loop<16>(s); }
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) double peak_avx2(double s) { return peak_loop<32>(s); }
+__attribute__((target("avx512f,fma"))) double peak_avx512(double s) { return peak_loop<64>(s); }
 #endif
 
-int main(int argc, char** argv) {
-  using kiln::cpu::SgemmIsa;
-  const double min_seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  const Shape shapes[] = {{128, 768, 768, "attn c_proj"},
-                          {128, 768, 3072, "mlp c_fc"},
-                          {128, 768, 50257, "lm_head"}};
-  std::printf("kiln sgemm, single thread; sgemm() runs the %s path here\n",
-              kiln::cpu::sgemm_isa_name(kiln::cpu::sgemm_isa()));
-  std::printf("GFLOP/s by wall clock and by thread CPU time (the latter discounts time the core ran others)\n");
+double fma_peak_gflops(Isa isa, double seconds) {
+  switch (isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx512f"))
-    std::printf("fp32 FMA peak of one core (AVX-512, no memory traffic): %.1f GFLOP/s\n", fma_peak_gflops(min_seconds));
+    case Isa::Avx512: return peak_avx512(seconds);
+    case Isa::Avx2: return peak_avx2(seconds);
 #endif
-  std::printf("%-8s %-20s %-12s %10s %10s %10s %12s\n", "isa", "M x K x N", "layer", "ms/call", "GFLOP/s",
-              "(cpu)", "max rel err");
-  std::mt19937 rng(0);
+    default: return peak_generic(seconds);
+  }
+}
+
+struct Timing {
+  double ms, gflops_wall, gflops_cpu;
+};
+
+// Runs call() (after one warm-up) for at least min_seconds and three calls.
+template <typename F>
+Timing time_it(double min_seconds, double flop, const F& call) {
+  call();
+  int iters = 0;
+  const double w0 = now_wall(), c0 = now_cpu();
+  double w1 = w0;
+  while (w1 - w0 < min_seconds || iters < 3) {
+    call();
+    ++iters;
+    w1 = now_wall();
+  }
+  const double c1 = now_cpu();
+  return {(w1 - w0) / iters * 1e3, flop * iters / (w1 - w0) * 1e-9, flop * iters / (c1 - c0) * 1e-9};
+}
+
+struct Shape {
+  int64_t m, k, n;
+  const char* what;
+};
+
+// Largest error of a sample of C's entries against a double-precision dot product, relative to sum |a b|.
+double max_rel_error(const Shape& s, const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c) {
+  double worst = 0;
+  std::mt19937 rng(1);
+  for (int t = 0; t < 256; ++t) {
+    const int64_t i = static_cast<int64_t>(rng() % static_cast<uint32_t>(s.m));
+    const int64_t j = static_cast<int64_t>(rng() % static_cast<uint32_t>(s.n));
+    double ref = 0, mag = 0;
+    for (int64_t p = 0; p < s.k; ++p) {
+      const double t2 = static_cast<double>(a[static_cast<size_t>(i * s.k + p)]) * b[static_cast<size_t>(p * s.n + j)];
+      ref += t2;
+      mag += std::fabs(t2);
+    }
+    const double err = std::fabs(ref - c[static_cast<size_t>(i * s.n + j)]) / (mag > 0 ? mag : 1);
+    if (err > worst) worst = err;
+  }
+  return worst;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (const Shape& s : shapes) {
-    std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n)),
-        c(static_cast<size_t>(s.m * s.n));
-    for (auto& v : a) v = dist(rng);
-    for (auto& v : b) v = dist(rng);
-    for (SgemmIsa isa : {SgemmIsa::Avx512, SgemmIsa::Avx2, SgemmIsa::Generic}) {
-      auto call = [&] {
-        return kiln::cpu::sgemm_with(isa, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n, false, c.data(),
-                                             s.n);
-      };
-      if (!call()) continue;  // not on this CPU; else this was the warm-up
-      int iters = 0;
-      const double w0 = now_wall(), c0 = now_cpu();
-      double w1 = w0;
-      while (w1 - w0 < min_seconds || iters < 3) {
-        call();
-        ++iters;
-        w1 = now_wall();
+  std::vector<float> v(n);
+  for (float& e : v) e = dist(rng);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kiln::cpu;
+  const double min_seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
+  std::printf("kiln CPU micro-kernels, single thread. This CPU: best ISA %s; selected (KILN_CPU_ISA or best): %s -> %s, %s\n",
+              isa_name(best_isa()), isa_name(active_isa()), f32_gemm_config().name, f32_gemv_config().name);
+  std::printf("GFLOP/s by wall clock and by thread CPU time (the latter discounts time the core ran others);\n"
+              "%%peak: the CPU-time rate over the fp32 FMA peak of the variant's ISA on one core (no memory traffic)\n");
+  double peak[3] = {0, 0, 0};
+  for (Isa isa : {Isa::Avx512, Isa::Avx2, Isa::Generic})
+    if (isa_supported(isa)) {
+      peak[static_cast<int>(isa)] = fma_peak_gflops(isa, min_seconds);
+      std::printf("fp32 FMA peak, %-7s: %.1f GFLOP/s\n", isa_name(isa), peak[static_cast<int>(isa)]);
+    }
+
+  std::mt19937 rng(0);
+  std::printf("\nf32-gemm (seq_len 128)\n%-24s %-20s %-12s %10s %10s %10s %7s %12s\n", "variant", "M x K x N", "layer",
+              "ms/call", "GFLOP/s", "(cpu)", "%peak", "max rel err");
+  const Shape gemm_shapes[] = {{128, 768, 768, "attn c_proj"}, {128, 768, 3072, "mlp c_fc"}, {128, 768, 50257, "lm_head"}};
+  for (const Shape& s : gemm_shapes) {
+    const std::vector<float> a = random_floats(static_cast<size_t>(s.m * s.k), rng),
+                             b = random_floats(static_cast<size_t>(s.k * s.n), rng);
+    std::vector<float> c(static_cast<size_t>(s.m * s.n));
+    for (const F32GemmVariant& v : f32_gemm_variants()) {
+      if (!isa_supported(v.isa)) {
+        std::printf("%-24s not run: this CPU lacks %s\n", v.name, isa_name(v.isa));
+        continue;
       }
-      const double c1 = now_cpu();
       const double flop = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
+      const Timing t = time_it(min_seconds, flop, [&] {
+        v.gemm(s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n, false, c.data(), s.n);
+      });
       char dims[64];
-      std::snprintf(dims, sizeof(dims), "%lld x %lld x %lld", static_cast<long long>(s.m),
-                    static_cast<long long>(s.k), static_cast<long long>(s.n));
-      std::printf("%-8s %-20s %-12s %10.3f %10.1f %10.1f %12.2e\n", kiln::cpu::sgemm_isa_name(isa), dims,
-                  s.what, (w1 - w0) / iters * 1e3, flop * iters / (w1 - w0) * 1e-9, flop * iters / (c1 - c0) * 1e-9,
-                  max_rel_error(s, a, b, c));
+      std::snprintf(dims, sizeof(dims), "%lld x %lld x %lld", static_cast<long long>(s.m), static_cast<long long>(s.k),
+                    static_cast<long long>(s.n));
+      std::printf("%-24s %-20s %-12s %10.3f %10.1f %10.1f %6.1f%% %12.2e\n", v.name, dims, s.what, t.ms, t.gflops_wall,
+                  t.gflops_cpu, 100.0 * t.gflops_cpu / peak[static_cast<int>(v.isa)], max_rel_error(s, a, b, c));
+    }
+  }
+
+  std::printf("\nf32-gemv (one token; GB/s: the weights read per second, by CPU time)\n%-24s %-20s %-12s %10s %10s %10s %7s %8s\n",
+              "variant", "K x N", "layer", "ms/call", "GFLOP/s", "(cpu)", "%peak", "GB/s");
+  const Shape gemv_shapes[] = {{1, 768, 2304, "attn c_attn"}, {1, 768, 768, "attn c_proj"}, {1, 768, 3072, "mlp c_fc"},
+                               {1, 3072, 768, "mlp c_proj"}, {1, 768, 50257, "lm_head dot"}};
+  for (const Shape& s : gemv_shapes) {
+    const bool dots = s.n == 50257;  // the tied LM head: W is [N, K], one dot product per output
+    const std::vector<float> x = random_floats(static_cast<size_t>(s.k), rng),
+                             w = random_floats(static_cast<size_t>(s.k * s.n), rng);
+    std::vector<float> out(static_cast<size_t>(s.n));
+    for (const F32GemvVariant& v : f32_gemv_variants()) {
+      if (!isa_supported(v.isa)) {
+        std::printf("%-24s not run: this CPU lacks %s\n", v.name, isa_name(v.isa));
+        continue;
+      }
+      const double flop = 2.0 * static_cast<double>(s.k) * static_cast<double>(s.n);
+      const Timing t = time_it(min_seconds, flop, [&] {
+        if (dots) {
+          for (int64_t j = 0; j < s.n; ++j) out[static_cast<size_t>(j)] = v.dot(x.data(), w.data() + j * s.k, s.k);
+        } else {
+          for (float& e : out) e = 0.0f;
+          v.axpy_rows(x.data(), s.k, 1, s.k, w.data(), s.n, s.n, out.data(), s.n);
+        }
+      });
+      char dims[64];
+      std::snprintf(dims, sizeof(dims), "%lld x %lld", static_cast<long long>(s.k), static_cast<long long>(s.n));
+      const double gbs = t.gflops_cpu / 2.0 * 4.0;  // one 4-byte weight per multiply-add
+      std::printf("%-24s %-20s %-12s %10.3f %10.1f %10.1f %6.1f%% %8.1f\n", v.name, dims, s.what, t.ms, t.gflops_wall,
+                  t.gflops_cpu, 100.0 * t.gflops_cpu / peak[static_cast<int>(v.isa)], gbs);
     }
   }
   return 0;

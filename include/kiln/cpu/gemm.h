@@ -1,8 +1,10 @@
-// Internal: kiln's fp32 matrix multiply core (mm, bmm, addmm and any kernel or
-// backend that needs a GEMM). Cache-blocked and register-tiled; the widest
-// vector code the CPU runs (AVX-512, AVX2+FMA, or the baseline ISA) is chosen
-// once at run time. Allocates nothing; it packs B panels in 64 KiB of stack.
+// kiln's fp32 matrix multiply (mm, bmm, addmm and any kernel or backend that
+// needs a GEMM). Cache-blocked and register-tiled; the f32-gemm variant for the
+// widest ISA the CPU runs (or KILN_CPU_ISA's, see config.h) is chosen once.
+// Allocates nothing; it packs B panels on the stack (at most 192 KiB).
 #pragma once
+
+#include "kiln/cpu/config.h"
 
 #include <cstdint>
 
@@ -13,11 +15,11 @@ namespace kiln::cpu {
 void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
            bool accumulate, float* c, int64_t ldc);
 
-// The vector code paths of sgemm; sgemm runs the widest this CPU supports.
-enum class SgemmIsa : uint8_t { Generic, Avx2, Avx512 };
+// The code paths of sgemm are the ISA levels of config.h.
+using SgemmIsa = Isa;
 
-SgemmIsa sgemm_isa();
-const char* sgemm_isa_name(SgemmIsa isa);  // "generic", "avx2", "avx512"
+SgemmIsa sgemm_isa();                                            // f32_gemm_config().isa
+inline const char* sgemm_isa_name(SgemmIsa isa) { return isa_name(isa); }  // "generic", "avx2", "avx512"
 
 // sgemm on one given code path (benchmarks, cross-checks); false, computing
 // nothing, when this build or CPU lacks it.

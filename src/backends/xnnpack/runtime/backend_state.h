@@ -4,10 +4,10 @@
 #pragma once
 
 #include "kiln/backends/xnnpack/runtime.h"
+#include "kiln/cpu/threadpool.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/evalue.h"
 
-#include <pthreadpool.h>
 #include <xnnpack.h>
 
 #include <array>
@@ -33,23 +33,26 @@ constexpr int64_t kGemvRows = 16;     // below this many rows, fully-connected p
 // ---------------------------------------------------------------- thread pool
 
 struct Globals {
-  pthreadpool_t pool = nullptr;
-  size_t threads = 1;
+  std::unique_ptr<cpu::ThreadPool> pool;  // kiln's steps and XNNPACK's runtimes; null until registered
+  size_t threads = 1;                     // pool->threads()
   bool per_node = false;
   Engine engine = Engine::Kiln;
   bool xnn_ready = false;
 };
 extern Globals g;  // set by register_runtime_backend
 
+// f(i) for i < n over the backend's pool (on this thread when it has none).
 template <typename F>
 void parallel_for(size_t n, const F& f) {
-  if (g.pool == nullptr || n <= 1) {
-    for (size_t i = 0; i < n; ++i) f(i);
+  if (g.pool != nullptr) {
+    g.pool->parallel_for(n, f);
     return;
   }
-  pthreadpool_parallelize_1d(
-      g.pool, [](void* ctx, size_t i) { (*static_cast<const F*>(ctx))(i); }, const_cast<F*>(&f), n, 0);
+  for (size_t i = 0; i < n; ++i) f(i);
 }
+
+// The pthreadpool XNNPACK runtimes are created with (null: single-threaded).
+inline pthreadpool_t raw_pool() { return g.pool != nullptr ? g.pool->raw() : nullptr; }
 
 // ---------------------------------------------------------------- values
 
@@ -71,7 +74,8 @@ struct Value {
   const void* constant = nullptr;     // static data, or null
   std::span<const std::byte> constant_bytes;
   int32_t group = -1;                 // reshape group (values sharing bytes)
-  size_t bytes() const { return static_cast<size_t>(numel) * sizeof(float); }
+  uint32_t elem_bits = 32;            // bits per element, from the payload's datatype (fp32: 32, int4: 4)
+  size_t bytes() const { return (static_cast<size_t>(numel) * elem_bits + 7) / 8; }
 };
 
 // Values joined by reshapes share one storage.

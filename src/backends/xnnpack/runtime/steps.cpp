@@ -1,9 +1,10 @@
 // kiln's own code for the steps of an XNNPACK delegate that do not run on the
 // XNNPACK library: GEMM/GEMV fully-connected products and the tied LM head,
 // batch matmul, transpose, slice, concatenate, elementwise maps, and fused
-// row chains. Each splits its work over the backend's thread pool; none
-// allocates.
+// row chains. Each splits its work over the backend's thread pool (cpu::ThreadPool);
+// none allocates. The products run on kiln::cpu's f32-gemm and f32-gemv families.
 #include "backend_state.h"
+#include "kiln/cpu/config.h"
 #include "kiln/cpu/gemm.h"
 #include "kiln/cpu/math.h"
 
@@ -31,45 +32,6 @@ void run_bmm(const Step& s, const float* a, const float* b, float* c) {
   });
 }
 
-// A few rows (one token): the product is bound by reading W once, so the
-// GEMM's register tiles (built for many rows) would only waste work. These
-// stream W's rows in place.
-// out[0:rows, 0:nb] += x[0:rows, k] * W[k, 0:nb] for every k (W [K, N] row stride ldw).
-KILN_VECTOR_CLONES static void axpy_rows(const float* __restrict x, int64_t rows, int64_t k, const float* __restrict w,
-                                  int64_t ldw, int64_t nb, float* __restrict out, int64_t ldo) {
-  const int64_t nv = nb & ~int64_t{15};  // a multiple of 16: GCC's cheap vectorizer at -O2 takes it
-  int64_t p = 0;
-  for (; p + 4 <= k; p += 4) {  // four rows of W per pass over out: a quarter of the out traffic
-    const float *w0 = w + p * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float x0 = x[r * k + p], x1 = x[r * k + p + 1], x2 = x[r * k + p + 2], x3 = x[r * k + p + 3];
-      float* o = out + r * ldo;
-      for (int64_t j = 0; j < nv; ++j) o[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
-      for (int64_t j = nv; j < nb; ++j) o[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
-    }
-  }
-  for (; p < k; ++p) {
-    const float* wr = w + p * ldw;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float xv = x[r * k + p];
-      float* o = out + r * ldo;
-      for (int64_t j = 0; j < nv; ++j) o[j] += xv * wr[j];
-      for (int64_t j = nv; j < nb; ++j) o[j] += xv * wr[j];
-    }
-  }
-}
-// dot(a[0:k], b[0:k]) in 16 partial sums.
-KILN_VECTOR_CLONES static float dot(const float* __restrict a, const float* __restrict b, int64_t k) {
-  float acc[16] = {};
-  const int64_t kv = k & ~int64_t{15};
-  for (int64_t i = 0; i < kv; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
-  float sum = 0;
-  for (int j = 0; j < 16; ++j) sum += acc[j];
-  for (int64_t i = kv; i < k; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 // out[M, N] = x[M, K] · W[N, K]ᵀ for the tied LM head, whose graph says
 // transpose(bmm(W, transpose(x))): per block of W's rows, one GEMM into a
 // small tile (in the stack) and its transpose into out, so the [N, M]
@@ -78,6 +40,7 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
   constexpr int64_t kBlock = 128;
   const int64_t M = s.m, N = s.n, K = s.k;
   if (M < kGemvRows) {  // a few tokens: one pass over W, dot products with x's rows (xt's columns)
+    const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((N + 1023) / 1024, 16 * static_cast<int64_t>(g.threads)));
     const int64_t rows = (N + blocks - 1) / blocks;
     parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
@@ -87,7 +50,7 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
       for (int64_t m = 0; m < M; ++m)
         for (int64_t p = 0; p < K; ++p) x[m][p] = xt[p * M + m];
       for (int64_t n = n0; n < n1; ++n)
-        for (int64_t m = 0; m < M; ++m) out[m * N + n] = dot(x[m], w + n * K, K);
+        for (int64_t m = 0; m < M; ++m) out[m * N + n] = gemv.dot(x[m], w + n * K, K);
     });
     return;
   }
@@ -107,26 +70,10 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
   });
 }
 
-// out[r] = dot(x[r, :], w[:, col]) for a one-column W (layer norm's means are such
-// FCs); the GEMM's 64-wide register tiles would do 64x the work.
-KILN_VECTOR_CLONES static void dot_rows(const float* __restrict x, const float* __restrict w, int64_t k, int64_t rows,
-                                 int64_t ldw, float* __restrict out, int64_t ldo) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * k;
-    float acc[16] = {};
-    const int64_t kv = k & ~int64_t{15};
-    for (int64_t i = 0; i < kv; i += 16)
-      for (int j = 0; j < 16; ++j) acc[j] += xr[i + j] * w[(i + j) * ldw];
-    float sum = 0;
-    for (int j = 0; j < 16; ++j) sum += acc[j];
-    for (int64_t i = kv; i < k; ++i) sum += xr[i] * w[i * ldw];
-    out[r * ldo] = sum;
-  }
-}
-
 // out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks
 // (over rows when W has a few columns).
 void run_fully_connected(const Step& s, const float* x, float* out) {
+  const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();  // a few rows: streaming products (W read once)
   if (s.m < kGemvRows && s.n >= 4) {
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 2 * static_cast<int64_t>(g.threads)));
     const int64_t cols = ((s.n + blocks - 1) / blocks + 15) / 16 * 16;
@@ -137,7 +84,7 @@ void run_fully_connected(const Step& s, const float* x, float* out) {
         if (s.bias) std::memcpy(out + r * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
         else std::memset(out + r * s.n + n0, 0, static_cast<size_t>(nb) * sizeof(float));
       }
-      axpy_rows(x, s.m, s.k, s.weights + n0, s.n, nb, out + n0, s.n);
+      gemv.axpy_rows(x, s.k, s.m, s.k, s.weights + n0, s.n, nb, out + n0, s.n);
       if (s.lo != -INFINITY || s.hi != INFINITY)
         for (int64_t r = 0; r < s.m; ++r)
           for (int64_t j = n0; j < n0 + nb; ++j) out[r * s.n + j] = std::min(std::max(out[r * s.n + j], s.lo), s.hi);
@@ -150,7 +97,7 @@ void run_fully_connected(const Step& s, const float* x, float* out) {
     parallel_for(static_cast<size_t>(parts), [&](size_t t) {
       const int64_t r0 = static_cast<int64_t>(t) * per, r1 = std::min(s.m, r0 + per);
       for (int64_t c = 0; c < s.n; ++c) {
-        if (r1 > r0) dot_rows(x + r0 * s.k, s.weights + c, s.k, r1 - r0, s.n, out + r0 * s.n + c, s.n);
+        if (r1 > r0) gemv.dot_rows(x + r0 * s.k, s.k, r1 - r0, s.k, s.weights + c, s.n, out + r0 * s.n + c, s.n);
         for (int64_t r = r0; r < r1; ++r) {
           float& o = out[r * s.n + c];
           if (s.bias) o += s.bias[c];
@@ -399,6 +346,7 @@ void run_rows(Step& s, const std::vector<Group>& groups, std::byte* arena, std::
     s.slot_ptr[static_cast<size_t>(s.tasks * s.slots) + m] = const_cast<float*>(s.in[m].data(groups, arena, args));
   float* const* base = s.slot_ptr.data() + s.tasks * s.slots;
   const int64_t per = (s.rows + s.tasks - 1) / s.tasks, C = s.cols;
+  const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
   parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
     float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
     float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
@@ -422,7 +370,7 @@ void run_rows(Step& s, const std::vector<Group>& groups, std::byte* arena, std::
             row_binary(op.kind, a, op.a.scalar && !op.out_scalar, b, op.b.scalar && !op.out_scalar, out, n);
             break;
           case RowOpKind::Softmax: row_softmax(a, out, n); break;
-          case RowOpKind::RowDot: out[0] = dot(a, op.w, C) + op.bias; break;
+          case RowOpKind::RowDot: out[0] = gemv.dot(a, op.w, C) + op.bias; break;
           default: row_unary(op.kind, a, out, n); break;
         }
         if (op.lo != -INFINITY || op.hi != INFINITY)

@@ -19,7 +19,6 @@
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/pte_file.h"
 
-#include <pthreadpool.h>
 #include <xnnpack.h>
 
 #include <algorithm>
@@ -57,6 +56,23 @@ Status failf(ErrorMessage* error, Status s, const char* format, A... a) {
     error->set("XnnpackBackend: %s", buf);
   }
   return s;
+}
+
+// Bits per element of a payload datatype; 0 for one kiln does not know.
+uint32_t datatype_bits(fbx::XNNDatatype t) {
+  using D = fbx::XNNDatatype;
+  switch (t) {
+    case D::xnn_datatype_fp32: case D::xnn_datatype_qint32: case D::xnn_datatype_qcint32: case D::xnn_datatype_int32:
+    case D::xnn_datatype_pfp32:
+      return 32;
+    case D::xnn_datatype_fp16: case D::xnn_datatype_bf16: return 16;
+    case D::xnn_datatype_qint8: case D::xnn_datatype_quint8: case D::xnn_datatype_qcint8: case D::xnn_datatype_qdint8:
+    case D::xnn_datatype_qpint8:
+      return 8;
+    case D::xnn_datatype_qcint4: case D::xnn_datatype_qbint4: return 4;
+    case D::xnn_datatype_invalid: break;
+  }
+  return 0;
 }
 
 uint64_t read_le(const std::byte* p, int n) {
@@ -217,7 +233,8 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
     const fbx::XNNTensorValue* t = v->xvalue_union_as_XNNTensorValue();
     Value& val = st.values[t->id_out()];
     if (val.defined) return failf(error_, Status::InvalidProgram, "value %u is defined twice", t->id_out());
-    if (t->datatype() != fbx::XNNDatatype::xnn_datatype_fp32)
+    val.elem_bits = datatype_bits(t->datatype());
+    if (t->datatype() != fbx::XNNDatatype::xnn_datatype_fp32 || val.elem_bits == 0)
       return failf(error_, Status::NotSupported, "value %u has datatype %s; kiln's XNNPACK backend runs fp32 only",
                    t->id_out(), fbx::EnumNameXNNDatatype(t->datatype()));
     const auto* dims = t->dims();
@@ -685,7 +702,7 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
     ++count;
   }
   if (count == 0) return Status::Ok;
-  if (xnn_create_runtime_v2(sg, g.pool, 0, &step.runtime) != xnn_status_success)
+  if (xnn_create_runtime_v2(sg, raw_pool(), 0, &step.runtime) != xnn_status_success)
     return failf(error_, Status::Internal, "XNNPACK could not create the runtime of nodes %zu..%zu", begin, end - 1);
   // XNNPACK packed this subgraph's weights into its own memory; their file
   // pages are not read again (a weight another node reads is kept), so they
@@ -1077,10 +1094,10 @@ bool register_runtime_backend(const RuntimeOptions& options) {
   g.per_node = options.per_node_subgraphs;
   g.engine = options.engine;
   size_t threads = std::max<size_t>(1, options.threads);
-  if (threads != g.threads || (threads > 1 && g.pool == nullptr)) {
-    if (g.pool) pthreadpool_destroy(g.pool);
-    g.pool = threads > 1 ? pthreadpool_create(threads) : nullptr;
-    g.threads = threads;
+  if (g.pool == nullptr || threads != g.pool->threads()) {
+    g.pool.reset();
+    g.pool = std::make_unique<cpu::ThreadPool>(threads);
+    g.threads = g.pool->threads();
   }
   if (rt::find_backend(kBackend.id) == &kBackend) return true;
   return rt::register_backend(&kBackend);

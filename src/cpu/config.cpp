@@ -1,0 +1,128 @@
+// kiln::cpu's selection tables: the variants of each family, and the one picked
+// for this process (once, at first use) from the CPU's features and KILN_CPU_ISA.
+#include "kiln/cpu/config.h"
+
+#include "ukernels.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace kiln::cpu {
+namespace {
+
+// Does this CPU run `isa`? (The build's side is the variant lists below.)
+bool cpu_has(Isa isa) {
+  switch (isa) {
+    case Isa::Generic: return true;
+#ifdef KILN_CPU_X86
+    case Isa::Avx2: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v3");
+    case Isa::Avx512: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v4");
+#endif
+    // AArch64 goes here: getauxval(AT_HWCAP) / AT_HWCAP2 bits (HWCAP_ASIMDDP, HWCAP2_I8MM, ...)
+    // for the NEON levels, once there are variants for them.
+    default: return false;
+  }
+}
+
+// Each family's variants, widest ISA first.
+#ifdef KILN_CPU_X86
+#define KILN_X86_ONLY(...) __VA_ARGS__,
+#else
+#define KILN_X86_ONLY(...)
+#endif
+
+const F32GemmVariant kF32Gemm[] = {
+    KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512})
+    KILN_X86_ONLY({"f32_gemm_6x16__avx2", Isa::Avx2, 6, 16, 512, f32_gemm_6x16__avx2})
+    {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic},
+};
+
+#define KILN_GEMV_ROW(isa, ISA) {"f32_gemv__" #isa, Isa::ISA, f32_gemv_axpy_rows__##isa, f32_gemv_dot__##isa, \
+                                 f32_gemv_dot_rows__##isa}
+const F32GemvVariant kF32Gemv[] = {
+    KILN_X86_ONLY(KILN_GEMV_ROW(avx512, Avx512))
+    KILN_X86_ONLY(KILN_GEMV_ROW(avx2, Avx2))
+    KILN_GEMV_ROW(generic, Generic),
+};
+
+// The widest variant of a family at or below `isa` (every family has a generic one).
+template <typename V, size_t N>
+const V* pick(const V (&variants)[N], Isa isa) {
+  for (const V& v : variants)
+    if (v.isa <= isa) return &v;
+  return &variants[N - 1];
+}
+
+struct Tables {
+  Isa isa;
+  const F32GemmVariant* f32_gemm;
+  const F32GemvVariant* f32_gemv;
+};
+
+const Tables& tables() {
+  static const Tables t = [] {
+    const char* request = std::getenv("KILN_CPU_ISA");
+    const Isa best = best_isa();
+    bool warning = false;
+    const Isa isa = resolve_isa(request, best, &warning);
+    if (warning)
+      std::fprintf(stderr, "kiln: KILN_CPU_ISA=%s is not an ISA this CPU runs (generic|avx2|avx512); using %s\n",
+                   request, isa_name(isa));
+    return Tables{isa, pick(kF32Gemm, isa), pick(kF32Gemv, isa)};
+  }();
+  return t;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx2: return "avx2";
+    case Isa::Generic: break;
+  }
+  return "generic";
+}
+
+bool parse_isa(const char* name, Isa* isa) {
+  for (Isa i : {Isa::Generic, Isa::Avx2, Isa::Avx512})
+    if (name != nullptr && std::strcmp(name, isa_name(i)) == 0) {
+      *isa = i;
+      return true;
+    }
+  return false;
+}
+
+bool isa_supported(Isa isa) {
+  bool built = false;
+  for (const F32GemmVariant& v : kF32Gemm) built = built || v.isa == isa;
+  return built && cpu_has(isa);
+}
+
+Isa best_isa() {
+  for (Isa isa : {Isa::Avx512, Isa::Avx2})
+    if (isa_supported(isa)) return isa;
+  return Isa::Generic;
+}
+
+Isa resolve_isa(const char* request, Isa best, bool* warning) {
+  if (warning) *warning = false;
+  if (request == nullptr || request[0] == '\0') return best;
+  Isa isa;
+  if (!parse_isa(request, &isa) || isa > best) {
+    if (warning) *warning = true;
+    return best;
+  }
+  return isa;
+}
+
+Isa active_isa() { return tables().isa; }
+
+std::span<const F32GemmVariant> f32_gemm_variants() { return kF32Gemm; }
+const F32GemmVariant& f32_gemm_config() { return *tables().f32_gemm; }
+
+std::span<const F32GemvVariant> f32_gemv_variants() { return kF32Gemv; }
+const F32GemvVariant& f32_gemv_config() { return *tables().f32_gemv; }
+
+}  // namespace kiln::cpu

@@ -1,0 +1,133 @@
+// Internal to kiln_cpu: the f32-gemm template. Each f32-gemm-<MR>x<NR>-<isa>.cpp
+// instantiates it once, for its register tile and vector width, inside a
+// function compiled for its ISA (see ../isa.h).
+//
+// The GEMM (Goto-style, simplified for inference shapes): K is cut into blocks
+// of KC; for each block, B is packed one NR-wide column panel at a time into a
+// stack buffer (32 KiB, 192 KiB for AVX-512: L1 / L2 resident; packing also avoids
+// the cache-set conflicts that power-of-two row strides cause), and every
+// MR-row tile of A sweeps that panel with an MR x NR register tile of
+// accumulators. A is read in place (its M x KC block stays in L2 across all
+// panels). The micro-kernel is written with GCC/Clang vector extensions, so the
+// same source compiles to AVX-512, AVX2+FMA or the baseline ISA (SSE2 / NEON).
+// Single-threaded; m, n, k >= 1 (sgemm handles the degenerate sizes).
+#pragma once
+
+#include "../isa.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace kiln::cpu {
+namespace {  // internal linkage: each variant's file keeps its own copy, built for its ISA
+
+template <int kBytes>
+struct VecOf {
+  typedef float type __attribute__((vector_size(kBytes)));
+  typedef float unaligned __attribute__((vector_size(kBytes), aligned(4)));  // aliases float, as GCC's vectors do
+};
+
+// Vector loads/stores through references (vector values never cross a function boundary: psabi).
+template <typename V>
+KILN_CPU_INLINE void load_v(V& v, const float* p) {
+  using U = typename VecOf<sizeof(V)>::unaligned;
+  v = *reinterpret_cast<const U*>(p);
+}
+template <typename V>
+KILN_CPU_INLINE void store_v(float* p, const V& v) {
+  using U = typename VecOf<sizeof(V)>::unaligned;
+  *reinterpret_cast<U*>(p) = v;
+}
+
+// Copies B[0:kc, 0:nr] (row stride ldb) into bp as kc rows of NR floats, zero-padding columns >= nr.
+template <int NR>
+KILN_CPU_INLINE void pack_b(const float* b, int64_t ldb, int64_t kc, int64_t nr, float* bp) {
+  if (nr == NR) {
+    for (int64_t k = 0; k < kc; ++k) std::memcpy(bp + k * NR, b + k * ldb, sizeof(float) * NR);
+  } else {
+    for (int64_t k = 0; k < kc; ++k) {
+      int64_t j = 0;
+      for (; j < nr; ++j) bp[k * NR + j] = b[k * ldb + j];
+      for (; j < NR; ++j) bp[k * NR + j] = 0.0f;
+    }
+  }
+}
+
+// One MR x NR tile: C[0:mr, 0:nr] = alpha * A[0:mr, 0:kc] · Bp + (load_c ? C : 0).
+// Rows of A past mr repeat the last valid row (their results are discarded).
+template <int MR, int NV, typename V>
+KILN_CPU_INLINE void micro_tile(int64_t kc, const float* a, int64_t lda, int64_t mr, const float* bp, float* c,
+                                   int64_t ldc, int64_t nr, float alpha, bool load_c) {
+  constexpr int VL = static_cast<int>(sizeof(V) / sizeof(float));
+  constexpr int NR = NV * VL;
+  const float* ar[MR];
+  for (int i = 0; i < MR; ++i) ar[i] = a + (i < mr ? i : mr - 1) * lda;
+  V acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+  for (int64_t k = 0; k < kc; ++k) {
+    V bv[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) load_v<V>(bv[j], bp + k * NR + j * VL);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const float a_ik = ar[i][k];
+      const V av = a_ik - V{};  // a broadcast (x - 0 folds to x; x + 0 would not: -0 + 0 = +0)
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+    }
+  }
+  if (mr == MR && nr == NR) {
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) {
+        V r = acc[i][j] * alpha;
+        if (load_c) {
+          V old;
+          load_v<V>(old, c + i * ldc + j * VL);
+          r += old;
+        }
+        store_v<V>(c + i * ldc + j * VL, r);
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) store_v<V>(&tile[i][j * VL], acc[i][j]);
+  for (int64_t i = 0; i < mr; ++i)
+    for (int64_t j = 0; j < nr; ++j) {
+      const float r = alpha * tile[i][j];
+      c[i * ldc + j] = load_c ? c[i * ldc + j] + r : r;
+    }
+}
+
+// KC: rows of a packed B panel; the default keeps the panel at 32 KiB (L1).
+template <int MR, int NV, typename V, int64_t KC = 32 * 1024 / (NV * static_cast<int64_t>(sizeof(V)))>
+KILN_CPU_INLINE void f32_gemm_blocked(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                                      const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  constexpr int VL = static_cast<int>(sizeof(V) / sizeof(float));
+  constexpr int NR = NV * VL;
+  alignas(64) float bp[KC * NR];
+  for (int64_t pc = 0; pc < k; pc += KC) {
+    const int64_t kc = k - pc < KC ? k - pc : KC;
+    const bool load_c = accumulate || pc > 0;
+    for (int64_t jr = 0; jr < n; jr += NR) {
+      const int64_t nr = n - jr < NR ? n - jr : NR;
+      pack_b<NR>(b + pc * ldb + jr, ldb, kc, nr, bp);
+      for (int64_t ir = 0; ir < m; ir += MR) {
+        const int64_t mr = m - ir < MR ? m - ir : MR;
+        if (ir + MR < m) {  // the next tile's rows of C: ldc apart, too far for the hardware prefetcher
+          const int64_t next_mr = m - ir - MR < MR ? m - ir - MR : MR;
+          for (int64_t i = 0; i < next_mr; ++i)
+            for (int64_t j = 0; j < nr; j += 16) __builtin_prefetch(c + (ir + MR + i) * ldc + jr + j, 1, 3);
+        }
+        micro_tile<MR, NV, V>(kc, a + ir * lda + pc, lda, mr, bp, c + ir * ldc + jr, ldc, nr, alpha, load_c);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cpu

@@ -1,0 +1,37 @@
+// Internal to kiln_cpu: every micro-kernel variant, by the name that is its
+// spec (family, tile, ISA). config.cpp puts them in the selection tables;
+// nothing else calls them directly (the tables are the public way in).
+#pragma once
+
+#include "isa.h"
+
+#include <cstdint>
+
+namespace kiln::cpu {
+
+// f32-gemm: C[m, n] = alpha * A[m, k] · B[k, n] + (accumulate ? C : 0); m, n, k >= 1.
+#define KILN_DECLARE_F32_GEMM(name)                                                                            \
+  void name(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,          \
+            int64_t ldb, bool accumulate, float* c, int64_t ldc)
+
+KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic);
+#ifdef KILN_CPU_X86
+KILN_DECLARE_F32_GEMM(f32_gemm_6x16__avx2);
+KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512);
+#endif
+
+// f32-gemv: the streaming products for a few rows (see kiln/cpu/config.h).
+#define KILN_DECLARE_F32_GEMV(isa)                                                                             \
+  void f32_gemv_axpy_rows__##isa(const float* x, int64_t ldx, int64_t rows, int64_t k, const float* w,          \
+                                 int64_t ldw, int64_t n, float* out, int64_t ldo);                               \
+  float f32_gemv_dot__##isa(const float* a, const float* b, int64_t k);                                          \
+  void f32_gemv_dot_rows__##isa(const float* x, int64_t ldx, int64_t rows, int64_t k, const float* w,           \
+                                int64_t ldw, float* out, int64_t ldo)
+
+KILN_DECLARE_F32_GEMV(generic);
+#ifdef KILN_CPU_X86
+KILN_DECLARE_F32_GEMV(avx2);
+KILN_DECLARE_F32_GEMV(avx512);
+#endif
+
+}  // namespace kiln::cpu

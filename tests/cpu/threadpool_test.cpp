@@ -1,0 +1,52 @@
+// cpu::ThreadPool: sizes, and parallel_for visiting every index exactly once.
+#include "kiln/cpu/threadpool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace kiln::cpu {
+namespace {
+
+void expect_each_index_once(const ThreadPool& pool, size_t n) {
+  std::unique_ptr<std::atomic<int>[]> hits(new std::atomic<int>[n + 1]);
+  for (size_t i = 0; i <= n; ++i) hits[i] = 0;
+  pool.parallel_for(n, [&](size_t i) { hits[i < n ? i : n].fetch_add(1); });
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i << " of " << n;
+  EXPECT_EQ(hits[n].load(), 0) << "an index >= n";
+}
+
+TEST(ThreadPool, SingleThreadedRunsInline) {
+  for (size_t t : {size_t{0}, size_t{1}}) {
+    ThreadPool pool(t);
+    EXPECT_EQ(pool.threads(), 1u);
+    EXPECT_EQ(pool.raw(), nullptr);
+    const std::thread::id caller = std::this_thread::get_id();
+    bool elsewhere = false;
+    pool.parallel_for(100, [&](size_t) { elsewhere = elsewhere || std::this_thread::get_id() != caller; });
+    EXPECT_FALSE(elsewhere);
+    expect_each_index_once(pool, 37);
+  }
+}
+
+TEST(ThreadPool, WorkersCoverEveryIndexOnce) {
+  ThreadPool pool(4);
+  EXPECT_EQ(pool.threads(), 4u);
+  EXPECT_NE(pool.raw(), nullptr);
+  for (size_t n : {0, 1, 2, 3, 4, 5, 63, 1000}) expect_each_index_once(pool, n);
+}
+
+TEST(ThreadPool, ParallelSumMatchesSerial) {
+  ThreadPool pool(3);
+  std::vector<int64_t> part(97, 0);
+  pool.parallel_for(part.size(), [&](size_t i) {
+    for (int64_t j = 0; j < 1000; ++j) part[i] += static_cast<int64_t>(i) * j;
+  });
+  for (size_t i = 0; i < part.size(); ++i) EXPECT_EQ(part[i], static_cast<int64_t>(i) * 999 * 1000 / 2);
+}
+
+}  // namespace
+}  // namespace kiln::cpu
