@@ -44,8 +44,6 @@ double peak_rss_mb() {
 int run_bench(const BenchOptions& o) {
   check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
   check(o.threads >= 1, "--threads must be >= 1");
-  backends::xnnpack::register_runtime_backend(
-      {.threads = static_cast<size_t>(o.threads), .per_node_subgraphs = o.profile, .engine = engine_choice(o.engine)});
   auto t0 = Clock::now();
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);

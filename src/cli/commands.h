@@ -20,10 +20,6 @@ int inspect_pte(const std::string& path, bool as_json);
 void add_bench_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln run`.
 void add_run_command(CLI::App& app, std::function<int()>& run);
-// --engine: "kiln" | "xnnpack" (validated by CLI11).
-inline backends::xnnpack::Engine engine_choice(const std::string& s) {
-  return s == "xnnpack" ? backends::xnnpack::Engine::Xnnpack : backends::xnnpack::Engine::Kiln;
-}
 // Adds `kiln lower`.
 void add_lower_command(CLI::App& app, std::function<int()>& run);
 

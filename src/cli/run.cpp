@@ -48,7 +48,6 @@ std::string shape_str(std::span<const int64_t> s) { return fmt::format("[{}]", f
 
 int run_run(const RunOptions& o) {
   check(o.threads >= 1, "--threads must be >= 1");
-  backends::xnnpack::register_runtime_backend({.threads = static_cast<size_t>(o.threads), .engine = engine_choice(o.engine)});
   auto t0 = Clock::now();
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);

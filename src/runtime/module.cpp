@@ -47,12 +47,10 @@ Status Module::load() {
     m.error.set("threads must be at least 1");
     return Status::InvalidArgument;
   }
-  // The XNNPACK backend still keeps its thread pool and engine per process
-  // (backend_state.h's Globals) until it reads them from BackendInitContext:
-  // registering applies this module's settings to it.
-  namespace xnn = backends::xnnpack;
-  xnn::register_runtime_backend({.threads = o.threads,
-                                 .engine = o.engine == "xnnpack" ? xnn::Engine::Xnnpack : xnn::Engine::Kiln});
+  if (!backends::xnnpack::register_runtime_backend()) {
+    m.error.set("the XNNPACK backend cannot be initialized on this CPU");
+    return Status::NotSupported;
+  }
   if (!m.program) {
     Result<rt::Program> p = rt::Program::load(m.path.c_str(), &m.error);
     if (!p.ok()) return p.status();

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   // delegated programs: the XNNPACK backend with a thread pool, as `kiln bench --threads 2` runs them
-  if (!kiln::backends::xnnpack::register_runtime_backend({.threads = 2})) {
+  if (!kiln::backends::xnnpack::register_runtime_backend()) {
     std::fprintf(stderr, "cannot register the XNNPACK backend\n");
     return 1;
   }
@@ -69,7 +69,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "load: %s\n", err.c_str());
     return 1;
   }
-  auto method = program->load_method("forward", &err);
+  kiln::rt::MethodOptions options;
+  options.backend.threads = 2;
+  auto method = program->load_method("forward", options, &err);
   if (!method.ok()) {
     std::fprintf(stderr, "load_method: %s\n", err.c_str());
     return 1;

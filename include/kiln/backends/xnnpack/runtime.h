@@ -12,16 +12,14 @@
 // views of their input. execute() binds the call's tensors and runs the
 // steps; it allocates nothing.
 //
-// One pthreadpool, sized by RuntimeOptions::threads, serves XNNPACK and
-// kiln's steps.
-//
-// Per-method options: Program::load_method(name, rt::MethodOptions) hands
-// MethodOptions::backend (threads, engine "kiln"|"xnnpack", profiling_detail =
-// per_node_subgraphs) to the backend's init in rt::BackendInitContext, and
-// kiln::Module fills it from ModuleOptions. Until the backend keeps those in
-// its per-delegate State (with the cpu/ thread-pool wrapper), the pool, the
-// engine and per-node subgraphs are still process-wide, set here: callers
-// (the CLI, kiln::Module) call register_runtime_backend with the same values.
+// Options are per method, not per process: Program::load_method(name,
+// rt::MethodOptions) hands MethodOptions::backend to the backend's init
+// (rt::BackendInitContext): `threads` sizes the pool the delegate's steps and
+// XNNPACK runtimes run on (delegates asking for the same size share one
+// pool), `engine` picks who runs the nodes both can run ("kiln", the default,
+// or "xnnpack"; anything else is an error at load), and `profiling_detail`
+// builds one XNNPACK subgraph per node so a profile times each node.
+// kiln::Module fills them from ModuleOptions.
 #pragma once
 
 #include <cstddef>
@@ -39,18 +37,9 @@ namespace kiln::backends::xnnpack {
 // bench/RESULTS.md measures both.
 enum class Engine { Kiln, Xnnpack };
 
-struct RuntimeOptions {
-  size_t threads = 1;  // 1: no pool, everything on the calling thread
-  // One XNNPACK subgraph per node instead of one per run of nodes, so that a
-  // profile times each node (XNNPACK's own runtime cannot); programs loaded
-  // afterwards run slightly slower.
-  bool per_node_subgraphs = false;
-  Engine engine = Engine::Kiln;
-};
-
-// Registers "XnnpackBackend" with kiln's runtime, or, if it is registered,
-// resizes its thread pool. Call before loading programs; false if XNNPACK
-// cannot be initialized on this CPU or the registry is full.
-bool register_runtime_backend(const RuntimeOptions& options = {});
+// Registers "XnnpackBackend" with kiln's runtime (idempotent). Call before
+// loading programs; false if XNNPACK cannot be initialized on this CPU or the
+// backend registry is full.
+bool register_runtime_backend();
 
 }  // namespace kiln::backends::xnnpack

@@ -32,27 +32,27 @@ constexpr int64_t kGemvRows = 16;     // below this many rows, fully-connected p
 
 // ---------------------------------------------------------------- thread pool
 
-struct Globals {
-  std::unique_ptr<cpu::ThreadPool> pool;  // kiln's steps and XNNPACK's runtimes; null until registered
-  size_t threads = 1;                     // pool->threads()
-  bool per_node = false;
-  Engine engine = Engine::Kiln;
-  bool xnn_ready = false;
-};
-extern Globals g;  // set by register_runtime_backend
-
-// f(i) for i < n over the backend's pool (on this thread when it has none).
-template <typename F>
-void parallel_for(size_t n, const F& f) {
-  if (g.pool != nullptr) {
-    g.pool->parallel_for(n, f);
-    return;
+// How a delegate runs: the pool its method's options asked for (rt::BackendOptions::threads
+// at init), shared with every delegate of the same size. Null pool: the calling thread only.
+struct Exec {
+  cpu::ThreadPool* pool = nullptr;
+  int64_t threads = 1;
+  // f(i) for i < n over the pool (on this thread when there is none).
+  template <typename F>
+  void parallel_for(size_t n, const F& f) const {
+    if (pool != nullptr) {
+      pool->parallel_for(n, f);
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) f(i);
   }
-  for (size_t i = 0; i < n; ++i) f(i);
-}
+  // The pthreadpool XNNPACK runtimes are created with (null: single-threaded).
+  pthreadpool_t raw_pool() const { return pool != nullptr ? pool->raw() : nullptr; }
+};
 
-// The pthreadpool XNNPACK runtimes are created with (null: single-threaded).
-inline pthreadpool_t raw_pool() { return g.pool != nullptr ? g.pool->raw() : nullptr; }
+// The process's pool of `threads` threads, created on first use and kept while a
+// delegate holds it (null for 1 thread or if no pool can be created).
+std::shared_ptr<cpu::ThreadPool> shared_pool(size_t threads);
 
 // ---------------------------------------------------------------- values
 
@@ -175,6 +175,11 @@ struct State {
   std::vector<const void*> bound_args;  // argument pointers the subgraphs were set up with
   bool profiling = false;
   std::vector<std::unique_ptr<float, decltype(&std::free)>> owned;  // weights kiln laid out itself
+  // the method's options (rt::BackendOptions), kept from init
+  std::shared_ptr<cpu::ThreadPool> pool;  // outlives the XNNPACK runtimes created on it (~State deletes them first)
+  Exec exec;
+  Engine engine = Engine::Kiln;
+  bool per_node = false;                  // one XNNPACK subgraph per node (profiling detail)
 
   ~State() {
     for (Step& s : steps)
@@ -186,14 +191,14 @@ struct State {
 
 // ---------------------------------------------------------------- kiln's steps (steps.cpp)
 
-void run_bmm(const Step& s, const float* a, const float* b, float* c);
-void run_lm_head(const Step& s, const float* w, const float* xt, float* out);
-void run_fully_connected(const Step& s, const float* x, float* out);
-void run_transpose(const Step& s, const float* in, float* out);
+void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c);
+void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out);
+void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out);
+void run_transpose(const Exec& ex, const Step& s, const float* in, float* out);
 void run_slice(const Step& s, const float* in, float* out);
-void run_unary(const Step& s, const float* in, float* out);
+void run_unary(const Exec& ex, const Step& s, const float* in, float* out);
 void run_concat(const Step& s, std::span<const float* const> ins, float* out);
-void run_rows(Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args);
+void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args);
 bool row_mode(const Value& e, const Value& d, int64_t* period, bool* scalar);
 
 }  // namespace kiln::backends::xnnpack::detail

@@ -14,16 +14,14 @@
 
 namespace kiln::backends::xnnpack::detail {
 
-Globals g;
-
 // ---------------------------------------------------------------- kiln's steps
 
-void run_bmm(const Step& s, const float* a, const float* b, float* c) {
+void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c) {
   // C[i] = A[i] · B[i], row-major, batches of A/B broadcast when their stride is 0.
   // Parallel over batches and over blocks of rows.
-  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((s.m + 63) / 64, 4 * static_cast<int64_t>(g.threads)));
+  const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((s.m + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
   const int64_t rows = (s.m + row_blocks - 1) / row_blocks;
-  parallel_for(static_cast<size_t>(s.batch * row_blocks), [&](size_t t) {
+  ex.parallel_for(static_cast<size_t>(s.batch * row_blocks), [&](size_t t) {
     int64_t bi = static_cast<int64_t>(t) / row_blocks, r0 = (static_cast<int64_t>(t) % row_blocks) * rows;
     int64_t r1 = std::min(s.m, r0 + rows);
     if (r1 <= r0) return;
@@ -36,14 +34,14 @@ void run_bmm(const Step& s, const float* a, const float* b, float* c) {
 // transpose(bmm(W, transpose(x))): per block of W's rows, one GEMM into a
 // small tile (in the stack) and its transpose into out, so the [N, M]
 // intermediate never exists. `xt` is x transposed, [K, M].
-void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
+void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out) {
   constexpr int64_t kBlock = 128;
   const int64_t M = s.m, N = s.n, K = s.k;
   if (M < kGemvRows) {  // a few tokens: one pass over W, dot products with x's rows (xt's columns)
     const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((N + 1023) / 1024, 16 * static_cast<int64_t>(g.threads)));
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((N + 1023) / 1024, 16 * static_cast<int64_t>(ex.threads)));
     const int64_t rows = (N + blocks - 1) / blocks;
-    parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+    ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
       const int64_t n0 = static_cast<int64_t>(t) * rows, n1 = std::min(N, n0 + rows);
       alignas(64) float x[kGemvRows][1024];
       if (K > 1024) return;  // checked at init
@@ -55,7 +53,7 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
     return;
   }
   const int64_t blocks = (N + kBlock - 1) / kBlock;
-  parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+  ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
     int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
     // tile[nb, M] = W[n0:n0+nb, :] · xt; M is small here (the sequence), checked at init
     alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
@@ -72,12 +70,12 @@ void run_lm_head(const Step& s, const float* w, const float* xt, float* out) {
 
 // out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks
 // (over rows when W has a few columns).
-void run_fully_connected(const Step& s, const float* x, float* out) {
+void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out) {
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();  // a few rows: streaming products (W read once)
   if (s.m < kGemvRows && s.n >= 4) {
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 2 * static_cast<int64_t>(g.threads)));
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 2 * static_cast<int64_t>(ex.threads)));
     const int64_t cols = ((s.n + blocks - 1) / blocks + 15) / 16 * 16;
-    parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+    ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
       const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
       if (nb <= 0) return;
       for (int64_t r = 0; r < s.m; ++r) {
@@ -92,9 +90,9 @@ void run_fully_connected(const Step& s, const float* x, float* out) {
     return;
   }
   if (s.n < 4) {
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, 2 * static_cast<int64_t>(g.threads)));
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, 2 * static_cast<int64_t>(ex.threads)));
     const int64_t per = (s.m + parts - 1) / parts;
-    parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+    ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
       const int64_t r0 = static_cast<int64_t>(t) * per, r1 = std::min(s.m, r0 + per);
       for (int64_t c = 0; c < s.n; ++c) {
         if (r1 > r0) gemv.dot_rows(x + r0 * s.k, s.k, r1 - r0, s.k, s.weights + c, s.n, out + r0 * s.n + c, s.n);
@@ -107,9 +105,9 @@ void run_fully_connected(const Step& s, const float* x, float* out) {
     });
     return;
   }
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 2 * static_cast<int64_t>(g.threads)));
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 2 * static_cast<int64_t>(ex.threads)));
   const int64_t cols = ((s.n + tasks - 1) / tasks + 63) / 64 * 64;
-  parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
+  ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
     const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
     if (nb <= 0) return;
     if (s.bias)
@@ -132,7 +130,7 @@ static std::array<int64_t, kMaxRank> row_major_strides(const std::array<int64_t,
   return stride;
 }
 
-void run_transpose(const Step& s, const float* in, float* out) {
+void run_transpose(const Exec& ex, const Step& s, const float* in, float* out) {
   const uint32_t r = s.rank;
   const std::array<int64_t, kMaxRank> in_stride = row_major_strides(s.in_dims, r);
   // the output's dims and, for each, the input stride it walks
@@ -149,7 +147,7 @@ void run_transpose(const Step& s, const float* in, float* out) {
     for (uint32_t i = 0; i + 2 < r; ++i) outer *= od[i];
     constexpr int64_t B = 32;
     const int64_t rb = (R + B - 1) / B;
-    parallel_for(static_cast<size_t>(outer * rb), [&](size_t t) {
+    ex.parallel_for(static_cast<size_t>(outer * rb), [&](size_t t) {
       int64_t o = static_cast<int64_t>(t) / rb, r0 = (static_cast<int64_t>(t) % rb) * B;
       int64_t base = 0, rem = o;
       for (int i = static_cast<int>(r) - 3; i >= 0; --i) {
@@ -167,8 +165,8 @@ void run_transpose(const Step& s, const float* in, float* out) {
   const int64_t row = od[r - 1];
   int64_t rows = 1;
   for (uint32_t i = 0; i + 1 < r; ++i) rows *= od[i];
-  parallel_for(static_cast<size_t>(std::min<int64_t>(rows, 4 * static_cast<int64_t>(g.threads))), [&](size_t t) {
-    int64_t parts = std::min<int64_t>(rows, 4 * static_cast<int64_t>(g.threads));
+  ex.parallel_for(static_cast<size_t>(std::min<int64_t>(rows, 4 * static_cast<int64_t>(ex.threads))), [&](size_t t) {
+    int64_t parts = std::min<int64_t>(rows, 4 * static_cast<int64_t>(ex.threads));
     int64_t per = (rows + parts - 1) / parts;
     for (int64_t q = static_cast<int64_t>(t) * per; q < std::min(rows, (static_cast<int64_t>(t) + 1) * per); ++q) {
       int64_t base = 0, rem = q;
@@ -221,11 +219,11 @@ KILN_VECTOR_CLONES static void sigmoid_loop(const float* __restrict in, float* _
   map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return cpu::sigmoid_f(x); });
 }
 
-void run_unary(const Step& s, const float* in, float* out) {
+void run_unary(const Exec& ex, const Step& s, const float* in, float* out) {
   const int64_t n = s.count;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n / 16384, 4 * static_cast<int64_t>(g.threads)));
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n / 16384, 4 * static_cast<int64_t>(ex.threads)));
   const int64_t per = (n + parts - 1) / parts;
-  parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+  ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
     int64_t b = static_cast<int64_t>(t) * per, e = std::min(n, b + per);
     using namespace cpu;
     switch (s.unary) {
@@ -341,13 +339,13 @@ KILN_VECTOR_CLONES static void row_softmax(const float* __restrict in, float* __
 
 // Runs a fused chain: rows split into step.tasks blocks; each row goes through
 // every op with its intermediate rows in the task's scratch (L1/L2-resident).
-void run_rows(Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) {
+void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) {
   for (size_t m = 0; m < s.in.size(); ++m)  // memory operands and written groups, resolved once per call
     s.slot_ptr[static_cast<size_t>(s.tasks * s.slots) + m] = const_cast<float*>(s.in[m].data(groups, arena, args));
   float* const* base = s.slot_ptr.data() + s.tasks * s.slots;
   const int64_t per = (s.rows + s.tasks - 1) / s.tasks, C = s.cols;
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
-  parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
+  ex.parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
     float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
     float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
     const int64_t r1 = std::min(s.rows, (static_cast<int64_t>(t) + 1) * per);

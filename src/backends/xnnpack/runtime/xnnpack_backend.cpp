@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <numeric>
 #include <string>
@@ -509,7 +510,7 @@ bool Builder::add_row_op(const State& st, size_t i, int64_t rows, int64_t cols, 
 Status Builder::find_chains(State& st) {
   chain_of_.assign(io_.size(), -1);
   slot_only_.assign(st.groups.size(), false);
-  if (g.engine != Engine::Kiln) return Status::Ok;
+  if (st.engine != Engine::Kiln) return Status::Ok;
   // readers of each group, by node
   std::vector<std::vector<uint32_t>> readers(st.groups.size());
   for (size_t i = 0; i < io_.size(); ++i) {
@@ -576,7 +577,7 @@ Status Builder::find_chains(State& st) {
     step.rows = rows;
     step.cols = cols;
     step.slots = static_cast<int64_t>(slot_scalar.size());
-    step.tasks = std::max<int64_t>(1, std::min<int64_t>(rows, static_cast<int64_t>(g.threads)));
+    step.tasks = std::max<int64_t>(1, std::min<int64_t>(rows, st.exec.threads));
     for (int32_t grp : mem) step.in.push_back(Operand{grp});
     for (size_t k = 0; k < slot_scalar.size(); ++k) {
       step.slot_offset.push_back(step.scratch_per_task);
@@ -702,7 +703,7 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
     ++count;
   }
   if (count == 0) return Status::Ok;
-  if (xnn_create_runtime_v2(sg, raw_pool(), 0, &step.runtime) != xnn_status_success)
+  if (xnn_create_runtime_v2(sg, st.exec.raw_pool(), 0, &step.runtime) != xnn_status_success)
     return failf(error_, Status::Internal, "XNNPACK could not create the runtime of nodes %zu..%zu", begin, end - 1);
   // XNNPACK packed this subgraph's weights into its own memory; their file
   // pages are not read again (a weight another node reads is kept), so they
@@ -770,7 +771,7 @@ Status Builder::kiln_step(State& st, size_t i) {
       const bool kn = (p->flags() & 1u) != 0;  // XNN_FLAG_TRANSPOSE_WEIGHTS: W is [K, N]
       step.kind = StepKind::FullyConnected;
       step.label = "kiln fully connected";
-      if (g.per_node) step.label += " " + std::to_string(w.dims[0]) + "x" + std::to_string(w.dims[1]);
+      if (st.per_node) step.label += " " + std::to_string(w.dims[0]) + "x" + std::to_string(w.dims[1]);
       step.k = kn ? w.dims[0] : w.dims[1];
       step.n = kn ? w.dims[1] : w.dims[0];
       if (in.dims[in.ndims - 1] != step.k || out.dims[out.ndims - 1] != step.n || step.k == 0 || step.n == 0 ||
@@ -894,7 +895,7 @@ Status Builder::make_steps(State& st) {
       // both implementations need constant weights
       bool static_w = st.values[io_[i].in[1]].constant && (io_[i].in[2] == kInvalidId || st.values[io_[i].in[2]].constant);
       if (!static_w) return failf(error_, Status::NotSupported, "node %zu: fully connected with non-constant weights", i);
-      lib = g.engine == Engine::Xnnpack;
+      lib = st.engine == Engine::Xnnpack;
     }
     if (skip_[i]) continue;  // a view: no step, inside or between subgraphs
     if (chain_of_[i] >= 0) {  // a fused chain: one step at its first node
@@ -910,7 +911,7 @@ Status Builder::make_steps(State& st) {
     }
     if (lib) {
       if (!open) { begin = i; open = true; }
-      if (g.per_node) {  // profiling: one subgraph per node
+      if (st.per_node) {  // profiling: one subgraph per node
         if (Status s = subgraph_step(st, begin, i + 1); s != Status::Ok) return s;
         open = false;
       }
@@ -985,14 +986,26 @@ Status Builder::build(std::span<const std::byte> payload, State& st) {
 
 // ---------------------------------------------------------------- the Backend
 
+bool xnn_ready = false;  // xnn_initialize succeeded (register_runtime_backend)
+
 Status init(const rt::BackendInitContext& ctx, void** state, ErrorMessage* error) {
-  const rt::PteFile& file = ctx.file;
-  std::span<const std::byte> payload = ctx.payload;
-  if (!g.xnn_ready) return fail(error, Status::NotSupported, "XNNPACK is not initialized on this CPU");
+  if (!xnn_ready) return fail(error, Status::NotSupported, "XNNPACK is not initialized on this CPU");
+  const rt::BackendOptions& o = ctx.options;
+  Engine engine = Engine::Kiln;
+  if (o.engine != nullptr && std::string_view(o.engine) == "xnnpack") {
+    engine = Engine::Xnnpack;
+  } else if (o.engine != nullptr && *o.engine != '\0' && std::string_view(o.engine) != "kiln") {
+    return failf(error, Status::InvalidArgument, "unknown engine '%s' (kiln or xnnpack)", o.engine);
+  }
   auto st = std::unique_ptr<State>(new (std::nothrow) State);
   if (!st) return fail(error, Status::OutOfMemory, "out of memory");
-  Builder b(file, error);
-  if (Status s = b.build(payload, *st); s != Status::Ok) return s;
+  st->engine = engine;
+  st->per_node = o.profiling_detail;
+  st->pool = shared_pool(std::max<size_t>(1, o.threads));
+  st->exec.pool = st->pool.get();
+  st->exec.threads = st->pool ? static_cast<int64_t>(st->pool->threads()) : 1;
+  Builder b(ctx.file, error);
+  if (Status s = b.build(ctx.payload, *st); s != Status::Ok) return s;
   *state = st.release();
   return Status::Ok;
 }
@@ -1033,13 +1046,13 @@ Status execute(void* opaque, std::span<EValue*> args, ErrorMessage* error) {
         if (xnn_invoke_runtime(step.runtime) != xnn_status_success)
           return fail(error, Status::Internal, "xnn_invoke_runtime failed");
         break;
-      case StepKind::FullyConnected: run_fully_connected(step, in(0), out); break;
-      case StepKind::Rows: run_rows(step, st.groups, st.arena, args); break;
-      case StepKind::Bmm: run_bmm(step, in(0), in(1), out); break;
-      case StepKind::LmHead: run_lm_head(step, in(0), in(1), out); break;
-      case StepKind::Transpose: run_transpose(step, in(0), out); break;
+      case StepKind::FullyConnected: run_fully_connected(st.exec, step, in(0), out); break;
+      case StepKind::Rows: run_rows(st.exec, step, st.groups, st.arena, args); break;
+      case StepKind::Bmm: run_bmm(st.exec, step, in(0), in(1), out); break;
+      case StepKind::LmHead: run_lm_head(st.exec, step, in(0), in(1), out); break;
+      case StepKind::Transpose: run_transpose(st.exec, step, in(0), out); break;
       case StepKind::Slice: run_slice(step, in(0), out); break;
-      case StepKind::Unary: case StepKind::Copy: case StepKind::Clamp: run_unary(step, in(0), out); break;
+      case StepKind::Unary: case StepKind::Copy: case StepKind::Clamp: run_unary(st.exec, step, in(0), out); break;
       case StepKind::Concat: {
         std::array<const float*, 5> ins{};
         for (size_t j = 0; j < step.in.size(); ++j) ins[j] = in(j);
@@ -1086,18 +1099,25 @@ const rt::Backend kBackend{"XnnpackBackend", init, execute, destroy, enable_prof
 
 }  // namespace
 
-bool register_runtime_backend(const RuntimeOptions& options) {
-  if (!g.xnn_ready) {
+std::shared_ptr<cpu::ThreadPool> detail::shared_pool(size_t threads) {
+  if (threads <= 1) return nullptr;
+  static std::mutex mu;
+  static std::vector<std::pair<size_t, std::weak_ptr<cpu::ThreadPool>>> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [n, weak] : pools)
+    if (n == threads)
+      if (auto p = weak.lock()) return p;
+  auto p = std::make_shared<cpu::ThreadPool>(threads);
+  if (p->threads() <= 1) return nullptr;  // no pool could be made: the calling thread
+  std::erase_if(pools, [](const auto& e) { return e.second.expired(); });
+  pools.emplace_back(threads, p);
+  return p;
+}
+
+bool register_runtime_backend() {
+  if (!xnn_ready) {
     if (xnn_initialize(nullptr) != xnn_status_success) return false;
-    g.xnn_ready = true;
-  }
-  g.per_node = options.per_node_subgraphs;
-  g.engine = options.engine;
-  size_t threads = std::max<size_t>(1, options.threads);
-  if (g.pool == nullptr || threads != g.pool->threads()) {
-    g.pool.reset();
-    g.pool = std::make_unique<cpu::ThreadPool>(threads);
-    g.threads = g.pool->threads();
+    xnn_ready = true;
   }
   if (rt::find_backend(kBackend.id) == &kBackend) return true;
   return rt::register_backend(&kBackend);
