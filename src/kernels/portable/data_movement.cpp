@@ -6,7 +6,7 @@
 // conversion kernels compute in a dtype. Argument schemas are the out variants'
 // (see kernel.h); each kernel checks arity, tags, dtypes, shapes and index
 // ranges and fails through the context instead of reading out of bounds.
-#include "util/strided_copy.h"
+#include "util/shape_checks.h"
 #include "util/registration.h"
 
 #include <cmath>
@@ -19,23 +19,6 @@ using Args = std::span<EValue*>;
 
 // Boxed-argument helpers (named arguments) for the kernels of this file, which still
 // take the raw EValue* args; they go when these kernels become typed (util/register.h).
-
-// ---------------------------------------------------------------------------
-// Messages
-
-struct ShapeText {
-  char buf[200];
-  explicit ShapeText(std::span<const int64_t> s) {
-    size_t n = 0;
-    buf[n++] = '[';
-    for (size_t i = 0; i < s.size() && n + 24 < sizeof(buf); ++i) {
-      int w = std::snprintf(buf + n, sizeof(buf) - n, i ? ", %lld" : "%lld", static_cast<long long>(s[i]));
-      if (w > 0) n += static_cast<size_t>(w);
-    }
-    buf[n++] = ']';
-    buf[n] = '\0';
-  }
-};
 
 
 // ---------------------------------------------------------------------------
@@ -163,694 +146,6 @@ inline bool wrap_dim(KernelContext& ctx, const char* op, int64_t dim, int64_t ra
   return true;
 }
 
-inline bool same_dtype(KernelContext& ctx, const char* op, const Tensor& out, ScalarType expected) {
-  if (out.dtype != expected) {
-    ctx.fail(Status::InvalidArgument, "%s: out has dtype %s, expected %s", op, dtype_str(out.dtype),
-             dtype_str(expected));
-    return false;
-  }
-  return true;
-}
-
-// Makes `out` the result shape: as planned, or resized within its capacity.
-inline bool prepare_out(KernelContext& ctx, const char* op, Tensor& out, std::span<const int64_t> shape) {
-  if (out.same_shape(shape)) return true;
-  if (resize_tensor(out, shape) == Status::Ok) {
-    if (out.numel > 0 && out.data == nullptr) {
-      ctx.fail(Status::InvalidArgument, "%s: out has no data", op);
-      return false;
-    }
-    return true;
-  }
-  ctx.fail(Status::InvalidArgument, "%s: out has shape %s but the result has shape %s, which does not fit in it", op,
-           ShapeText(out.shape()).buf, ShapeText(shape).buf);
-  return false;
-}
-
-
-// ---------------------------------------------------------------------------
-// Shared pieces
-
-// Number of elements of `shape`, failing on negative sizes, overflow or too many dims.
-bool checked_numel(KernelContext& ctx, const char* op, std::span<const int64_t> shape, int64_t* numel) {
-  if (shape.size() > static_cast<size_t>(kMaxDims)) {
-    ctx.fail(Status::InvalidArgument, "%s: %zu dimensions exceed the maximum of %d", op, shape.size(), kMaxDims);
-    return false;
-  }
-  int64_t n = 1;
-  for (int64_t s : shape) {
-    if (s < 0) {
-      ctx.fail(Status::InvalidArgument, "%s: negative dimension %lld in %s", op, static_cast<long long>(s),
-               ShapeText(shape).buf);
-      return false;
-    }
-    if (__builtin_mul_overflow(n, s, &n)) {
-      ctx.fail(Status::InvalidArgument, "%s: shape %s is too large", op, ShapeText(shape).buf);
-      return false;
-    }
-  }
-  *numel = n;
-  return true;
-}
-
-// out <- self, same dtype and element count (any shapes).
-void copy_bytes(const Tensor& self, Tensor& out) {
-  if (self.numel > 0 && out.data != self.data) std::memmove(out.data, self.data, self.nbytes());
-}
-
-// out <- src converted to out's dtype, same element count, both contiguous.
-bool convert_into(KernelContext& ctx, const char* op, const Tensor& src, Tensor& out) {
-  if (src.dtype == out.dtype) {
-    copy_bytes(src, out);
-    return true;
-  }
-  ConvertRowFn fn = convert_row_fn(out.dtype, src.dtype);
-  if (fn == nullptr) {
-    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_str(src.dtype),
-             dtype_str(out.dtype));
-    return false;
-  }
-  if (src.numel > 0)
-    fn(static_cast<char*>(out.data), static_cast<const char*>(src.data), src.numel, element_size(out.dtype),
-       element_size(src.dtype));
-  return true;
-}
-
-// Copies a strided region of `src` into a strided region of `dst` (sizes,
-// strides and offsets in elements), converting when the dtypes differ.
-bool copy_region(KernelContext& ctx, const char* op, Tensor& dst, int64_t dst_offset, const int64_t* dst_strides,
-                 const Tensor& src, int64_t src_offset, const int64_t* src_strides, int ndim, const int64_t* sizes) {
-  const int des = element_size(dst.dtype), ses = element_size(src.dtype);
-  StridedPlan p;
-  plan_strided(p, ndim, sizes, dst_strides, des, src_strides, ses);
-  if (p.empty) return true;
-  char* d = static_cast<char*>(dst.data) + dst_offset * des;
-  const char* s = static_cast<const char*>(src.data) + src_offset * ses;
-  if (dst.dtype == src.dtype) {
-    copy_with_plan(p, d, s, des);
-    return true;
-  }
-  ConvertRowFn fn = convert_row_fn(dst.dtype, src.dtype);
-  if (fn == nullptr) {
-    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_str(src.dtype),
-             dtype_str(dst.dtype));
-    return false;
-  }
-  convert_with_plan(p, d, s, fn);
-  return true;
-}
-
-// Strides of a contiguous tensor of shape (src_dim, src_sizes) broadcast
-// (right-aligned) to `shape`; false if it does not broadcast.
-bool broadcast_strides(int src_dim, const int64_t* src_sizes, int ndim, const int64_t* shape, int64_t* strides) {
-  if (src_dim > ndim) return false;
-  int64_t own[kMaxDims];
-  contiguous_strides(src_dim, src_sizes, own);
-  const int lead = ndim - src_dim;
-  for (int d = 0; d < ndim; ++d) {
-    if (d < lead) {
-      strides[d] = 0;
-      continue;
-    }
-    const int64_t s = src_sizes[d - lead];
-    if (s == shape[d]) strides[d] = s == 1 ? 0 : own[d - lead];
-    else if (s == 1) strides[d] = 0;
-    else return false;
-  }
-  return true;
-}
-
-// torch's slice clamping: the first index and the number of elements taken.
-void slice_bounds(int64_t size, bool has_start, int64_t start, bool has_end, int64_t end, int64_t step,
-                  int64_t* first, int64_t* count) {
-  int64_t s = has_start ? start : 0;
-  int64_t e = has_end ? end : size;
-  if (s < 0) s += size;
-  if (e < 0) e += size;
-  if (s < 0) s = 0;
-  else if (s > size) s = size;
-  if (e < s) e = s;
-  else if (e > size) e = size;
-  *first = s;
-  *count = e == s ? 0 : (e - s - 1) / step + 1;  // ceil without overflow for huge steps
-}
-
-bool check_value_fits(KernelContext& ctx, const char* op, const Scalar& v, ScalarType dtype) {
-  if (!is_supported_dtype(dtype)) {
-    ctx.fail(Status::NotSupported, "%s: dtype %s is not supported", op, dtype_str(dtype));
-    return false;
-  }
-  if (!scalar_fits(v, dtype)) {
-    ctx.fail(Status::InvalidArgument, "%s: value cannot be converted to type %s without overflow", op,
-             dtype_str(dtype));
-    return false;
-  }
-  return true;
-}
-
-// ---------------------------------------------------------------------------
-// Plain copies and reshapes
-
-bool view_shape(KernelContext& ctx, const char* op, std::span<const int64_t> size, int64_t numel, int64_t* shape) {
-  if (size.size() > static_cast<size_t>(kMaxDims)) {
-    ctx.fail(Status::InvalidArgument, "%s: %zu dimensions exceed the maximum of %d", op, size.size(), kMaxDims);
-    return false;
-  }
-  int infer = -1;
-  int64_t known = 1;
-  for (size_t i = 0; i < size.size(); ++i) {
-    const int64_t v = size[i];
-    shape[i] = v;
-    if (v == -1) {
-      if (infer >= 0) {
-        ctx.fail(Status::InvalidArgument, "%s: only one dimension can be inferred in %s", op, ShapeText(size).buf);
-        return false;
-      }
-      infer = static_cast<int>(i);
-    } else if (v < 0 || __builtin_mul_overflow(known, v, &known)) {
-      ctx.fail(Status::InvalidArgument, "%s: invalid shape %s", op, ShapeText(size).buf);
-      return false;
-    }
-  }
-  if (infer >= 0 ? (known == 0 || numel % known != 0) : known != numel) {
-    ctx.fail(Status::InvalidArgument, "%s: shape %s is invalid for input of size %lld", op, ShapeText(size).buf,
-             static_cast<long long>(numel));
-    return false;
-  }
-  if (infer >= 0) shape[infer] = numel / known;
-  return true;
-}
-
-// view_copy.out(Tensor self, SymInt[] size, *, Tensor(a!) out)
-void view_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::view_copy.out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  std::span<const int64_t> size;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !int_list_arg(ctx, op, "size", args[1], &size) || !same_dtype(ctx, op, *out, self->dtype)) return;
-  int64_t shape[kMaxDims];
-  if (!view_shape(ctx, op, size, self->numel, shape)) return;
-  if (!prepare_out(ctx, op, *out, {shape, size.size()})) return;
-  copy_bytes(*self, *out);
-}
-
-// Shared by alias_copy, clone and the dim-order clone: out <- self, same dtype.
-void same_shape_copy(KernelContext& ctx, const char* op, Tensor& self, Tensor& out) {
-  if (!same_dtype(ctx, op, out, self.dtype) || !prepare_out(ctx, op, out, self.shape())) return;
-  copy_bytes(self, out);
-}
-
-// alias_copy.out(Tensor self, *, Tensor(a!) out)
-void alias_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::alias_copy.out";
-  if (!check_arity(ctx, op, args, 2)) return;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[1]) : nullptr;
-  if (out) same_shape_copy(ctx, op, *self, *out);
-}
-
-// clone.out(Tensor self, *, MemoryFormat? memory_format=None, Tensor(a!) out)
-void clone_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::clone.out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (out && memory_format_arg(ctx, op, args[1])) same_shape_copy(ctx, op, *self, *out);
-}
-
-// _to_copy.out(Tensor self, *, bool non_blocking=False, MemoryFormat? memory_format=None, Tensor(a!) out)
-void to_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::_to_copy.out";
-  if (!check_arity(ctx, op, args, 4)) return;
-  bool non_blocking = false;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
-  if (!out || !bool_arg(ctx, op, "non_blocking", args[1], &non_blocking) || !memory_format_arg(ctx, op, args[2]))
-    return;
-  if (!prepare_out(ctx, op, *out, self->shape())) return;
-  convert_into(ctx, op, *self, *out);
-}
-
-// The dim_order argument of the dim-order ops: None or the identity (contiguous).
-bool dim_order_arg(KernelContext& ctx, const char* op, const EValue* v, int32_t rank) {
-  if (v->tag == EValue::Tag::None) return true;
-  std::span<const int64_t> order;
-  if (!int_list_arg(ctx, op, "dim_order", v, &order)) return false;
-  if (order.size() != static_cast<size_t>(rank)) {
-    ctx.fail(Status::InvalidArgument, "%s: dim_order %s does not match a %d-d tensor", op, ShapeText(order).buf, rank);
-    return false;
-  }
-  bool seen[kMaxDims] = {};
-  bool identity = true;
-  for (size_t i = 0; i < order.size(); ++i) {
-    const int64_t d = order[i];
-    if (d < 0 || d >= rank || seen[d]) {
-      ctx.fail(Status::InvalidArgument, "%s: dim_order %s is not a permutation", op, ShapeText(order).buf);
-      return false;
-    }
-    seen[d] = true;
-    identity = identity && d == static_cast<int64_t>(i);
-  }
-  if (!identity) {
-    ctx.fail(Status::NotSupported, "%s: dim_order %s is not supported (contiguous only)", op, ShapeText(order).buf);
-    return false;
-  }
-  return true;
-}
-
-// dim_order_ops::_clone_dim_order.out(Tensor self, *, bool non_blocking=False, int[]? dim_order=None, Tensor(a!) out)
-void clone_dim_order_out(KernelContext& ctx, Args args) {
-  const char* op = "dim_order_ops::_clone_dim_order.out";
-  if (!check_arity(ctx, op, args, 4)) return;
-  bool non_blocking = false;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
-  if (!out || !bool_arg(ctx, op, "non_blocking", args[1], &non_blocking) ||
-      !dim_order_arg(ctx, op, args[2], self->dim))
-    return;
-  same_shape_copy(ctx, op, *self, *out);
-}
-
-// dim_order_ops::_to_dim_order_copy.out(Tensor self, *, bool non_blocking=False, int[]? dim_order=None, Tensor(a!) out)
-void to_dim_order_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "dim_order_ops::_to_dim_order_copy.out";
-  if (!check_arity(ctx, op, args, 4)) return;
-  bool non_blocking = false;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
-  if (!out || !bool_arg(ctx, op, "non_blocking", args[1], &non_blocking) ||
-      !dim_order_arg(ctx, op, args[2], self->dim))
-    return;
-  if (!prepare_out(ctx, op, *out, self->shape())) return;
-  convert_into(ctx, op, *self, *out);
-}
-
-// copy.out(Tensor self, Tensor src, bool non_blocking=False, *, Tensor(a!) out): src broadcast to self's shape,
-// converted to self's dtype.
-void copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::copy.out";
-  if (!check_arity(ctx, op, args, 4)) return;
-  bool non_blocking = false;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* src = self ? tensor_arg(ctx, op, "src", args[1]) : nullptr;
-  Tensor* out = src ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
-  if (!out || !bool_arg(ctx, op, "non_blocking", args[2], &non_blocking) || !same_dtype(ctx, op, *out, self->dtype))
-    return;
-  int64_t src_strides[kMaxDims], dst_strides[kMaxDims];
-  if (!broadcast_strides(src->dim, src->sizes, self->dim, self->sizes, src_strides)) {
-    ctx.fail(Status::InvalidArgument, "%s: src of shape %s does not broadcast to %s", op, ShapeText(src->shape()).buf,
-             ShapeText(self->shape()).buf);
-    return;
-  }
-  if (!prepare_out(ctx, op, *out, self->shape())) return;
-  contiguous_strides(self->dim, self->sizes, dst_strides);
-  copy_region(ctx, op, *out, 0, dst_strides, *src, 0, src_strides, self->dim, self->sizes);
-}
-
-// ---------------------------------------------------------------------------
-// Materialized views
-
-// out <- the view of self given by sizes/strides/offset (elements); out's shape is out_shape.
-void view_out(KernelContext& ctx, const char* op, const Tensor& self, Tensor& out, std::span<const int64_t> out_shape,
-              int ndim, const int64_t* sizes, const int64_t* strides, int64_t offset) {
-  if (!same_dtype(ctx, op, out, self.dtype) || !prepare_out(ctx, op, out, out_shape)) return;
-  if (out.numel == 0) return;
-  gather_view(out.data, self, ndim, sizes, strides, offset);
-}
-
-// permute_copy.out(Tensor self, int[] dims, *, Tensor(a!) out)
-void permute_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::permute_copy.out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  std::span<const int64_t> dims;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !int_list_arg(ctx, op, "dims", args[1], &dims)) return;
-  if (dims.size() != static_cast<size_t>(self->dim)) {
-    ctx.fail(Status::InvalidArgument, "%s: number of dims %s doesn't match the %d-d input", op, ShapeText(dims).buf,
-             self->dim);
-    return;
-  }
-  int64_t st[kMaxDims], sizes[kMaxDims], strides[kMaxDims];
-  contiguous_strides(self->dim, self->sizes, st);
-  bool seen[kMaxDims] = {};
-  for (int i = 0; i < self->dim; ++i) {
-    int64_t d = 0;
-    if (!wrap_dim(ctx, op, dims[static_cast<size_t>(i)], self->dim, &d)) return;
-    if (seen[d]) {
-      ctx.fail(Status::InvalidArgument, "%s: repeated dim in %s", op, ShapeText(dims).buf);
-      return;
-    }
-    seen[d] = true;
-    sizes[i] = self->sizes[d];
-    strides[i] = st[d];
-  }
-  view_out(ctx, op, *self, *out, {sizes, static_cast<size_t>(self->dim)}, self->dim, sizes, strides, 0);
-}
-
-// transpose_copy.int_out(Tensor self, int dim0, int dim1, *, Tensor(a!) out)
-void transpose_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::transpose_copy.int_out";
-  if (!check_arity(ctx, op, args, 4)) return;
-  int64_t d0 = 0, d1 = 0;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
-  if (!out || !int_arg(ctx, op, "dim0", args[1], &d0) || !int_arg(ctx, op, "dim1", args[2], &d1) ||
-      !wrap_dim(ctx, op, d0, self->dim, &d0) || !wrap_dim(ctx, op, d1, self->dim, &d1))
-    return;
-  int64_t sizes[kMaxDims], strides[kMaxDims];
-  contiguous_strides(self->dim, self->sizes, strides);
-  for (int i = 0; i < self->dim; ++i) sizes[i] = self->sizes[i];
-  if (self->dim > 0) {
-    std::swap(sizes[d0], sizes[d1]);
-    std::swap(strides[d0], strides[d1]);
-  }
-  view_out(ctx, op, *self, *out, {sizes, static_cast<size_t>(self->dim)}, self->dim, sizes, strides, 0);
-}
-
-// expand_copy.out(Tensor self, SymInt[] size, *, bool implicit=False, Tensor(a!) out)
-void expand_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::expand_copy.out";
-  if (!check_arity(ctx, op, args, 4)) return;
-  std::span<const int64_t> size;
-  bool implicit = false;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
-  if (!out || !int_list_arg(ctx, op, "size", args[1], &size) || !bool_arg(ctx, op, "implicit", args[2], &implicit))
-    return;
-  const int n = static_cast<int>(size.size());
-  if (size.size() < static_cast<size_t>(self->dim) || size.size() > static_cast<size_t>(kMaxDims)) {
-    ctx.fail(Status::InvalidArgument, "%s: the number of sizes provided (%zu) must be at least the input's rank (%d)",
-             op, size.size(), self->dim);
-    return;
-  }
-  int64_t st[kMaxDims], sizes[kMaxDims], strides[kMaxDims];
-  contiguous_strides(self->dim, self->sizes, st);
-  const int lead = n - self->dim;
-  for (int i = 0; i < n; ++i) {
-    const int64_t target = size[static_cast<size_t>(i)];
-    if (i < lead) {
-      if (target < 0) {
-        ctx.fail(Status::InvalidArgument, "%s: the expanded size (%lld) isn't allowed in a leading, non-existing "
-                 "dimension %d", op, static_cast<long long>(target), i);
-        return;
-      }
-      sizes[i] = target;
-      strides[i] = 0;
-      continue;
-    }
-    const int64_t s = self->sizes[i - lead];
-    if (target == -1 || target == s) {
-      sizes[i] = s;
-      strides[i] = st[i - lead];
-    } else if (s == 1 && target >= 0) {
-      sizes[i] = target;
-      strides[i] = 0;
-    } else {
-      ctx.fail(Status::InvalidArgument, "%s: the expanded size %lld must match the existing size %lld at "
-               "non-singleton dimension %d (target %s, input %s)", op, static_cast<long long>(target),
-               static_cast<long long>(s), i, ShapeText(size).buf, ShapeText(self->shape()).buf);
-      return;
-    }
-  }
-  int64_t numel = 0;
-  if (!checked_numel(ctx, op, {sizes, static_cast<size_t>(n)}, &numel)) return;
-  view_out(ctx, op, *self, *out, {sizes, static_cast<size_t>(n)}, n, sizes, strides, 0);
-}
-
-// unsqueeze_copy.out(Tensor self, int dim, *, Tensor(a!) out)
-void unsqueeze_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::unsqueeze_copy.out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  int64_t dim = 0;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !int_arg(ctx, op, "dim", args[1], &dim) || !wrap_dim(ctx, op, dim, self->dim + 1, &dim)) return;
-  if (self->dim + 1 > kMaxDims) {
-    ctx.fail(Status::NotSupported, "%s: result would exceed %d dimensions", op, kMaxDims);
-    return;
-  }
-  int64_t shape[kMaxDims];
-  for (int i = 0, j = 0; i <= self->dim; ++i) shape[i] = i == dim ? 1 : self->sizes[j++];
-  if (!same_dtype(ctx, op, *out, self->dtype) ||
-      !prepare_out(ctx, op, *out, {shape, static_cast<size_t>(self->dim + 1)}))
-    return;
-  copy_bytes(*self, *out);
-}
-
-// Squeezes the marked dims of size 1.
-void squeeze_marked(KernelContext& ctx, const char* op, Tensor& self, Tensor& out, const bool* marked) {
-  int64_t shape[kMaxDims];
-  size_t n = 0;
-  for (int i = 0; i < self.dim; ++i)
-    if (!(marked[i] && self.sizes[i] == 1)) shape[n++] = self.sizes[i];
-  if (!same_dtype(ctx, op, out, self.dtype) || !prepare_out(ctx, op, out, {shape, n})) return;
-  copy_bytes(self, out);
-}
-
-// squeeze_copy.dims_out(Tensor self, int[] dim, *, Tensor(a!) out)
-void squeeze_copy_dims_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::squeeze_copy.dims_out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  std::span<const int64_t> dims;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !int_list_arg(ctx, op, "dim", args[1], &dims)) return;
-  bool marked[kMaxDims + 1] = {};
-  for (int64_t d : dims) {
-    int64_t w = 0;
-    if (!wrap_dim(ctx, op, d, self->dim, &w)) return;
-    if (marked[w]) {
-      ctx.fail(Status::InvalidArgument, "%s: dim %lld appears multiple times in the list of dims", op,
-               static_cast<long long>(w));
-      return;
-    }
-    marked[w] = true;
-  }
-  squeeze_marked(ctx, op, *self, *out, marked);
-}
-
-// squeeze_copy.dim_out(Tensor self, int dim, *, Tensor(a!) out)
-void squeeze_copy_dim_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::squeeze_copy.dim_out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  int64_t dim = 0;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !int_arg(ctx, op, "dim", args[1], &dim) || !wrap_dim(ctx, op, dim, self->dim, &dim)) return;
-  bool marked[kMaxDims + 1] = {};
-  marked[dim] = true;
-  squeeze_marked(ctx, op, *self, *out, marked);
-}
-
-// squeeze_copy.out(Tensor self, *, Tensor(a!) out)
-void squeeze_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::squeeze_copy.out";
-  if (!check_arity(ctx, op, args, 2)) return;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[1]) : nullptr;
-  if (!out) return;
-  bool marked[kMaxDims + 1];
-  for (bool& m : marked) m = true;
-  squeeze_marked(ctx, op, *self, *out, marked);
-}
-
-// Parses the (dim, start, end, step) of slice_copy / slice_scatter; shape, strides and
-// offset of the slice view of a contiguous `self`.
-struct SliceView {
-  int64_t sizes[kMaxDims];
-  int64_t strides[kMaxDims];
-  int64_t offset = 0;
-};
-
-bool slice_view(KernelContext& ctx, const char* op, const Tensor& self, const EValue* dim_ev,
-                const EValue* start_ev, const EValue* end_ev, const EValue* step_ev, SliceView& v) {
-  int64_t dim = 0, start = 0, end = 0, step = 1;
-  bool has_start = false, has_end = false;
-  if (!int_arg(ctx, op, "dim", dim_ev, &dim) || !opt_int_arg(ctx, op, "start", start_ev, &has_start, &start) ||
-      !opt_int_arg(ctx, op, "end", end_ev, &has_end, &end) || !int_arg(ctx, op, "step", step_ev, &step))
-    return false;
-  if (self.dim == 0) {
-    ctx.fail(Status::InvalidArgument, "%s: slice() cannot be applied to a 0-dim tensor", op);
-    return false;
-  }
-  if (!wrap_dim(ctx, op, dim, self.dim, &dim)) return false;
-  if (step <= 0) {
-    ctx.fail(Status::InvalidArgument, "%s: slice step must be positive, got %lld", op, static_cast<long long>(step));
-    return false;
-  }
-  int64_t first = 0, count = 0;
-  slice_bounds(self.sizes[dim], has_start, start, has_end, end, step, &first, &count);
-  contiguous_strides(self.dim, self.sizes, v.strides);
-  for (int i = 0; i < self.dim; ++i) v.sizes[i] = self.sizes[i];
-  v.sizes[dim] = count;
-  v.offset = first * v.strides[dim];
-  v.strides[dim] *= step;
-  return true;
-}
-
-// slice_copy.Tensor_out(Tensor self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *, Tensor(a!) out)
-void slice_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::slice_copy.Tensor_out";
-  if (!check_arity(ctx, op, args, 6)) return;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[5]) : nullptr;
-  SliceView v;
-  if (!out || !slice_view(ctx, op, *self, args[1], args[2], args[3], args[4], v)) return;
-  view_out(ctx, op, *self, *out, {v.sizes, static_cast<size_t>(self->dim)}, self->dim, v.sizes, v.strides, v.offset);
-}
-
-// The select view: self without `dim`, starting at `index` along it.
-bool select_view(KernelContext& ctx, const char* op, const Tensor& self, const EValue* dim_ev, const EValue* index_ev,
-                 SliceView& v) {
-  int64_t dim = 0, index = 0;
-  if (!int_arg(ctx, op, "dim", dim_ev, &dim) || !int_arg(ctx, op, "index", index_ev, &index)) return false;
-  if (self.dim == 0) {
-    ctx.fail(Status::InvalidArgument, "%s: select() cannot be applied to a 0-dim tensor", op);
-    return false;
-  }
-  if (!wrap_dim(ctx, op, dim, self.dim, &dim)) return false;
-  const int64_t size = self.sizes[dim];
-  if (index < -size || index >= size) {
-    ctx.fail(Status::OutOfRange, "%s: index %lld out of range for tensor of size %s at dimension %lld", op,
-             static_cast<long long>(index), ShapeText(self.shape()).buf, static_cast<long long>(dim));
-    return false;
-  }
-  if (index < 0) index += size;
-  int64_t st[kMaxDims];
-  contiguous_strides(self.dim, self.sizes, st);
-  for (int i = 0, j = 0; i < self.dim; ++i) {
-    if (i == dim) continue;
-    v.sizes[j] = self.sizes[i];
-    v.strides[j] = st[i];
-    ++j;
-  }
-  v.offset = index * st[dim];
-  return true;
-}
-
-// select_copy.int_out(Tensor self, int dim, SymInt index, *, Tensor(a!) out)
-void select_copy_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::select_copy.int_out";
-  if (!check_arity(ctx, op, args, 4)) return;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
-  SliceView v;
-  if (!out || !select_view(ctx, op, *self, args[1], args[2], v)) return;
-  const int n = self->dim - 1;
-  view_out(ctx, op, *self, *out, {v.sizes, static_cast<size_t>(n)}, n, v.sizes, v.strides, v.offset);
-}
-
-// Writes src into out's view (sizes/strides/offset): out <- self, then the view <- src.
-void scatter_into_view(KernelContext& ctx, const char* op, Tensor& self, Tensor& src, Tensor& out, int ndim,
-                       const SliceView& v) {
-  if (!src.same_shape({v.sizes, static_cast<size_t>(ndim)})) {
-    ctx.fail(Status::InvalidArgument, "%s: expected src to have a size equal to the slice of self: src size %s, "
-             "slice size %s", op, ShapeText(src.shape()).buf, ShapeText({v.sizes, static_cast<size_t>(ndim)}).buf);
-    return;
-  }
-  if (!same_dtype(ctx, op, out, self.dtype) || !prepare_out(ctx, op, out, self.shape())) return;
-  copy_bytes(self, out);
-  int64_t src_strides[kMaxDims];
-  contiguous_strides(src.dim, src.sizes, src_strides);
-  copy_region(ctx, op, out, v.offset, v.strides, src, 0, src_strides, ndim, v.sizes);
-}
-
-// slice_scatter.out(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1, *,
-//                   Tensor(a!) out)
-void slice_scatter_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::slice_scatter.out";
-  if (!check_arity(ctx, op, args, 7)) return;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* src = self ? tensor_arg(ctx, op, "src", args[1]) : nullptr;
-  Tensor* out = src ? tensor_arg(ctx, op, "out", args[6]) : nullptr;
-  SliceView v;
-  if (!out || !slice_view(ctx, op, *self, args[2], args[3], args[4], args[5], v)) return;
-  scatter_into_view(ctx, op, *self, *src, *out, self->dim, v);
-}
-
-// select_scatter.out(Tensor self, Tensor src, int dim, SymInt index, *, Tensor(a!) out)
-void select_scatter_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::select_scatter.out";
-  if (!check_arity(ctx, op, args, 5)) return;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* src = self ? tensor_arg(ctx, op, "src", args[1]) : nullptr;
-  Tensor* out = src ? tensor_arg(ctx, op, "out", args[4]) : nullptr;
-  SliceView v;
-  if (!out || !select_view(ctx, op, *self, args[2], args[3], v)) return;
-  scatter_into_view(ctx, op, *self, *src, *out, self->dim - 1, v);
-}
-
-// flip.out(Tensor self, int[] dims, *, Tensor(a!) out): a view with negated strides.
-void flip_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::flip.out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  std::span<const int64_t> dims;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !int_list_arg(ctx, op, "dims", args[1], &dims)) return;
-  int64_t sizes[kMaxDims], strides[kMaxDims], offset = 0;
-  contiguous_strides(self->dim, self->sizes, strides);
-  for (int i = 0; i < self->dim; ++i) sizes[i] = self->sizes[i];
-  bool seen[kMaxDims + 1] = {};
-  for (int64_t d : dims) {
-    int64_t w = 0;
-    if (!wrap_dim(ctx, op, d, self->dim, &w)) return;
-    if (seen[w]) {
-      ctx.fail(Status::InvalidArgument, "%s: dim %lld appears multiple times in the list of dims", op,
-               static_cast<long long>(w));
-      return;
-    }
-    seen[w] = true;
-    if (self->dim == 0 || sizes[w] == 0) continue;
-    offset += (sizes[w] - 1) * strides[w];
-    strides[w] = -strides[w];
-  }
-  view_out(ctx, op, *self, *out, self->shape(), self->dim, sizes, strides, offset);
-}
-
-// repeat.out(Tensor self, SymInt[] repeats, *, Tensor(a!) out): a view of self as
-// [r0, s0, r1, s1, ...] with stride 0 on the repeat dims, read contiguously.
-void repeat_out(KernelContext& ctx, Args args) {
-  const char* op = "aten::repeat.out";
-  if (!check_arity(ctx, op, args, 3)) return;
-  std::span<const int64_t> reps;
-  Tensor* self = tensor_arg(ctx, op, "self", args[0]);
-  Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !int_list_arg(ctx, op, "repeats", args[1], &reps)) return;
-  if (reps.size() < static_cast<size_t>(self->dim)) {
-    ctx.fail(Status::InvalidArgument, "%s: number of dimensions of repeat dims (%zu) can not be smaller than the "
-             "number of dimensions of tensor (%d)", op, reps.size(), self->dim);
-    return;
-  }
-  if (reps.size() > static_cast<size_t>(kMaxDims)) {
-    ctx.fail(Status::NotSupported, "%s: %zu repeat dims exceed the maximum of %d", op, reps.size(), kMaxDims);
-    return;
-  }
-  const int n = static_cast<int>(reps.size()), lead = n - self->dim;
-  int64_t st[kMaxDims], shape[kMaxDims], sizes[kMaxPlanDims], strides[kMaxPlanDims];
-  contiguous_strides(self->dim, self->sizes, st);
-  for (int i = 0; i < n; ++i) {
-    const int64_t r = reps[static_cast<size_t>(i)];
-    const int64_t s = i < lead ? 1 : self->sizes[i - lead];
-    if (r < 0) {
-      ctx.fail(Status::InvalidArgument, "%s: negative repeat %lld", op, static_cast<long long>(r));
-      return;
-    }
-    if (__builtin_mul_overflow(r, s, &shape[i])) {
-      ctx.fail(Status::InvalidArgument, "%s: result is too large", op);
-      return;
-    }
-    sizes[2 * i] = r;
-    strides[2 * i] = 0;
-    sizes[2 * i + 1] = s;
-    strides[2 * i + 1] = i < lead ? 0 : st[i - lead];
-  }
-  int64_t numel = 0;
-  if (!checked_numel(ctx, op, {shape, static_cast<size_t>(n)}, &numel)) return;
-  view_out(ctx, op, *self, *out, {shape, static_cast<size_t>(n)}, 2 * n, sizes, strides, 0);
-}
 
 // tril.out / triu.out(Tensor self, SymInt diagonal=0, *, Tensor(a!) out)
 template <bool kLower>
@@ -865,7 +160,7 @@ void triangle_out(KernelContext& ctx, Args args) {
     ctx.fail(Status::InvalidArgument, "%s: input tensor must have at least 2 dimensions", op);
     return;
   }
-  if (!same_dtype(ctx, op, *out, self->dtype) || !prepare_out(ctx, op, *out, self->shape())) return;
+  if (!check_out_dtype(ctx, *out, self->dtype, op) || !prepare_out(ctx, op, *out, self->shape())) return;
   const int64_t rows = self->sizes[self->dim - 2], cols = self->sizes[self->dim - 1];
   if (self->numel == 0) return;
   const int64_t es = element_size(self->dtype), batch = self->numel / (rows * cols);
@@ -1000,7 +295,7 @@ void split_into(KernelContext& ctx, const char* op, const Tensor& self, int64_t 
     Tensor* o = outs[k];
     const int64_t c = chunk(static_cast<int64_t>(k));
     shape[dim] = c;
-    if (!check_tensor(ctx, op, "out[i]", o) || !same_dtype(ctx, op, *o, self.dtype) ||
+    if (!check_tensor(ctx, op, "out[i]", o) || !check_out_dtype(ctx, *o, self.dtype, op) ||
         !prepare_out(ctx, op, *o, {shape, static_cast<size_t>(self.dim)}))
       return;
     if (o->numel > 0) {
@@ -1242,21 +537,7 @@ bool build_index_plan(KernelContext& ctx, const char* op, const Tensor& self, co
   return true;
 }
 
-// The gather-like kernels check their index values, then read them again to copy: an
-// out that shares memory with an index tensor (or with the tensor read) would change
-// them in between and send the copy anywhere. A planned program never does that (a
-// damaged one can); torch rejects such overlap too.
-bool check_no_overlap(KernelContext& ctx, const char* op, const Tensor& out, const Tensor& in, const char* name) {
-  if (out.data == nullptr || in.data == nullptr || out.nbytes() == 0 || in.nbytes() == 0) return true;
-  const auto o = reinterpret_cast<uintptr_t>(out.data), i = reinterpret_cast<uintptr_t>(in.data);
-  if (o < i + in.nbytes() && i < o + out.nbytes()) {
-    ctx.fail(Status::InvalidArgument, "%s: out shares memory with %s", op, name);
-    return false;
-  }
-  return true;
-}
-
-bool check_no_overlap(KernelContext& ctx, const char* op, const Tensor& out, const IndexPlan& p) {
+bool check_no_index_overlap(KernelContext& ctx, const char* op, const Tensor& out, const IndexPlan& p) {
   for (int k = 0; k < p.nsrc; ++k)
     if (!check_no_overlap(ctx, op, out, *p.src[k].t, "an index tensor")) return false;
   return true;
@@ -1330,11 +611,11 @@ void index_tensor_out(KernelContext& ctx, Args args) {
   if (!check_arity(ctx, op, args, 3)) return;
   Tensor* self = tensor_arg(ctx, op, "self", args[0]);
   Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !same_dtype(ctx, op, *out, self->dtype)) return;
+  if (!out || !check_out_dtype(ctx, *out, self->dtype, op)) return;
   IndexPlan p;
   if (!build_index_plan(ctx, op, *self, args[1], p)) return;
   if (!prepare_out(ctx, op, *out, {p.out_sizes, static_cast<size_t>(p.out_rank)})) return;
-  if (out->numel == 0 || !check_no_overlap(ctx, op, *out, p) || !check_no_overlap(ctx, op, *out, *self, "self") ||
+  if (out->numel == 0 || !check_no_index_overlap(ctx, op, *out, p) || !check_no_overlap(ctx, op, *out, *self, "self") ||
       !check_index_ranges(ctx, op, p))
     return;
   const int es = element_size(self->dtype);
@@ -1381,7 +662,7 @@ void index_put_out(KernelContext& ctx, Args args) {
   Tensor* self = tensor_arg(ctx, op, "self", args[0]);
   Tensor* values = self ? tensor_arg(ctx, op, "values", args[2]) : nullptr;
   Tensor* out = values ? tensor_arg(ctx, op, "out", args[4]) : nullptr;
-  if (!out || !bool_arg(ctx, op, "accumulate", args[3], &accumulate) || !same_dtype(ctx, op, *out, self->dtype))
+  if (!out || !bool_arg(ctx, op, "accumulate", args[3], &accumulate) || !check_out_dtype(ctx, *out, self->dtype, op))
     return;
   if (values->dtype != self->dtype) {
     ctx.fail(Status::InvalidArgument, "%s: index put requires the source and destination dtypes match, got %s for "
@@ -1406,7 +687,7 @@ void index_put_out(KernelContext& ctx, Args args) {
              ShapeText({p.out_sizes, static_cast<size_t>(p.out_rank)}).buf);
     return;
   }
-  if (!prepare_out(ctx, op, *out, self->shape()) || !check_no_overlap(ctx, op, *out, p) ||
+  if (!prepare_out(ctx, op, *out, self->shape()) || !check_no_index_overlap(ctx, op, *out, p) ||
       !check_no_overlap(ctx, op, *out, *values, "values"))
     return;
   copy_bytes(*self, *out);
@@ -1436,7 +717,7 @@ void index_select_out(KernelContext& ctx, Args args) {
   Tensor* index = self ? tensor_arg(ctx, op, "index", args[2]) : nullptr;
   Tensor* out = index ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
   if (!out || !int_arg(ctx, op, "dim", args[1], &dim) || !wrap_dim(ctx, op, dim, self->dim, &dim) ||
-      !check_index_dtype(ctx, op, "index", *index) || !same_dtype(ctx, op, *out, self->dtype))
+      !check_index_dtype(ctx, op, "index", *index) || !check_out_dtype(ctx, *out, self->dtype, op))
     return;
   if (index->dim > 1) {
     ctx.fail(Status::InvalidArgument, "%s: index is supposed to be a vector, got shape %s", op,
@@ -1504,7 +785,7 @@ void gather_out(KernelContext& ctx, Args args) {
   Tensor* out = index ? tensor_arg(ctx, op, "out", args[4]) : nullptr;
   if (!out || !int_arg(ctx, op, "dim", args[1], &dim) || !bool_arg(ctx, op, "sparse_grad", args[3], &sparse_grad) ||
       !wrap_dim(ctx, op, dim, self->dim, &dim) || !check_index_dtype(ctx, op, "index", *index) ||
-      !same_dtype(ctx, op, *out, self->dtype))
+      !check_out_dtype(ctx, *out, self->dtype, op))
     return;
   const int srank = self->dim == 0 ? 1 : self->dim, irank = index->dim == 0 ? 1 : index->dim;
   if (srank != irank) {
@@ -1556,7 +837,7 @@ void embedding_out(KernelContext& ctx, Args args) {
   Tensor* out = indices ? tensor_arg(ctx, op, "out", args[5]) : nullptr;
   if (!out || !int_arg(ctx, op, "padding_idx", args[2], &padding_idx) ||
       !bool_arg(ctx, op, "scale_grad_by_freq", args[3], &scale) || !bool_arg(ctx, op, "sparse", args[4], &sparse) ||
-      !check_index_dtype(ctx, op, "indices", *indices) || !same_dtype(ctx, op, *out, weight->dtype))
+      !check_index_dtype(ctx, op, "indices", *indices) || !check_out_dtype(ctx, *out, weight->dtype, op))
     return;
   if (weight->dim != 2) {
     ctx.fail(Status::InvalidArgument, "%s: weight must be 2-D, got shape %s", op, ShapeText(weight->shape()).buf);
@@ -1646,7 +927,7 @@ void fill_scalar_out(KernelContext& ctx, Args args) {
   Scalar value;
   Tensor* self = tensor_arg(ctx, op, "self", args[0]);
   Tensor* out = self ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !scalar_arg(ctx, op, "value", args[1], &value) || !same_dtype(ctx, op, *out, self->dtype) ||
+  if (!out || !scalar_arg(ctx, op, "value", args[1], &value) || !check_out_dtype(ctx, *out, self->dtype, op) ||
       !check_value_fits(ctx, op, value, out->dtype) || !prepare_out(ctx, op, *out, self->shape()))
     return;
   fill_out_with(ctx, op, value, *out);
@@ -1659,7 +940,7 @@ void fill_tensor_out(KernelContext& ctx, Args args) {
   Tensor* self = tensor_arg(ctx, op, "self", args[0]);
   Tensor* value = self ? tensor_arg(ctx, op, "value", args[1]) : nullptr;
   Tensor* out = value ? tensor_arg(ctx, op, "out", args[2]) : nullptr;
-  if (!out || !same_dtype(ctx, op, *out, self->dtype)) return;
+  if (!out || !check_out_dtype(ctx, *out, self->dtype, op)) return;
   if (value->dim != 0) {
     ctx.fail(Status::InvalidArgument, "%s: fill only supports a 0-dimension value tensor, got %d dimensions", op,
              value->dim);
@@ -1802,7 +1083,7 @@ void constant_pad_nd_out(KernelContext& ctx, Args args) {
   Tensor* self = tensor_arg(ctx, op, "self", args[0]);
   Tensor* out = self ? tensor_arg(ctx, op, "out", args[3]) : nullptr;
   if (!out || !int_list_arg(ctx, op, "pad", args[1], &pad) || !scalar_arg(ctx, op, "value", args[2], &value) ||
-      !same_dtype(ctx, op, *out, self->dtype) || !check_value_fits(ctx, op, value, self->dtype))
+      !check_out_dtype(ctx, *out, self->dtype, op) || !check_value_fits(ctx, op, value, self->dtype))
     return;
   if (pad.size() % 2 != 0) {
     ctx.fail(Status::InvalidArgument, "%s: length of pad must be even, got %zu", op, pad.size());
@@ -1851,26 +1132,6 @@ void constant_pad_nd_out(KernelContext& ctx, Args args) {
 
 }  // namespace
 
-KILN_BOXED_KERNEL(view_copy_out, view_copy_out);
-KILN_BOXED_KERNEL(alias_copy_out, alias_copy_out);
-KILN_BOXED_KERNEL(clone_out, clone_out);
-KILN_BOXED_KERNEL(to_copy_out, to_copy_out);
-KILN_BOXED_KERNEL(dim_order_clone_dim_order_out, clone_dim_order_out);
-KILN_BOXED_KERNEL(dim_order_to_dim_order_copy_out, to_dim_order_copy_out);
-KILN_BOXED_KERNEL(copy_out, copy_out);
-KILN_BOXED_KERNEL(permute_copy_out, permute_copy_out);
-KILN_BOXED_KERNEL(transpose_copy_int_out, transpose_copy_out);
-KILN_BOXED_KERNEL(expand_copy_out, expand_copy_out);
-KILN_BOXED_KERNEL(unsqueeze_copy_out, unsqueeze_copy_out);
-KILN_BOXED_KERNEL(squeeze_copy_dims_out, squeeze_copy_dims_out);
-KILN_BOXED_KERNEL(squeeze_copy_dim_out, squeeze_copy_dim_out);
-KILN_BOXED_KERNEL(squeeze_copy_out, squeeze_copy_out);
-KILN_BOXED_KERNEL(slice_copy_Tensor_out, slice_copy_out);
-KILN_BOXED_KERNEL(select_copy_int_out, select_copy_out);
-KILN_BOXED_KERNEL(slice_scatter_out, slice_scatter_out);
-KILN_BOXED_KERNEL(select_scatter_out, select_scatter_out);
-KILN_BOXED_KERNEL(flip_out, flip_out);
-KILN_BOXED_KERNEL(repeat_out, repeat_out);
 KILN_BOXED_KERNEL(tril_out, triangle_out<true>);
 KILN_BOXED_KERNEL(triu_out, triangle_out<false>);
 KILN_BOXED_KERNEL(cat_out, cat_out);
