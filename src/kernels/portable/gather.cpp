@@ -18,11 +18,16 @@ bool prepare_gather_out(KernelContext& ctx, const char* op, Tensor& out, std::sp
          check_no_overlap(ctx, op, out, src, src_name);
 }
 
+// index_select and gather: dim wrapped for self, an int64/int32 index, out of self's dtype.
+bool check_dim_index_out(KernelContext& ctx, const char* op, const Tensor& self, int64_t* dim, const Tensor& index,
+                         const Tensor& out) {
+  return normalize_dim(ctx, op, *dim, self.dim, dim) && check_index_dtype(ctx, op, "index", index) &&
+         check_out_dtype(ctx, out, self.dtype, op);
+}
+
 void index_select_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tensor& index, Tensor& out) {
   const char* op = "aten::index_select.out";
-  if (!normalize_dim(ctx, op, dim, self.dim, &dim) || !check_index_dtype(ctx, op, "index", index) ||
-      !check_out_dtype(ctx, out, self.dtype, op))
-    return;
+  if (!check_dim_index_out(ctx, op, self, &dim, index, out)) return;
   if (index.dim > 1) {
     ctx.fail(Status::InvalidArgument, "%s: index is supposed to be a vector, got shape %s", op,
              ShapeText(index.shape()).buf);
@@ -34,7 +39,7 @@ void index_select_out(KernelContext& ctx, const Tensor& self, int64_t dim, const
     return;
   }
   const int64_t size = self.dim == 0 ? 1 : self.sizes[dim];
-  if (auto bad = index_outside(index, size)) {
+  if (auto bad = index_outside(index, 0, size)) {
     ctx.fail(Status::OutOfRange, "%s: index %lld out of range for dimension %lld with size %lld", op,
              static_cast<long long>(*bad), static_cast<long long>(dim), static_cast<long long>(size));
     return;
@@ -78,9 +83,7 @@ void gather_elements(const Tensor& self, const Tensor& index, int64_t dim, const
 void gather_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tensor& index, bool /*sparse_grad*/,
                 Tensor& out) {
   const char* op = "aten::gather.out";
-  if (!normalize_dim(ctx, op, dim, self.dim, &dim) || !check_index_dtype(ctx, op, "index", index) ||
-      !check_out_dtype(ctx, out, self.dtype, op))
-    return;
+  if (!check_dim_index_out(ctx, op, self, &dim, index, out)) return;
   const int srank = self.dim == 0 ? 1 : self.dim, irank = index.dim == 0 ? 1 : index.dim;
   if (srank != irank) {
     ctx.fail(Status::InvalidArgument, "%s: index tensor must have the same number of dimensions as input tensor", op);
@@ -96,7 +99,7 @@ void gather_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tenso
       }
   const int64_t size = self.dim == 0 ? 1 : self.sizes[dim];
   if (!prepare_gather_out(ctx, op, out, index.shape(), index, "index", self, "self")) return;
-  if (auto bad = index_outside(index, size)) {
+  if (auto bad = index_outside(index, 0, size)) {
     ctx.fail(Status::OutOfRange, "%s: index %lld is out of bounds for dimension %lld with size %lld", op,
              static_cast<long long>(*bad), static_cast<long long>(dim), static_cast<long long>(size));
     return;
@@ -133,7 +136,7 @@ void embedding_out(KernelContext& ctx, const Tensor& weight, const Tensor& indic
                           "weight"))
     return;
   const int64_t rows = weight.sizes[0], row = weight.sizes[1] * element_size(weight.dtype);
-  if (auto bad = index_outside(indices, rows)) {
+  if (auto bad = index_outside(indices, 0, rows)) {
     ctx.fail(Status::OutOfRange, "%s: index %lld out of range for %lld embeddings", op, static_cast<long long>(*bad),
              static_cast<long long>(rows));
     return;

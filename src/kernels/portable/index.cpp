@@ -13,7 +13,6 @@
 namespace kiln::rt::kernels {
 namespace {
 
-
 // One index tensor of an advanced index: an integer tensor indexing one dim of
 // self, or a bool/uint8 mask covering `span` dims (standing for the positions of
 // its true elements).
@@ -178,20 +177,7 @@ bool build_index_plan(KernelContext& ctx, const char* op, const Tensor& self, Op
   return true;
 }
 
-// The gather-like kernels check their index values, then read them again to copy: an
-// out that shares memory with an index tensor (or with the tensor read) would change
-// them in between and send the copy anywhere. A planned program never does that (a
-// damaged one can); torch rejects such overlap too.
-bool check_no_overlap(KernelContext& ctx, const char* op, const Tensor& out, const Tensor& in, const char* name) {
-  if (out.data == nullptr || in.data == nullptr || out.nbytes() == 0 || in.nbytes() == 0) return true;
-  const auto o = reinterpret_cast<uintptr_t>(out.data), i = reinterpret_cast<uintptr_t>(in.data);
-  if (o < i + in.nbytes() && i < o + out.nbytes()) {
-    ctx.fail(Status::InvalidArgument, "%s: out shares memory with %s", op, name);
-    return false;
-  }
-  return true;
-}
-
+// An out sharing memory with an index tensor (see check_no_overlap).
 bool check_no_index_overlap(KernelContext& ctx, const char* op, const Tensor& out, const IndexPlan& p) {
   for (int k = 0; k < p.nsrc; ++k)
     if (!check_no_overlap(ctx, op, out, *p.src[k].t, "an index tensor")) return false;
@@ -203,13 +189,10 @@ bool check_index_ranges(KernelContext& ctx, const char* op, const IndexPlan& p) 
   for (int k = 0; k < p.nsrc; ++k) {
     const IndexSource& s = p.src[k];
     if (s.mask) continue;
-    for (int64_t i = 0; i < s.t->numel; ++i) {
-      const int64_t v = read_index(*s.t, i);
-      if (v < -s.dim_size || v >= s.dim_size) {
-        ctx.fail(Status::OutOfRange, "%s: index %lld is out of bounds for dimension %d with size %lld", op,
-                 static_cast<long long>(v), s.self_dim, static_cast<long long>(s.dim_size));
-        return false;
-      }
+    if (auto bad = index_outside(*s.t, -s.dim_size, s.dim_size)) {
+      ctx.fail(Status::OutOfRange, "%s: index %lld is out of bounds for dimension %d with size %lld", op,
+               static_cast<long long>(*bad), s.self_dim, static_cast<long long>(s.dim_size));
+      return false;
     }
   }
   return true;

@@ -115,11 +115,11 @@ inline bool check_no_overlap(KernelContext& ctx, const char* op, const Tensor& o
   return true;
 }
 
-// The first value of an index tensor outside [0, size), if any (the kernel words the message).
-inline std::optional<int64_t> index_outside(const Tensor& index, int64_t size) {
+// The first value of an index tensor outside [lo, hi), if any (the kernel words the message).
+inline std::optional<int64_t> index_outside(const Tensor& index, int64_t lo, int64_t hi) {
   for (int64_t i = 0; i < index.numel; ++i) {
     const int64_t v = read_index(index, i);
-    if (v < 0 || v >= size) return v;
+    if (v < lo || v >= hi) return v;
   }
   return std::nullopt;
 }
