@@ -5,6 +5,7 @@
 // Each check reports its failure through ctx and returns false.
 #pragma once
 
+#include "util/register.h"
 #include "util/strided_copy.h"
 
 #include <cstdint>
@@ -91,8 +92,7 @@ inline bool check_value_fits(KernelContext& ctx, const char* op, const Scalar& v
 }
 
 // A MemoryFormat? argument: None, contiguous_format or preserve_format (outs are contiguous).
-template <typename MemoryFormatT>
-inline bool check_memory_format(KernelContext& ctx, const char* op, const std::optional<MemoryFormatT>& f) {
+inline bool check_memory_format(KernelContext& ctx, const char* op, std::optional<MemoryFormat> f) {
   if (!f) return true;
   const auto v = static_cast<long long>(*f);
   if (v == 0 || v == 1) return true;
