@@ -1,6 +1,7 @@
 // Strided copies and fills for the kernels that move data: a copy engine over
 // any strides (contiguous runs become memcpy, transposes go by tiles), typed row
-// conversion between dtypes, scalar-to-element stores with torch's overflow check.
+// conversion between dtypes, scalar-to-element stores with torch's overflow check,
+// whole-tensor and region copies with conversion.
 // Dtypes, Scalar and conversions are util/kernel_util.h's. Nothing here allocates.
 #pragma once
 
@@ -45,6 +46,15 @@ inline ConvertRowFn convert_row_fn(ScalarType dst, ScalarType src) {
   dispatch(dst, [&](auto dt) {
     dispatch(src, [&](auto st) { fn = &convert_row<typename decltype(dt)::type, typename decltype(st)::type>; });
   });
+  return fn;
+}
+
+// convert_row_fn, failing through ctx when there is none.
+inline ConvertRowFn checked_convert_row_fn(KernelContext& ctx, const char* op, ScalarType dst, ScalarType src) {
+  ConvertRowFn fn = convert_row_fn(dst, src);
+  if (fn == nullptr)
+    ctx.fail(Status::NotSupported, "%s: conversion from %s to %s is not supported", op, dtype_str(src),
+             dtype_str(dst));
   return fn;
 }
 
@@ -307,6 +317,71 @@ inline void gather_view(void* dst, const Tensor& src, int ndim, const int64_t* s
   const int es = element_size(src.dtype);
   plan_strided(p, ndim, sizes, dst_strides, es, strides, es);
   copy_with_plan(p, dst, static_cast<const char*>(src.data) + offset * es, es);
+}
+
+
+// ---------------------------------------------------------------------------
+// Whole-tensor copies (contiguous tensors)
+
+// out <- self, same dtype and element count (any shapes).
+inline void copy_bytes(const Tensor& self, Tensor& out) {
+  if (self.numel > 0 && out.data != self.data) std::memmove(out.data, self.data, self.nbytes());
+}
+
+// out <- src converted to out's dtype, same element count.
+inline bool convert_into(KernelContext& ctx, const char* op, const Tensor& src, Tensor& out) {
+  if (src.dtype == out.dtype) {
+    copy_bytes(src, out);
+    return true;
+  }
+  ConvertRowFn fn = checked_convert_row_fn(ctx, op, out.dtype, src.dtype);
+  if (fn == nullptr) return false;
+  if (src.numel > 0)
+    fn(static_cast<char*>(out.data), static_cast<const char*>(src.data), src.numel, element_size(out.dtype),
+       element_size(src.dtype));
+  return true;
+}
+
+// Copies a strided region of `src` into a strided region of `dst` (sizes,
+// strides and offsets in elements), converting when the dtypes differ.
+inline bool copy_region(KernelContext& ctx, const char* op, Tensor& dst, int64_t dst_offset,
+                        const int64_t* dst_strides, const Tensor& src, int64_t src_offset,
+                        const int64_t* src_strides, int ndim, const int64_t* sizes) {
+  const int des = element_size(dst.dtype), ses = element_size(src.dtype);
+  StridedPlan p;
+  plan_strided(p, ndim, sizes, dst_strides, des, src_strides, ses);
+  if (p.empty) return true;
+  char* d = static_cast<char*>(dst.data) + dst_offset * des;
+  const char* s = static_cast<const char*>(src.data) + src_offset * ses;
+  if (dst.dtype == src.dtype) {
+    copy_with_plan(p, d, s, des);
+    return true;
+  }
+  ConvertRowFn fn = checked_convert_row_fn(ctx, op, dst.dtype, src.dtype);
+  if (fn == nullptr) return false;
+  convert_with_plan(p, d, s, fn);
+  return true;
+}
+
+// Strides of a contiguous tensor of shape (src_dim, src_sizes) broadcast
+// (right-aligned) to `shape`; false if it does not broadcast.
+inline bool broadcast_strides(int src_dim, const int64_t* src_sizes, int ndim, const int64_t* shape,
+                              int64_t* strides) {
+  if (src_dim > ndim) return false;
+  int64_t own[kMaxDims];
+  contiguous_strides(src_dim, src_sizes, own);
+  const int lead = ndim - src_dim;
+  for (int d = 0; d < ndim; ++d) {
+    if (d < lead) {
+      strides[d] = 0;
+      continue;
+    }
+    const int64_t s = src_sizes[d - lead];
+    if (s == shape[d]) strides[d] = s == 1 ? 0 : own[d - lead];
+    else if (s == 1) strides[d] = 0;
+    else return false;
+  }
+  return true;
 }
 
 }  // namespace kiln::rt::kernels
