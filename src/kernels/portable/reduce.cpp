@@ -52,6 +52,38 @@ sum_acc_t<T> reduce_sum(const Tensor& in, const ReducePlan& p, int64_t base, Sca
   return acc;
 }
 
+// The extreme (the max with kMax, else the min) of each out element's reduced
+// values, compared as compute_t<T>, and the first index holding it: put(k, best,
+// index). A NaN is the extreme (the first one).
+template <bool kMax, typename T, typename Put>
+void scan_extremes(const Tensor& in, const ReducePlan& p, Put&& put) {
+  using C = compute_t<T>;
+  const T* x = in.data_as<const T>();
+  for_each_out(p, [&](int64_t k, int64_t base) {
+    C best = convert<C>(x[base]);
+    int64_t best_i = 0, i = 0;
+    bool done = false;
+    for_each_reduced_row(p, base, [&](int64_t off, int64_t stride, int64_t n) {
+      for (int64_t j = 0; j < n && !done; ++j, ++i) {
+        const C v = convert<C>(x[off + j * stride]);
+        if constexpr (std::is_floating_point_v<C>) {
+          if (v != v) {
+            best = v;
+            best_i = i;
+            done = true;
+            break;
+          }
+        }
+        if (kMax ? v > best : v < best) {
+          best = v;
+          best_i = i;
+        }
+      }
+    });
+    put(k, best, best_i);
+  });
+}
+
 // sum.IntList_out / mean.out: (self, int[1]? dim, bool keepdim, ScalarType? dtype, out)
 template <bool kMean>
 void sum_mean(KernelContext& ctx, const Tensor& in, std::optional<IntArrayRef> dim, bool keepdim,
@@ -98,22 +130,8 @@ void amax_amin(KernelContext& ctx, const Tensor& in, IntArrayRef dim, bool keepd
   if (out.numel == 0) return;
   dispatch(in.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using C = compute_t<T>;
-    const T* x = in.data_as<const T>();
     T* o = out.data_as<T>();
-    for_each_out(p, [&](int64_t k, int64_t base) {
-      C best = convert<C>(x[base]);
-      for_each_reduced_row(p, base, [&](int64_t off, int64_t stride, int64_t n) {
-        for (int64_t i = 0; i < n; ++i) {
-          const C v = convert<C>(x[off + i * stride]);
-          if constexpr (std::is_floating_point_v<C>) {
-            if (v != v) best = v;
-          }
-          if (kMax ? v > best : v < best) best = v;
-        }
-      });
-      o[k] = convert<T>(best);
-    });
+    scan_extremes<kMax, T>(in, p, [&](int64_t k, compute_t<T> best, int64_t) { o[k] = convert<T>(best); });
   });
 }
 
@@ -138,31 +156,8 @@ void argmax(KernelContext& ctx, const Tensor& in, std::optional<int64_t> dim, bo
   if (out.numel == 0) return;
   dispatch<kRealTypes>(in.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using C = compute_t<T>;
-    const T* x = in.data_as<const T>();
     int64_t* o = out.data_as<int64_t>();
-    for_each_out(p, [&](int64_t k, int64_t base) {
-      C best = convert<C>(x[base]);
-      int64_t best_i = 0, i = 0;
-      bool done = false;
-      for_each_reduced_row(p, base, [&](int64_t off, int64_t stride, int64_t n) {
-        for (int64_t j = 0; j < n && !done; ++j, ++i) {
-          const C v = convert<C>(x[off + j * stride]);
-          if constexpr (std::is_floating_point_v<C>) {
-            if (v != v) {
-              best_i = i;
-              done = true;
-              break;
-            }
-          }
-          if (v > best) {
-            best = v;
-            best_i = i;
-          }
-        }
-      });
-      o[k] = best_i;
-    });
+    scan_extremes<true, T>(in, p, [&](int64_t k, compute_t<T>, int64_t index) { o[k] = index; });
   });
 }
 

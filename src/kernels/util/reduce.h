@@ -82,22 +82,29 @@ inline ReducePlan make_reduce_plan(const Tensor& in, const bool* mask, bool keep
   return p;
 }
 
-// Calls f(k, base) for each out element k (row-major), base = its first input offset.
+// Calls f(offset) for every index of an nd-dim odometer over sizes/strides
+// (row-major, every size nonzero), offset = base + the index's strided sum.
 template <typename F>
-void for_each_out(const ReducePlan& p, F&& f) {
+void for_each_offset(int32_t nd, const int64_t* sizes, const int64_t* strides, int64_t base, F&& f) {
   int64_t idx[kMaxDims] = {};
-  int64_t base = 0;
-  for (int64_t k = 0;; ++k) {
-    f(k, base);
-    int32_t d = p.n_kept - 1;
+  for (;;) {
+    f(base);
+    int32_t d = nd - 1;
     for (; d >= 0; --d) {
-      base += p.kept_strides[d];
-      if (++idx[d] < p.kept_sizes[d]) break;
-      base -= p.kept_strides[d] * p.kept_sizes[d];
+      base += strides[d];
+      if (++idx[d] < sizes[d]) break;
+      base -= strides[d] * sizes[d];
       idx[d] = 0;
     }
     if (d < 0) return;
   }
+}
+
+// Calls f(k, base) for each out element k (row-major), base = its first input offset.
+template <typename F>
+void for_each_out(const ReducePlan& p, F&& f) {
+  int64_t k = 0;
+  for_each_offset(p.n_kept, p.kept_sizes, p.kept_strides, 0, [&](int64_t base) { f(k++, base); });
 }
 
 // Calls f(offset, stride, n) for each innermost row of the reduced elements from base, in row-major order.
@@ -108,19 +115,8 @@ void for_each_reduced_row(const ReducePlan& p, int64_t base, F&& f) {
     return;
   }
   const int32_t inner = p.n_red - 1;
-  int64_t idx[kMaxDims] = {};
-  int64_t off = base;
-  for (;;) {
-    f(off, p.red_strides[inner], p.red_sizes[inner]);
-    int32_t d = inner - 1;
-    for (; d >= 0; --d) {
-      off += p.red_strides[d];
-      if (++idx[d] < p.red_sizes[d]) break;
-      off -= p.red_strides[d] * p.red_sizes[d];
-      idx[d] = 0;
-    }
-    if (d < 0) return;
-  }
+  for_each_offset(inner, p.red_sizes, p.red_strides, base,
+                  [&](int64_t off) { f(off, p.red_strides[inner], p.red_sizes[inner]); });
 }
 
 // ---------------------------------------------------------------------------
