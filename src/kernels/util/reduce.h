@@ -5,7 +5,9 @@
 // (double for floating dtypes, wrapping int64 for integers).
 #pragma once
 
-#include "kernel_util.h"
+#include "args.h"
+#include "dtype.h"
+#include "load_store.h"
 
 #include <cstdint>
 #include <span>
