@@ -1,6 +1,8 @@
-// Argument access and checks for kiln's portable kernels: the raw EValue getters
-// (arity, tags, dtypes, contiguity), TensorOrScalar (a Tensor argument that may
-// arrive as a wrapped number), dim wrapping, and the out checks (shape, dtype).
+// Argument types and checks for kiln's portable kernels: TensorOrScalar (a
+// Tensor argument that may arrive as a wrapped number), dim wrapping, and the out
+// checks (shape, dtype). Each check reports its own failure through ctx and
+// returns false; kernels return as soon as one does. (Arity and EValue tags are
+// checked by the typed boxing in register.h before a kernel runs.)
 #pragma once
 
 #include "dtype.h"
@@ -12,9 +14,6 @@
 #include <span>
 
 namespace kiln::rt::kernels {
-
-// Argument access. Every getter reports its own failure through ctx and returns
-// false/nullptr; kernels return as soon as one does.
 
 // Formats a shape as "[2, 3]" into buf.
 inline const char* format_shape(char* buf, size_t n, std::span<const int64_t> shape) {
@@ -31,66 +30,6 @@ inline const char* format_shape(char* buf, size_t n, std::span<const int64_t> sh
   }
   put("]");
   return buf;
-}
-
-// Exactly n arguments, none of them a null pointer.
-inline bool check_nargs(KernelContext& ctx, std::span<EValue*> args, size_t n, const char* op) {
-  if (args.size() != n) {
-    ctx.fail(Status::InvalidArgument, "%s: expected %zu arguments, got %zu", op, n, args.size());
-    return false;
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (args[i] == nullptr) {
-      ctx.fail(Status::InvalidArgument, "%s: argument %zu is missing", op, i);
-      return false;
-    }
-  }
-  return true;
-}
-
-// A tensor argument: present, of a dtype kiln's kernels know, contiguous.
-inline Tensor* tensor_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op) {
-  const EValue* v = args[i];
-  if (v == nullptr || v->tag != EValue::Tag::Tensor || v->scalar.t == nullptr) {
-    ctx.fail(Status::InvalidArgument, "%s: argument %zu must be a tensor", op, i);
-    return nullptr;
-  }
-  Tensor& t = v->tensor();
-  if (!is_supported_dtype(t.dtype)) {
-    ctx.fail(Status::NotSupported, "%s: argument %zu has unsupported dtype %s", op, i, dtype_str(t.dtype));
-    return nullptr;
-  }
-  if (!t.is_contiguous()) {
-    ctx.fail(Status::NotSupported, "%s: argument %zu is not contiguous (only identity dim order is supported)", op, i);
-    return nullptr;
-  }
-  if (t.data == nullptr && t.numel > 0) {
-    ctx.fail(Status::InvalidArgument, "%s: argument %zu has no data", op, i);
-    return nullptr;
-  }
-  return &t;
-}
-
-// An optional tensor: *out = nullptr for None.
-inline bool opt_tensor_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op, Tensor** out) {
-  *out = nullptr;
-  if (args[i] != nullptr && args[i]->is_none()) return true;
-  *out = tensor_arg(ctx, args, i, op);
-  return *out != nullptr;
-}
-
-inline bool scalar_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op, Scalar* out) {
-  const EValue* v = args[i];
-  if (v != nullptr) {
-    switch (v->tag) {
-      case EValue::Tag::Int: out->kind = Scalar::Kind::Int; out->i = v->to_int(); return true;
-      case EValue::Tag::Double: out->kind = Scalar::Kind::Double; out->d = v->to_double(); return true;
-      case EValue::Tag::Bool: out->kind = Scalar::Kind::Bool; out->b = v->to_bool(); return true;
-      default: break;
-    }
-  }
-  ctx.fail(Status::InvalidArgument, "%s: argument %zu must be a scalar (int, float or bool)", op, i);
-  return false;
 }
 
 // A Tensor argument that may also arrive as a number (Int, Double or Bool), which
@@ -128,86 +67,6 @@ struct TensorOrScalar {
     else rt.add(*tensor);
   }
 };
-
-inline bool tensor_or_scalar_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op,
-                                 TensorOrScalar* out) {
-  const EValue* v = args[i];
-  if (v != nullptr && (v->tag == EValue::Tag::Int || v->tag == EValue::Tag::Double || v->tag == EValue::Tag::Bool)) {
-    Scalar sc;
-    scalar_arg(ctx, args, i, op, &sc);
-    out->set_scalar(sc);
-    return true;
-  }
-  out->tensor = tensor_arg(ctx, args, i, op);
-  return out->tensor != nullptr;
-}
-
-// An optional Scalar: false in *present for None.
-inline bool opt_scalar_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op, Scalar* out,
-                           bool* present) {
-  *present = !(args[i] != nullptr && args[i]->is_none());
-  return !*present || scalar_arg(ctx, args, i, op, out);
-}
-
-inline bool int_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op, int64_t* out) {
-  if (args[i] != nullptr && args[i]->tag == EValue::Tag::Int) {
-    *out = args[i]->to_int();
-    return true;
-  }
-  ctx.fail(Status::InvalidArgument, "%s: argument %zu must be an int", op, i);
-  return false;
-}
-
-inline bool bool_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op, bool* out) {
-  if (args[i] != nullptr && args[i]->tag == EValue::Tag::Bool) {
-    *out = args[i]->to_bool();
-    return true;
-  }
-  ctx.fail(Status::InvalidArgument, "%s: argument %zu must be a bool", op, i);
-  return false;
-}
-
-inline bool double_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op, double* out) {
-  if (args[i] != nullptr && (args[i]->tag == EValue::Tag::Double || args[i]->tag == EValue::Tag::Int)) {
-    *out = args[i]->tag == EValue::Tag::Double ? args[i]->to_double() : static_cast<double>(args[i]->to_int());
-    return true;
-  }
-  ctx.fail(Status::InvalidArgument, "%s: argument %zu must be a float", op, i);
-  return false;
-}
-
-// An int list (an `int[]` argument); `int[1]` arguments also accept a single Int.
-inline bool int_list_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op,
-                         std::span<const int64_t>* out) {
-  const EValue* v = args[i];
-  if (v != nullptr && v->tag == EValue::Tag::IntList) {
-    *out = v->ints;
-    return true;
-  }
-  if (v != nullptr && v->tag == EValue::Tag::Int) {
-    *out = std::span<const int64_t>(&v->scalar.i, 1);
-    return true;
-  }
-  ctx.fail(Status::InvalidArgument, "%s: argument %zu must be an int list", op, i);
-  return false;
-}
-
-// An optional ScalarType (c10 numbering as Int); *present false for None.
-inline bool opt_dtype_arg(KernelContext& ctx, std::span<EValue*> args, size_t i, const char* op, ScalarType* out,
-                          bool* present) {
-  *present = false;
-  if (args[i] != nullptr && args[i]->is_none()) return true;
-  int64_t code;
-  if (!int_arg(ctx, args, i, op, &code)) return false;
-  ScalarType dt = static_cast<ScalarType>(code);
-  if (code < 0 || code > 127 || !is_supported_dtype(dt)) {
-    ctx.fail(Status::NotSupported, "%s: dtype code %lld is not supported", op, static_cast<long long>(code));
-    return false;
-  }
-  *out = dt;
-  *present = true;
-  return true;
-}
 
 // Wraps a (possibly negative) dim into [0, ndim); 0-dim tensors accept -1 and 0.
 inline bool wrap_dim(KernelContext& ctx, int64_t d, int32_t ndim, const char* op, int32_t* out) {

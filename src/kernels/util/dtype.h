@@ -108,41 +108,30 @@ enum DtypeSet : unsigned {
   kAllTypes = kBoolTypes | kIntTypes | kFloatingTypes,
 };
 
+// Every dtype the kernels know, once: X(ScalarType enumerator, storage type, DtypeSet).
+// dispatch, dtype_of and in_set are generated from it.
+#define KILN_FOR_EACH_DTYPE(X)                                                 \
+  X(Bool, bool, kBoolTypes)                                                   \
+  X(Byte, uint8_t, kIntTypes) X(Char, int8_t, kIntTypes)                      \
+  X(Short, int16_t, kIntTypes) X(Int, int32_t, kIntTypes)                     \
+  X(Long, int64_t, kIntTypes)                                                 \
+  X(Float, float, kFloatTypes) X(Double, double, kFloatTypes)                 \
+  X(Half, Half, kReducedTypes) X(BFloat16, BFloat16, kReducedTypes)
+
 // Calls f with the TypeTag of dt when dt is in `set`; false (f not called) otherwise.
 // Every type of `set` instantiates f, so f's body must compile for each of them.
 template <unsigned Set = kAllTypes, typename F>
 inline bool dispatch(ScalarType dt, F&& f) {
   switch (dt) {
-    case ScalarType::Bool:
-      if constexpr ((Set & kBoolTypes) != 0) { f(TypeTag<bool>{}); return true; }
-      break;
-    case ScalarType::Byte:
-      if constexpr ((Set & kIntTypes) != 0) { f(TypeTag<uint8_t>{}); return true; }
-      break;
-    case ScalarType::Char:
-      if constexpr ((Set & kIntTypes) != 0) { f(TypeTag<int8_t>{}); return true; }
-      break;
-    case ScalarType::Short:
-      if constexpr ((Set & kIntTypes) != 0) { f(TypeTag<int16_t>{}); return true; }
-      break;
-    case ScalarType::Int:
-      if constexpr ((Set & kIntTypes) != 0) { f(TypeTag<int32_t>{}); return true; }
-      break;
-    case ScalarType::Long:
-      if constexpr ((Set & kIntTypes) != 0) { f(TypeTag<int64_t>{}); return true; }
-      break;
-    case ScalarType::Float:
-      if constexpr ((Set & kFloatTypes) != 0) { f(TypeTag<float>{}); return true; }
-      break;
-    case ScalarType::Double:
-      if constexpr ((Set & kFloatTypes) != 0) { f(TypeTag<double>{}); return true; }
-      break;
-    case ScalarType::Half:
-      if constexpr ((Set & kReducedTypes) != 0) { f(TypeTag<Half>{}); return true; }
-      break;
-    case ScalarType::BFloat16:
-      if constexpr ((Set & kReducedTypes) != 0) { f(TypeTag<BFloat16>{}); return true; }
-      break;
+#define KILN_DISPATCH_CASE(name, type, set)   \
+  case ScalarType::name:                      \
+    if constexpr ((Set & (set)) != 0) {       \
+      f(TypeTag<type>{});                     \
+      return true;                            \
+    }                                         \
+    break;
+    KILN_FOR_EACH_DTYPE(KILN_DISPATCH_CASE)
+#undef KILN_DISPATCH_CASE
     default:
       break;
   }
@@ -150,20 +139,20 @@ inline bool dispatch(ScalarType dt, F&& f) {
 }
 
 template <typename T>
+struct DtypeOf {
+  static_assert(sizeof(T) == 0, "not a kernel storage type");
+};
+#define KILN_DTYPE_OF(name, type, set)                    \
+  template <>                                             \
+  struct DtypeOf<type> {                                  \
+    static constexpr ScalarType value = ScalarType::name; \
+  };
+KILN_FOR_EACH_DTYPE(KILN_DTYPE_OF)
+#undef KILN_DTYPE_OF
+
+template <typename T>
 constexpr ScalarType dtype_of() {
-  if constexpr (std::is_same_v<T, bool>) return ScalarType::Bool;
-  else if constexpr (std::is_same_v<T, uint8_t>) return ScalarType::Byte;
-  else if constexpr (std::is_same_v<T, int8_t>) return ScalarType::Char;
-  else if constexpr (std::is_same_v<T, int16_t>) return ScalarType::Short;
-  else if constexpr (std::is_same_v<T, int32_t>) return ScalarType::Int;
-  else if constexpr (std::is_same_v<T, int64_t>) return ScalarType::Long;
-  else if constexpr (std::is_same_v<T, float>) return ScalarType::Float;
-  else if constexpr (std::is_same_v<T, double>) return ScalarType::Double;
-  else if constexpr (std::is_same_v<T, Half>) return ScalarType::Half;
-  else {
-    static_assert(std::is_same_v<T, BFloat16>, "not a kernel storage type");
-    return ScalarType::BFloat16;
-  }
+  return DtypeOf<T>::value;
 }
 
 // "No dtype": a ScalarType value outside c10's numbering.
@@ -174,11 +163,11 @@ inline constexpr ScalarType kNoDtype = static_cast<ScalarType>(-1);
 
 inline bool in_set(ScalarType dt, unsigned set) {
   switch (dt) {
-    case ScalarType::Bool: return (set & kBoolTypes) != 0;
-    case ScalarType::Byte: case ScalarType::Char: case ScalarType::Short: case ScalarType::Int:
-    case ScalarType::Long: return (set & kIntTypes) != 0;
-    case ScalarType::Float: case ScalarType::Double: return (set & kFloatTypes) != 0;
-    case ScalarType::Half: case ScalarType::BFloat16: return (set & kReducedTypes) != 0;
+#define KILN_IN_SET_CASE(name, type, types) \
+  case ScalarType::name:                    \
+    return (set & (types)) != 0;
+    KILN_FOR_EACH_DTYPE(KILN_IN_SET_CASE)
+#undef KILN_IN_SET_CASE
     default: return false;
   }
 }

@@ -6,14 +6,14 @@
 //   args.h              argument access and checks (TensorOrScalar, wrap_dim, resize_out, out dtypes)
 //   broadcast.h         numpy broadcasting of shapes
 //   load_store.h        chunked dtype-converting loads and stores (kChunk, load_as, store_as)
-//   elementwise_loop.h  a broadcasting elementwise loop with dtype conversion (make_plan, map_elements)
+//   elementwise.h       a broadcasting elementwise loop with dtype conversion (make_plan, map_elements)
 // Header-only; nothing here allocates (fixed-size stack state).
 #pragma once
 
 #include "args.h"
 #include "broadcast.h"
 #include "dtype.h"
-#include "elementwise_loop.h"
+#include "elementwise.h"
 #include "load_store.h"
 #include "promote.h"
 #include "scalar.h"
