@@ -104,21 +104,22 @@ inline C floor_div_int(C a, C b, bool* zero) {
   return q;
 }
 
-template <typename C>
-inline C min_nan(C a, C b) {
+// min/max where a NaN operand wins (a's first); ties give a.
+template <bool kMax, typename C>
+inline C extremum_nan(C a, C b) {
   if constexpr (std::is_floating_point_v<C>) {
     if (a != a) return a;
     if (b != b) return b;
   }
-  return b < a ? b : a;
+  return (kMax ? a < b : b < a) ? b : a;
+}
+template <typename C>
+inline C min_nan(C a, C b) {
+  return extremum_nan<false>(a, b);
 }
 template <typename C>
 inline C max_nan(C a, C b) {
-  if constexpr (std::is_floating_point_v<C>) {
-    if (a != a) return a;
-    if (b != b) return b;
-  }
-  return a < b ? b : a;
+  return extremum_nan<true>(a, b);
 }
 
 // ---------------------------------------------------------------------------
@@ -186,50 +187,46 @@ void binary_tensor(KernelContext& ctx, const OpSpec& spec, const TensorOrScalar&
   });
 }
 
-// Tensor (op) Scalar: `s` promoted as a wrapped number. make_op(TypeTag<C>{}) returns C(C) (or bool(C)).
-template <unsigned Types, typename MakeOp>
-void binary_scalar(KernelContext& ctx, const OpSpec& spec, const Tensor& a_t, const Scalar& s, Tensor& out_t,
-                   MakeOp&& make_op) {
-  const Tensor* a = &a_t;
-  Tensor* out = &out_t;
-  ResultType rt;
-  rt.add(*a);
-  rt.add(s);
-  const ScalarType common = common_of(rt.result(), spec);
-  if (!check_common(ctx, common, Types, spec.name)) return;
-  if (!check_out(ctx, spec, spec.compare ? ScalarType::Bool : common, *out)) return;
-  if (!resize_out(ctx, *out, a->shape(), spec.name)) return;
-  const ElementwisePlan plan = make_plan(*out, {a});
+// out[i] = op(a[i]) with out shaped like a, in the compute type C of `common`
+// (a TypeTag of Types); make_op(TypeTag<C>{}) returns C(C) (or bool(C)). With
+// kClones and spec.vector_clones, float32 -> float32 runs in map_f32.
+template <unsigned Types, bool kClones, typename MakeOp>
+void map_like(KernelContext& ctx, const OpSpec& spec, ScalarType common, const Tensor& a, Tensor& out,
+              MakeOp& make_op) {
+  if (!check_out(ctx, spec, spec.compare ? ScalarType::Bool : common, out)) return;
+  if (!resize_out(ctx, out, a.shape(), spec.name)) return;
+  const ElementwisePlan plan = make_plan(out, {&a});
   dispatch<Types>(common, [&](auto tag) {
     using C = compute_t<typename decltype(tag)::type>;
     auto op = make_op(TypeTag<C>{});
     using R = decltype(op(C{}));
-    map_elements<R, C>(plan, op, common);
-  });
-}
-
-// op(Tensor).
-template <unsigned Types, typename MakeOp>
-void unary(KernelContext& ctx, const OpSpec& spec, const Tensor& a_t, Tensor& out_t, MakeOp&& make_op) {
-  const Tensor* a = &a_t;
-  Tensor* out = &out_t;
-  if (!check_common(ctx, a->dtype, Types | (spec.int_to_float ? kIntegralTypes : 0u), spec.name)) return;
-  const ScalarType common = common_of(a->dtype, spec);
-  if (!check_out(ctx, spec, spec.compare ? ScalarType::Bool : common, *out)) return;
-  if (!resize_out(ctx, *out, a->shape(), spec.name)) return;
-  const ElementwisePlan plan = make_plan(*out, {a});
-  dispatch<Types>(common, [&](auto tag) {
-    using C = compute_t<typename decltype(tag)::type>;
-    auto op = make_op(TypeTag<C>{});
-    using R = decltype(op(C{}));
-    if constexpr (std::is_same_v<C, float> && std::is_same_v<R, float>) {
-      if (spec.vector_clones && a->dtype == ScalarType::Float && out->dtype == ScalarType::Float) {
-        map_f32(a->data_as<const float>(), out->data_as<float>(), out->numel, op);  // both contiguous
+    if constexpr (kClones && std::is_same_v<C, float> && std::is_same_v<R, float>) {
+      if (spec.vector_clones && a.dtype == ScalarType::Float && out.dtype == ScalarType::Float) {
+        map_f32(a.data_as<const float>(), out.data_as<float>(), out.numel, op);  // both contiguous
         return;
       }
     }
     map_elements<R, C>(plan, op, common);
   });
+}
+
+// Tensor (op) Scalar: `s` promoted as a wrapped number. make_op(TypeTag<C>{}) returns C(C) (or bool(C)).
+template <unsigned Types, typename MakeOp>
+void binary_scalar(KernelContext& ctx, const OpSpec& spec, const Tensor& a, const Scalar& s, Tensor& out,
+                   MakeOp&& make_op) {
+  ResultType rt;
+  rt.add(a);
+  rt.add(s);
+  const ScalarType common = common_of(rt.result(), spec);
+  if (!check_common(ctx, common, Types, spec.name)) return;
+  map_like<Types, false>(ctx, spec, common, a, out, make_op);
+}
+
+// op(Tensor).
+template <unsigned Types, typename MakeOp>
+void unary(KernelContext& ctx, const OpSpec& spec, const Tensor& a, Tensor& out, MakeOp&& make_op) {
+  if (!check_common(ctx, a.dtype, Types | (spec.int_to_float ? kIntegralTypes : 0u), spec.name)) return;
+  map_like<Types, true>(ctx, spec, common_of(a.dtype, spec), a, out, make_op);
 }
 
 
