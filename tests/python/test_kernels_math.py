@@ -416,6 +416,21 @@ def test_unary(name, dtype):
     compare(op, "out", [T(x)], lambda: fn(x))
 
 
+# activations with Scalar parameters: defaults filled (as the emitter does) and given
+@pytest.mark.parametrize("dtype", FLOATS, ids=ids)
+@pytest.mark.parametrize("op,fn,params", [
+    ("leaky_relu", lambda x: torch.nn.functional.leaky_relu(x), [Double(0.01)]),
+    ("leaky_relu", lambda x: torch.nn.functional.leaky_relu(x, 0.2), [Double(0.2)]),
+    ("elu", lambda x: torch.nn.functional.elu(x), [Int(1), Int(1), Int(1)]),
+    ("elu", lambda x: torch.ops.aten.elu(x, 0.5, 1.5, 2.0), [Double(0.5), Double(1.5), Double(2.0)]),
+], ids=["leaky_relu", "leaky_relu_0.2", "elu", "elu_scaled"])
+def test_parameterized_activation(op, fn, params, dtype):
+    x = rand((3, 7), dtype, seed=17)
+    if dtype.is_floating_point:
+        x[0, :3] = torch.tensor([float("nan"), float("-inf"), -0.0], dtype=torch.float64).to(dtype)
+    compare(f"aten::{op}", "out", [T(x), *params], lambda: fn(x))
+
+
 @pytest.mark.parametrize("shape", [(), (0,), (2, 0, 3), (5, 600)], ids=ids)
 @pytest.mark.parametrize("name", ["neg", "exp", "sigmoid", "logical_not", "abs"])
 def test_unary_shapes(name, shape):

@@ -132,8 +132,28 @@ void silu_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
   });
 }
 
+// x if x > 0, else negative_slope * x (NaN stays NaN)
+void leaky_relu_out(KernelContext& ctx, const Tensor& self, Scalar negative_slope, Tensor& out) {
+  float_activation(ctx, "aten::leaky_relu.out", self, out, [&](auto tag) {
+    using C = typename decltype(tag)::type;
+    const C slope = negative_slope.as<C>();
+    return [slope](C x) -> C { return x > C(0) ? x : x * slope; };
+  });
+}
+
+// scale * x if x > 0, else scale * alpha * (e^(input_scale * x) - 1)
+void elu_out(KernelContext& ctx, const Tensor& self, Scalar alpha, Scalar scale, Scalar input_scale, Tensor& out) {
+  float_activation(ctx, "aten::elu.out", self, out, [&](auto tag) {
+    using C = typename decltype(tag)::type;
+    const C a = alpha.as<C>(), s = scale.as<C>(), is = input_scale.as<C>();
+    return [a, s, is](C x) -> C { return x > C(0) ? s * x : s * a * std::expm1(is * x); };
+  });
+}
+
 }  // namespace
 
+KILN_KERNEL(leaky_relu_out, leaky_relu_out);
+KILN_KERNEL(elu_out, elu_out);
 KILN_KERNEL(neg_out, neg_out);
 KILN_KERNEL(abs_out, abs_out);
 KILN_KERNEL(relu_out, relu_out);
