@@ -43,6 +43,23 @@ using xd::Storage;
 
 constexpr uint32_t kNone = 0xFFFFFFFFu;
 
+}  // namespace
+
+// gtest prints these by name
+namespace kiln::backends::xnnpack::detail {
+void PrintTo(StepKind k, std::ostream* os) {
+  static const char* const names[] = {"Subgraph", "FullyConnected", "Rows", "Bmm", "LmHead", "Transpose",
+                                      "Slice", "Concat", "Unary", "Copy", "Clamp"};
+  *os << names[static_cast<size_t>(k)];
+}
+void PrintTo(Storage::Kind k, std::ostream* os) {
+  static const char* const names[] = {"None", "Arena", "Arg", "Static"};
+  *os << names[static_cast<size_t>(k)];
+}
+}  // namespace kiln::backends::xnnpack::detail
+
+namespace {
+
 // ---------------------------------------------------------------- graphs
 
 enum class Op { Add, Sub, Mul, Max, Tanh, Sigmoid, Square, Rsqrt, Softmax, FullyConnected, Reshape };
@@ -532,18 +549,22 @@ void check_numerics(const Graph& g, xd::State& st, uint32_t seed, int calls = 2)
       evalues[a] = rt::EValue::from_tensor(&tensors[a]);
       args[a] = &evalues[a];
     }
+    const auto ref = reference(g, in);  // before the call, which must not write its inputs
     rt::ErrorMessage msg;
     ASSERT_EQ(xd::execute_state(st, args, &msg), rt::Status::Ok) << msg.c_str();
-    auto ref = reference(g, in);
+    for (size_t i = 0; i < g.inputs.size(); ++i)
+      for (size_t k = 0; k < in[i].size(); ++k)
+        ASSERT_EQ(static_cast<double>(in[i][k]), ref[g.inputs[i]][k]) << "the call wrote input " << i;
     for (size_t o = 0; o < g.outputs.size(); ++o) {
       const auto& r = ref[g.outputs[o]];
-      double worst = 0;
-      size_t at = 0;
+      size_t bad = 0, first = 0;
       for (size_t i = 0; i < r.size(); ++i) {
-        double err = std::abs(static_cast<double>(out[o][i]) - r[i]) / (1e-4 + 1e-4 * std::abs(r[i]));
-        if (!(err <= worst)) { worst = err; at = i; }
+        // |out - ref| <= 1e-4 (1 + |ref|), false for NaN
+        const bool close = std::abs(static_cast<double>(out[o][i]) - r[i]) <= 1e-4 * (1.0 + std::abs(r[i]));
+        if (!close && bad++ == 0) first = i;
       }
-      EXPECT_LE(worst, 1.0) << "output " << o << " element " << at << ": " << out[o][at] << ", reference " << r[at];
+      EXPECT_EQ(bad, 0u) << "output " << o << ": " << bad << " of " << r.size() << " elements differ, first " << first
+                         << ": " << out[o][first] << ", reference " << r[first];
     }
   }
 }
