@@ -189,7 +189,7 @@ struct State {
 };
 
 // What the backend's init and execute do, for its tests to read a delegate's plan
-// (tests/xnnpack/xnnpack_planner_tests.cpp). plan_payload builds `st` (fresh) from
+// (tests/xnnpack/xnnpack_planner_test.cpp). plan_payload builds `st` (fresh) from
 // a payload with the method's options, as init does, without running it; `file`
 // holds the named constants, or is null for a payload whose constants are inline.
 // NotSupported until register_runtime_backend() has initialized XNNPACK.
