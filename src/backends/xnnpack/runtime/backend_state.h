@@ -188,6 +188,15 @@ struct State {
   }
 };
 
+// What the backend's init and execute do, for its tests to read a delegate's plan
+// (tests/xnnpack/xnnpack_planner_test.cpp). plan_payload builds `st` (fresh) from
+// a payload with the method's options, as init does, without running it; `file`
+// holds the named constants, or is null for a payload whose constants are inline.
+// NotSupported until register_runtime_backend() has initialized XNNPACK.
+// execute_state runs a built state on the call's arguments (inputs, then outputs).
+rt::Status plan_payload(const rt::PteFile* file, std::span<const std::byte> payload, const rt::BackendOptions& options,
+                        State& st, rt::ErrorMessage* error);
+rt::Status execute_state(State& st, std::span<EValue*> args, rt::ErrorMessage* error);
 
 // ---------------------------------------------------------------- kiln's steps (steps.cpp)
 

@@ -155,7 +155,8 @@ bool node_io(const fbx::XNode& node, NodeIO& io) {
 
 class Builder {
  public:
-  Builder(const rt::PteFile& file, ErrorMessage* error) : file_(file), error_(error) {}
+  // file: where named constants come from; null for payloads that carry their constants inline
+  Builder(const rt::PteFile* file, ErrorMessage* error) : file_(file), error_(error) {}
 
   Status build(std::span<const std::byte> payload, State& st);
 
@@ -167,7 +168,7 @@ class Builder {
   Status kiln_step(State& st, size_t index);
   Status check_value(const State& st, uint32_t id, size_t node, const char* role) const;
 
-  const rt::PteFile& file_;
+  const rt::PteFile* file_;
   ErrorMessage* error_;
   const fbx::XNNGraph* graph_ = nullptr;
   std::vector<NodeIO> io_;
@@ -261,7 +262,10 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
       const fbx::ConstantDataOffset* c = cd->Get(ci);
       std::span<const std::byte> bytes;
       if (c->named_key()) {
-        auto r = file_.named_data(c->named_key()->string_view(), error_);
+        if (!file_)
+          return failf(error_, Status::InvalidProgram, "value %u: a named constant, and no program to read it from",
+                       t->id_out());
+        auto r = file_->named_data(c->named_key()->string_view(), error_);
         if (!r.ok()) return r.status();
         bytes = r.value();
       } else {
@@ -712,7 +716,7 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
     if (skip_[i] || graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type() != NodeType::XNNFullyConnected)
       continue;
     for (size_t j = 1; j < 3; ++j)
-      if (uint32_t v = io_[i].in[j]; v != kInvalidId && only_packed_[v]) file_.release_pages(st.values[v].constant_bytes);
+      if (uint32_t v = io_[i].in[j]; v != kInvalidId && only_packed_[v] && file_) file_->release_pages(st.values[v].constant_bytes);
   }
   if (count == 1) {
     for (size_t i = begin; i < end; ++i)
@@ -790,7 +794,7 @@ Status Builder::kiln_step(State& st, size_t i) {
         for (int64_t r = 0; r < step.n; ++r)
           for (int64_t c = 0; c < step.k; ++c) wt[c * step.n + r] = src[r * step.k + c];
         step.weights = wt;
-        if (only_packed_[io.in[1]]) file_.release_pages(w.constant_bytes);
+        if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
       }
       if (io.in[2] != kInvalidId) {
         if (st.values[io.in[2]].numel != step.n) return bad("bias size is not the output channels");
@@ -989,29 +993,15 @@ Status Builder::build(std::span<const std::byte> payload, State& st) {
 bool xnn_ready = false;  // xnn_initialize succeeded (register_runtime_backend)
 
 Status init(const rt::BackendInitContext& ctx, void** state, ErrorMessage* error) {
-  if (!xnn_ready) return fail(error, Status::NotSupported, "XNNPACK is not initialized on this CPU");
-  const rt::BackendOptions& o = ctx.options;
-  Engine engine = Engine::Kiln;
-  if (o.engine != nullptr && std::string_view(o.engine) == "xnnpack") {
-    engine = Engine::Xnnpack;
-  } else if (o.engine != nullptr && *o.engine != '\0' && std::string_view(o.engine) != "kiln") {
-    return failf(error, Status::InvalidArgument, "unknown engine '%s' (kiln or xnnpack)", o.engine);
-  }
   auto st = std::unique_ptr<State>(new (std::nothrow) State);
   if (!st) return fail(error, Status::OutOfMemory, "out of memory");
-  st->engine = engine;
-  st->per_node = o.profiling_detail;
-  st->pool = shared_pool(std::max<size_t>(1, o.threads));
-  st->exec.pool = st->pool.get();
-  st->exec.threads = st->pool ? static_cast<int64_t>(st->pool->threads()) : 1;
-  Builder b(ctx.file, error);
-  if (Status s = b.build(ctx.payload, *st); s != Status::Ok) return s;
+  if (Status s = plan_payload(&ctx.file, ctx.payload, ctx.options, *st, error); s != Status::Ok) return s;
   *state = st.release();
   return Status::Ok;
 }
 
-Status execute(void* opaque, std::span<EValue*> args, ErrorMessage* error) {
-  State& st = *static_cast<State*>(opaque);
+// Binds the call's tensors and runs the steps (detail::execute_state).
+Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
   if (args.size() != st.arg_values.size())
     return failf(error, Status::InvalidArgument, "the call passes %zu arguments, the graph has %zu inputs and outputs",
                  args.size(), st.arg_values.size());
@@ -1068,6 +1058,10 @@ Status execute(void* opaque, std::span<EValue*> args, ErrorMessage* error) {
   return Status::Ok;
 }
 
+Status execute(void* opaque, std::span<EValue*> args, ErrorMessage* error) {
+  return run(*static_cast<State*>(opaque), args, error);
+}
+
 void destroy(void* opaque) { delete static_cast<State*>(opaque); }
 
 void enable_profiling(void* opaque, bool on) {
@@ -1098,6 +1092,26 @@ size_t profile(const void* opaque, std::span<rt::BackendProfileEntry> out) {
 const rt::Backend kBackend{"XnnpackBackend", init, execute, destroy, enable_profiling, profile};
 
 }  // namespace
+
+Status detail::plan_payload(const rt::PteFile* file, std::span<const std::byte> payload, const rt::BackendOptions& o,
+                            State& st, ErrorMessage* error) {
+  if (!xnn_ready) return fail(error, Status::NotSupported, "XNNPACK is not initialized on this CPU");
+  Engine engine = Engine::Kiln;
+  if (o.engine != nullptr && std::string_view(o.engine) == "xnnpack") {
+    engine = Engine::Xnnpack;
+  } else if (o.engine != nullptr && *o.engine != '\0' && std::string_view(o.engine) != "kiln") {
+    return failf(error, Status::InvalidArgument, "unknown engine '%s' (kiln or xnnpack)", o.engine);
+  }
+  st.engine = engine;
+  st.per_node = o.profiling_detail;
+  st.pool = shared_pool(std::max<size_t>(1, o.threads));
+  st.exec.pool = st.pool.get();
+  st.exec.threads = st.pool ? static_cast<int64_t>(st.pool->threads()) : 1;
+  Builder b(file, error);
+  return b.build(payload, st);
+}
+
+Status detail::execute_state(State& st, std::span<EValue*> args, ErrorMessage* error) { return run(st, args, error); }
 
 std::shared_ptr<cpu::ThreadPool> detail::shared_pool(size_t threads) {
   if (threads <= 1) return nullptr;
