@@ -65,7 +65,7 @@ KILN_CPU_INLINE void store_part(float* p, const typename VF<W>::f& v, int64_t n)
 template <int W>
 KILN_CPU_INLINE void select_v(typename VF<W>::f& r, const typename VF<W>::i& c, const typename VF<W>::f& a,
                               const typename VF<W>::f& b) {
-  r = KILN_BITS_F(W, (KILN_BITS_I(W, a) & c) | (KILN_BITS_I(W, b) & ~c));
+  r = c ? a : b;
 }
 
 // r = e^x (math.h's exp_f)
@@ -102,7 +102,7 @@ KILN_CPU_INLINE void exp_v(typename VF<W>::f& r, const typename VF<W>::f& x) {
 // r = |x| with the sign of s
 template <int W>
 KILN_CPU_INLINE void copysign_v(typename VF<W>::f& r, const typename VF<W>::f& x, const typename VF<W>::f& s) {
-  r = KILN_BITS_F(W, (KILN_BITS_I(W, x) & 0x7fffffff) | (KILN_BITS_I(W, s) & static_cast<int32_t>(0x80000000u)));
+  for (int j = 0; j < W; ++j) r[j] = __builtin_copysignf(x[j], s[j]);
 }
 
 // r = tanh(x) (math.h's tanh_f)
@@ -118,7 +118,8 @@ KILN_CPU_INLINE void tanh_v(typename VF<W>::f& r, const typename VF<W>::f& x) {
   q = q * x2 - 1.0f / 3.0f;
   V small;
   copysign_v<W>(small, x + x * x2 * q, x);  // keeps tanh(-0) = -0
-  const V ax = KILN_BITS_F(W, KILN_BITS_I(W, x) & 0x7fffffff);
+  V ax;
+  for (int j = 0; j < W; ++j) ax[j] = __builtin_fabsf(x[j]);
   V e;
   exp_v<W>(e, 2.0f * ax);
   const V big = 1.0f - 2.0f / (e + 1.0f);
