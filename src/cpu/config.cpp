@@ -46,6 +46,33 @@ const F32GemvVariant kF32Gemv[] = {
     KILN_GEMV_ROW(generic, Generic),
 };
 
+#define KILN_VUNARY_ROW(isa, ISA, lanes)                                                                         \
+  {"f32_vunary__" #isa, Isa::ISA, lanes, f32_vexp__##isa, f32_vtanh__##isa, f32_vsigmoid__##isa,                \
+   f32_vsqrt__##isa, f32_vrsqrt__##isa, f32_vsquare__##isa, f32_vneg__##isa, f32_vabs__##isa, f32_vgelu__##isa,  \
+   f32_vlog__##isa, f32_vsin__##isa, f32_vcos__##isa, f32_vclamp__##isa}
+const F32VUnaryVariant kF32VUnary[] = {
+    KILN_X86_ONLY(KILN_VUNARY_ROW(avx512, Avx512, 16))
+    KILN_X86_ONLY(KILN_VUNARY_ROW(avx2, Avx2, 8))
+    KILN_VUNARY_ROW(generic, Generic, 4),
+};
+
+#define KILN_VBINARY_FORMS(op, isa) {f32_v##op##_vv__##isa, f32_v##op##_vs__##isa, f32_v##op##_sv__##isa}
+#define KILN_VBINARY_ROW(isa, ISA, lanes)                                                                        \
+  {"f32_vbinary__" #isa, Isa::ISA, lanes, KILN_VBINARY_FORMS(add, isa), KILN_VBINARY_FORMS(sub, isa),           \
+   KILN_VBINARY_FORMS(mul, isa), KILN_VBINARY_FORMS(div, isa), KILN_VBINARY_FORMS(max, isa),                     \
+   KILN_VBINARY_FORMS(min, isa)}
+const F32VBinaryVariant kF32VBinary[] = {
+    KILN_X86_ONLY(KILN_VBINARY_ROW(avx512, Avx512, 16))
+    KILN_X86_ONLY(KILN_VBINARY_ROW(avx2, Avx2, 8))
+    KILN_VBINARY_ROW(generic, Generic, 4),
+};
+
+const F32RowsVariant kF32Rows[] = {
+    KILN_X86_ONLY({"f32_rows__avx512", Isa::Avx512, 16, f32_softmax__avx512})
+    KILN_X86_ONLY({"f32_rows__avx2", Isa::Avx2, 8, f32_softmax__avx2})
+    {"f32_rows__generic", Isa::Generic, 4, f32_softmax__generic},
+};
+
 // The widest variant of a family at or below `isa` (every family has a generic one).
 template <typename V, size_t N>
 const V* pick(const V (&variants)[N], Isa isa) {
@@ -58,6 +85,9 @@ struct Tables {
   Isa isa;
   const F32GemmVariant* f32_gemm;
   const F32GemvVariant* f32_gemv;
+  const F32VUnaryVariant* f32_vunary;
+  const F32VBinaryVariant* f32_vbinary;
+  const F32RowsVariant* f32_rows;
 };
 
 const Tables& tables() {
@@ -69,7 +99,8 @@ const Tables& tables() {
     if (warning)
       std::fprintf(stderr, "kiln: KILN_CPU_ISA=%s is not an ISA this CPU runs (generic|avx2|avx512); using %s\n",
                    request, isa_name(isa));
-    return Tables{isa, pick(kF32Gemm, isa), pick(kF32Gemv, isa)};
+    return Tables{isa, pick(kF32Gemm, isa), pick(kF32Gemv, isa), pick(kF32VUnary, isa), pick(kF32VBinary, isa),
+                  pick(kF32Rows, isa)};
   }();
   return t;
 }
@@ -124,5 +155,14 @@ const F32GemmVariant& f32_gemm_config() { return *tables().f32_gemm; }
 
 std::span<const F32GemvVariant> f32_gemv_variants() { return kF32Gemv; }
 const F32GemvVariant& f32_gemv_config() { return *tables().f32_gemv; }
+
+std::span<const F32VUnaryVariant> f32_vunary_variants() { return kF32VUnary; }
+const F32VUnaryVariant& f32_vunary_config() { return *tables().f32_vunary; }
+
+std::span<const F32VBinaryVariant> f32_vbinary_variants() { return kF32VBinary; }
+const F32VBinaryVariant& f32_vbinary_config() { return *tables().f32_vbinary; }
+
+std::span<const F32RowsVariant> f32_rows_variants() { return kF32Rows; }
+const F32RowsVariant& f32_rows_config() { return *tables().f32_rows; }
 
 }  // namespace kiln::cpu

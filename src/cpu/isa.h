@@ -9,6 +9,7 @@
 #pragma once
 
 #define KILN_CPU_INLINE inline __attribute__((always_inline))
+#define KILN_CPU_LAMBDA __attribute__((always_inline))  // after a lambda's parameter list
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KILN_CPU_X86 1

@@ -60,6 +60,9 @@ TEST(Config, SelectionFollowsEnvironment) {
   EXPECT_EQ(active_isa(), want) << "KILN_CPU_ISA=" << (request ? request : "(unset)");
   EXPECT_EQ(f32_gemm_config().isa, want) << f32_gemm_config().name;
   EXPECT_EQ(f32_gemv_config().isa, want) << f32_gemv_config().name;
+  EXPECT_EQ(f32_vunary_config().isa, want) << f32_vunary_config().name;
+  EXPECT_EQ(f32_vbinary_config().isa, want) << f32_vbinary_config().name;
+  EXPECT_EQ(f32_rows_config().isa, want) << f32_rows_config().name;
   EXPECT_EQ(sgemm_isa(), want);
   EXPECT_STREQ(sgemm_isa_name(sgemm_isa()), isa_name(want));
 }
@@ -94,6 +97,9 @@ TEST(Config, VariantTables) {
     EXPECT_NE(v.dot, nullptr);
     EXPECT_NE(v.dot_rows, nullptr);
   }
+  check_family(f32_vunary_variants());
+  check_family(f32_vbinary_variants());
+  check_family(f32_rows_variants());
 }
 
 TEST(Config, SgemmWithRefusesWhatTheCpuLacks) {

@@ -75,4 +75,63 @@ struct F32GemvVariant {
 std::span<const F32GemvVariant> f32_gemv_variants();  // all built in, widest first, runnable or not
 const F32GemvVariant& f32_gemv_config();              // the selected one
 
+// ---------------------------------------------------------------- f32-vunary
+
+// out[i] = f(in[i]) for i < n (n >= 0); out == in (in place) is allowed, other
+// overlap is not. exp, tanh, sigmoid: kiln/cpu/math.h's exp_f/tanh_f/sigmoid_f
+// polynomials (fused multiply-adds where the ISA has FMA); sqrt, rsqrt = 1/sqrt, square, neg, abs:
+// IEEE; gelu = x/2 (1 + erf(x/sqrt 2)), log, sin, cos: libm per element;
+// clamp = min(max(x, lo), hi) with NaN kept.
+using F32VUnaryFn = void (*)(const float* in, float* out, int64_t n);
+using F32VClampFn = void (*)(const float* in, float* out, int64_t n, float lo, float hi);
+
+struct F32VUnaryVariant {
+  const char* name;  // e.g. "f32_vunary__avx512"
+  Isa isa;
+  int lanes;         // vector width in floats
+  F32VUnaryFn exp, tanh, sigmoid, sqrt, rsqrt, square, neg, abs, gelu, log, sin, cos;
+  F32VClampFn clamp;
+};
+
+std::span<const F32VUnaryVariant> f32_vunary_variants();  // all built in, widest first, runnable or not
+const F32VUnaryVariant& f32_vunary_config();              // the selected one
+
+// ---------------------------------------------------------------- f32-vbinary
+
+// out[i] = x op y for i < n, in three forms: vv (x = a[i], y = b[i]), vs (x = a[i],
+// y = b[0]) and sv (x = a[0], y = b[i]). out may be a or b (in place).
+// add/sub/mul/div: IEEE; max = x < y ? y : x, min = y < x ? y : x (a NaN x is kept,
+// a NaN y is not).
+using F32VBinaryFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+
+struct F32VBinaryForms {
+  F32VBinaryFn vv, vs, sv;
+};
+
+struct F32VBinaryVariant {
+  const char* name;  // e.g. "f32_vbinary__avx512"
+  Isa isa;
+  int lanes;
+  F32VBinaryForms add, sub, mul, div, max, min;
+};
+
+std::span<const F32VBinaryVariant> f32_vbinary_variants();  // all built in, widest first, runnable or not
+const F32VBinaryVariant& f32_vbinary_config();              // the selected one
+
+// ---------------------------------------------------------------- f32-rows
+
+// softmax of one row: out = e^(in - max) / sum (exp as math.h's exp_f; the sum in
+// a fixed order: 16 partial sums, then the tail). out may be in.
+using F32SoftmaxFn = void (*)(const float* in, float* out, int64_t n);
+
+struct F32RowsVariant {
+  const char* name;  // e.g. "f32_rows__avx512"
+  Isa isa;
+  int lanes;
+  F32SoftmaxFn softmax;
+};
+
+std::span<const F32RowsVariant> f32_rows_variants();  // all built in, widest first, runnable or not
+const F32RowsVariant& f32_rows_config();              // the selected one
+
 }  // namespace kiln::cpu

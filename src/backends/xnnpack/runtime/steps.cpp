@@ -2,11 +2,11 @@
 // XNNPACK library: GEMM/GEMV fully-connected products and the tied LM head,
 // batch matmul, transpose, slice, concatenate, elementwise maps, and fused
 // row chains. Each splits its work over the backend's thread pool (cpu::ThreadPool);
-// none allocates. The products run on kiln::cpu's f32-gemm and f32-gemv families.
+// none allocates. The products run on kiln::cpu's f32-gemm and f32-gemv families,
+// the elementwise maps and row chains on f32-vunary, f32-vbinary and f32-rows.
 #include "backend_state.h"
 #include "kiln/cpu/config.h"
 #include "kiln/cpu/gemm.h"
-#include "kiln/cpu/math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -197,49 +197,26 @@ void run_slice(const Step& s, const float* in, float* out) {
   }
 }
 
-// Hot loops over contiguous floats, compiled for AVX-512, AVX2 and the
-// baseline (math_util.h); a multiple-of-16 main loop so that GCC's cheap
-// vectorizer at -O2 takes it.
-template <typename Op>
-static inline __attribute__((always_inline)) void map_loop(const float* __restrict in, float* __restrict out, int64_t n, Op op) {
-  const int64_t nv = n & ~int64_t{15};
-  for (int64_t i = 0; i < nv; ++i) out[i] = op(in[i]);
-  for (int64_t i = nv; i < n; ++i) out[i] = op(in[i]);
-}
-KILN_VECTOR_CLONES static void tanh_loop(const float* __restrict in, float* __restrict out, int64_t n) {
-  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return cpu::tanh_f(x); });
-}
-KILN_VECTOR_CLONES static void rsqrt_loop(const float* __restrict in, float* __restrict out, int64_t n) {
-  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return 1.0f / std::sqrt(x); });
-}
-KILN_VECTOR_CLONES static void exp_loop(const float* __restrict in, float* __restrict out, int64_t n) {
-  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return cpu::exp_f(x); });
-}
-KILN_VECTOR_CLONES static void sigmoid_loop(const float* __restrict in, float* __restrict out, int64_t n) {
-  map_loop(in, out, n, [](float x) __attribute__((always_inline)) { return cpu::sigmoid_f(x); });
-}
-
 void run_unary(const Exec& ex, const Step& s, const float* in, float* out) {
   const int64_t n = s.count;
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n / 16384, 4 * static_cast<int64_t>(ex.threads)));
   const int64_t per = (n + parts - 1) / parts;
   ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
     int64_t b = static_cast<int64_t>(t) * per, e = std::min(n, b + per);
-    using namespace cpu;
+    const cpu::F32VUnaryVariant& vu = cpu::f32_vunary_config();
+    const float* x = in + b;
+    float* y = out + b;
     switch (s.unary) {
-      case UnaryOp::Tanh: tanh_loop(in + b, out + b, e - b); break;
-      case UnaryOp::Rsqrt: rsqrt_loop(in + b, out + b, e - b); break;
-      case UnaryOp::Gelu:
-        for (int64_t i = b; i < e; ++i) out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678118654752f));
-        break;
-      case UnaryOp::Exp: exp_loop(in + b, out + b, e - b); break;
-      case UnaryOp::Log: for (int64_t i = b; i < e; ++i) out[i] = std::log(in[i]); break;
-      case UnaryOp::Sin: for (int64_t i = b; i < e; ++i) out[i] = std::sin(in[i]); break;
-      case UnaryOp::Cos: for (int64_t i = b; i < e; ++i) out[i] = std::cos(in[i]); break;
-      case UnaryOp::Copy: std::memcpy(out + b, in + b, static_cast<size_t>(e - b) * sizeof(float)); break;
+      case UnaryOp::Tanh: vu.tanh(x, y, e - b); break;
+      case UnaryOp::Rsqrt: vu.rsqrt(x, y, e - b); break;
+      case UnaryOp::Gelu: vu.gelu(x, y, e - b); break;
+      case UnaryOp::Exp: vu.exp(x, y, e - b); break;
+      case UnaryOp::Log: vu.log(x, y, e - b); break;
+      case UnaryOp::Sin: vu.sin(x, y, e - b); break;
+      case UnaryOp::Cos: vu.cos(x, y, e - b); break;
+      case UnaryOp::Copy: std::memcpy(y, x, static_cast<size_t>(e - b) * sizeof(float)); break;
     }
-    if (s.lo != -INFINITY || s.hi != INFINITY)
-      for (int64_t i = b; i < e; ++i) out[i] = std::min(std::max(out[i], s.lo), s.hi);
+    if (s.lo != -INFINITY || s.hi != INFINITY) vu.clamp(y, y, e - b, s.lo, s.hi);
   });
 }
 
@@ -259,82 +236,42 @@ void run_concat(const Step& s, std::span<const float* const> ins, float* out) {
 // ---------------------------------------------------------------- fused rows
 
 // out = a op b over n floats; a scalar operand (as/bs) is one float for all n.
-template <typename F>
-static inline __attribute__((always_inline)) void binary_loop(const float* __restrict a, bool as, const float* __restrict b,
-                                                       bool bs, float* __restrict o, int64_t n, F f) {
-  const int64_t nv = n & ~int64_t{15};
-  if (!as && !bs) {
-    for (int64_t i = 0; i < nv; ++i) o[i] = f(a[i], b[i]);
-    for (int64_t i = nv; i < n; ++i) o[i] = f(a[i], b[i]);
-  } else if (as && !bs) {
-    const float x = a[0];
-    for (int64_t i = 0; i < nv; ++i) o[i] = f(x, b[i]);
-    for (int64_t i = nv; i < n; ++i) o[i] = f(x, b[i]);
-  } else if (!as) {
-    const float y = b[0];
-    for (int64_t i = 0; i < nv; ++i) o[i] = f(a[i], y);
-    for (int64_t i = nv; i < n; ++i) o[i] = f(a[i], y);
+static void row_binary(RowOpKind k, const float* a, bool as, const float* b, bool bs, float* o, int64_t n) {
+  const cpu::F32VBinaryVariant& vb = cpu::f32_vbinary_config();
+  const cpu::F32VBinaryForms* f = nullptr;
+  switch (k) {
+    case RowOpKind::Add: f = &vb.add; break;
+    case RowOpKind::Sub: f = &vb.sub; break;
+    case RowOpKind::Mul: f = &vb.mul; break;
+    case RowOpKind::Div: f = &vb.div; break;
+    case RowOpKind::Max: f = &vb.max; break;
+    case RowOpKind::Min: f = &vb.min; break;
+    default: return;
+  }
+  if (as && bs) {  // one value for the whole row
+    if (n <= 0) return;
+    f->vv(a, b, o, 1);
+    std::fill(o + 1, o + n, o[0]);
   } else {
-    for (int64_t i = 0; i < n; ++i) o[i] = f(a[0], b[0]);
+    (as ? f->sv : bs ? f->vs : f->vv)(a, b, o, n);
   }
 }
 
-KILN_VECTOR_CLONES static void row_binary(RowOpKind k, const float* a, bool as, const float* b, bool bs, float* o, int64_t n) {
+static void row_unary(RowOpKind k, const float* in, float* o, int64_t n) {
+  const cpu::F32VUnaryVariant& vu = cpu::f32_vunary_config();
   switch (k) {
-    case RowOpKind::Add: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x + y; }); break;
-    case RowOpKind::Sub: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x - y; }); break;
-    case RowOpKind::Mul: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x * y; }); break;
-    case RowOpKind::Div: binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return x / y; }); break;
-    case RowOpKind::Max:
-      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return cpu::select_f(x < y, y, x); });
-      break;
-    case RowOpKind::Min:
-      binary_loop(a, as, b, bs, o, n, [](float x, float y) __attribute__((always_inline)) { return cpu::select_f(y < x, y, x); });
-      break;
-    default: break;
-  }
-}
-
-KILN_VECTOR_CLONES static void row_unary(RowOpKind k, const float* __restrict in, float* __restrict o, int64_t n) {
-  using namespace cpu;
-  switch (k) {
-    case RowOpKind::Square: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return x * x; }); break;
-    case RowOpKind::Sqrt: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return std::sqrt(x); }); break;
-    case RowOpKind::Rsqrt: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return 1.0f / std::sqrt(x); }); break;
-    case RowOpKind::Neg: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return -x; }); break;
-    case RowOpKind::Abs: map_loop(in, o, n, [](float x) __attribute__((always_inline)) { return std::fabs(x); }); break;
-    // the transcendental ones have their own clones: inlined here, GCC would
-    // call tanh_f/exp_f out of line (its inlining budget for this function is spent)
-    case RowOpKind::Sigmoid: sigmoid_loop(in, o, n); break;
-    case RowOpKind::Tanh: tanh_loop(in, o, n); break;
-    case RowOpKind::Exp: exp_loop(in, o, n); break;
-    case RowOpKind::Gelu:
-      for (int64_t i = 0; i < n; ++i) o[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * 0.70710678118654752f));
-      break;
+    case RowOpKind::Square: vu.square(in, o, n); break;
+    case RowOpKind::Sqrt: vu.sqrt(in, o, n); break;
+    case RowOpKind::Rsqrt: vu.rsqrt(in, o, n); break;
+    case RowOpKind::Neg: vu.neg(in, o, n); break;
+    case RowOpKind::Abs: vu.abs(in, o, n); break;
+    case RowOpKind::Sigmoid: vu.sigmoid(in, o, n); break;
+    case RowOpKind::Tanh: vu.tanh(in, o, n); break;
+    case RowOpKind::Exp: vu.exp(in, o, n); break;
+    case RowOpKind::Gelu: vu.gelu(in, o, n); break;
     case RowOpKind::Copy: if (o != in) std::memcpy(o, in, static_cast<size_t>(n) * sizeof(float)); break;
     default: break;
   }
-}
-
-// softmax over one row
-KILN_VECTOR_CLONES static void row_softmax(const float* __restrict in, float* __restrict o, int64_t n) {
-  float m[16];
-  for (float& v : m) v = -INFINITY;
-  const int64_t nv = n & ~int64_t{15};
-  for (int64_t i = 0; i < nv; i += 16)
-    for (int j = 0; j < 16; ++j) m[j] = cpu::select_f(in[i + j] > m[j], in[i + j], m[j]);
-  float mx = -INFINITY;
-  for (float v : m) mx = v > mx ? v : mx;
-  for (int64_t i = nv; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
-  float acc[16] = {};
-  for (int64_t i = 0; i < nv; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += (o[i + j] = cpu::exp_f(in[i + j] - mx));
-  float sum = 0;
-  for (float v : acc) sum += v;
-  for (int64_t i = nv; i < n; ++i) sum += (o[i] = cpu::exp_f(in[i] - mx));
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < nv; ++i) o[i] *= inv;
-  for (int64_t i = nv; i < n; ++i) o[i] *= inv;
 }
 
 // Runs a fused chain: rows split into step.tasks blocks; each row goes through
@@ -345,6 +282,8 @@ void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::by
   float* const* base = s.slot_ptr.data() + s.tasks * s.slots;
   const int64_t per = (s.rows + s.tasks - 1) / s.tasks, C = s.cols;
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
+  const cpu::F32RowsVariant& rows = cpu::f32_rows_config();
+  const cpu::F32VUnaryVariant& vu = cpu::f32_vunary_config();
   ex.parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
     float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
     float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
@@ -367,12 +306,11 @@ void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::by
           case RowOpKind::Min:
             row_binary(op.kind, a, op.a.scalar && !op.out_scalar, b, op.b.scalar && !op.out_scalar, out, n);
             break;
-          case RowOpKind::Softmax: row_softmax(a, out, n); break;
+          case RowOpKind::Softmax: rows.softmax(a, out, n); break;
           case RowOpKind::RowDot: out[0] = gemv.dot(a, op.w, C) + op.bias; break;
           default: row_unary(op.kind, a, out, n); break;
         }
-        if (op.lo != -INFINITY || op.hi != INFINITY)
-          for (int64_t i = 0; i < n; ++i) out[i] = std::min(std::max(out[i], op.lo), op.hi);
+        if (op.lo != -INFINITY || op.hi != INFINITY) vu.clamp(out, out, n, op.lo, op.hi);
       }
     }
   });
