@@ -2,6 +2,7 @@
 #include "commands.h"
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
+#include "kiln/cpu/config.h"
 #include "kiln/io/npy.h"
 #include "kiln/runtime/program.h"
 
@@ -115,7 +116,8 @@ int run_bench(const BenchOptions& o) {
                         {"load_ms", load_ms},   {"first_run_ms", first_ms},  {"median_ms", median},
                         {"min_ms", sorted[0]},  {"peak_rss_mb", peak_rss_mb()},
                         {"planned_mb", static_cast<double>(m.planned_bytes()) / 1e6},
-                        {"instructions", m.num_instructions()}, {"times_ms", times}};
+                        {"instructions", m.num_instructions()}, {"times_ms", times},
+                        {"isa", cpu::isa_name(cpu::active_isa())}, {"best_isa", cpu::isa_name(cpu::best_isa())}};
     if (o.profile) {
       nlohmann::json p = nlohmann::json::object();
       for (const auto& [label, e] : by_label)
@@ -125,7 +127,8 @@ int run_bench(const BenchOptions& o) {
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
-  fmt::print("{}: {} instructions, {} thread(s)\n", o.file, m.num_instructions(), o.threads);
+  fmt::print("{}: {} instructions, {} thread(s), kernels for {} (the CPU's best: {}; KILN_CPU_ISA picks)\n", o.file,
+             m.num_instructions(), o.threads, cpu::isa_name(cpu::active_isa()), cpu::isa_name(cpu::best_isa()));
   fmt::print("  load {:.1f} ms, first run {:.1f} ms, median {:.2f} ms, min {:.2f} ms over {} runs\n", load_ms, first_ms,
              median, sorted[0], o.iters);
   fmt::print("  peak RSS {:.1f} MB, planned memory {:.1f} MB\n", peak_rss_mb(), static_cast<double>(m.planned_bytes()) / 1e6);

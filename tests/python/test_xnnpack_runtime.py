@@ -24,8 +24,8 @@ from conftest import assert_close, et_lower, export_model, kiln_lower, reference
 ALLOC_CHECK = Path(__file__).resolve().parents[2] / "build" / "kiln_alloc_check"
 
 
-def kiln_run(pte: Path, inputs, tmp: Path, *extra: str) -> list[np.ndarray]:
-    """`kiln run` on .npy inputs; returns the outputs."""
+def kiln_run(pte: Path, inputs, tmp: Path, *extra: str, **kw) -> list[np.ndarray]:
+    """`kiln run` on .npy inputs; returns the outputs (kw: subprocess options, e.g. env)."""
     args = ["run", pte, *extra]
     for i, x in enumerate(inputs):
         np.save(tmp / f"in{i}.npy", x)
@@ -33,7 +33,7 @@ def kiln_run(pte: Path, inputs, tmp: Path, *extra: str) -> list[np.ndarray]:
     n_out = len(json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]["outputs"])
     for i in range(n_out):
         args += ["--output", tmp / f"out{i}.npy"]
-    run_kiln(*args)
+    run_kiln(*args, **kw)
     return [np.load(tmp / f"out{i}.npy") for i in range(n_out)]
 
 
