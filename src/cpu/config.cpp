@@ -46,21 +46,18 @@ const F32GemvVariant kF32Gemv[] = {
     KILN_GEMV_ROW(generic, Generic),
 };
 
-#define KILN_VUNARY_ROW(isa, ISA, lanes)                                                                         \
-  {"f32_vunary__" #isa, Isa::ISA, lanes, f32_vexp__##isa, f32_vtanh__##isa, f32_vsigmoid__##isa,                \
-   f32_vsqrt__##isa, f32_vrsqrt__##isa, f32_vsquare__##isa, f32_vneg__##isa, f32_vabs__##isa, f32_vgelu__##isa,  \
-   f32_vlog__##isa, f32_vsin__##isa, f32_vcos__##isa, f32_vclamp__##isa}
+#define KILN_VUNARY_PTR(op, isa) f32_v##op##__##isa,
+#define KILN_VUNARY_ROW(isa, ISA, lanes) \
+  {"f32_vunary__" #isa, Isa::ISA, lanes, KILN_F32_VUNARY_OPS(KILN_VUNARY_PTR, isa) f32_vclamp__##isa}
 const F32VUnaryVariant kF32VUnary[] = {
     KILN_X86_ONLY(KILN_VUNARY_ROW(avx512, Avx512, 16))
     KILN_X86_ONLY(KILN_VUNARY_ROW(avx2, Avx2, 8))
     KILN_VUNARY_ROW(generic, Generic, 4),
 };
 
-#define KILN_VBINARY_FORMS(op, isa) {f32_v##op##_vv__##isa, f32_v##op##_vs__##isa, f32_v##op##_sv__##isa}
-#define KILN_VBINARY_ROW(isa, ISA, lanes)                                                                        \
-  {"f32_vbinary__" #isa, Isa::ISA, lanes, KILN_VBINARY_FORMS(add, isa), KILN_VBINARY_FORMS(sub, isa),           \
-   KILN_VBINARY_FORMS(mul, isa), KILN_VBINARY_FORMS(div, isa), KILN_VBINARY_FORMS(max, isa),                     \
-   KILN_VBINARY_FORMS(min, isa)}
+#define KILN_VBINARY_FORMS(op, isa) {f32_v##op##_vv__##isa, f32_v##op##_vs__##isa, f32_v##op##_sv__##isa},
+#define KILN_VBINARY_ROW(isa, ISA, lanes) \
+  {"f32_vbinary__" #isa, Isa::ISA, lanes, KILN_F32_VBINARY_OPS(KILN_VBINARY_FORMS, isa)}
 const F32VBinaryVariant kF32VBinary[] = {
     KILN_X86_ONLY(KILN_VBINARY_ROW(avx512, Avx512, 16))
     KILN_X86_ONLY(KILN_VBINARY_ROW(avx2, Avx2, 8))

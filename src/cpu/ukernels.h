@@ -4,6 +4,7 @@
 #pragma once
 
 #include "isa.h"
+#include "kiln/cpu/config.h"
 
 #include <cstdint>
 
@@ -36,29 +37,16 @@ KILN_DECLARE_F32_GEMV(avx512);
 
 // f32-vunary: out[i] = f(in[i]) (see kiln/cpu/config.h); f32-vbinary: out[i] = a op b
 // in three forms; f32-rows: row softmax.
-#define KILN_DECLARE_F32_VUNARY(isa)                                                                           \
-  void f32_vexp__##isa(const float* in, float* out, int64_t n);                                                 \
-  void f32_vtanh__##isa(const float* in, float* out, int64_t n);                                                \
-  void f32_vsigmoid__##isa(const float* in, float* out, int64_t n);                                             \
-  void f32_vsqrt__##isa(const float* in, float* out, int64_t n);                                                \
-  void f32_vrsqrt__##isa(const float* in, float* out, int64_t n);                                               \
-  void f32_vsquare__##isa(const float* in, float* out, int64_t n);                                              \
-  void f32_vneg__##isa(const float* in, float* out, int64_t n);                                                 \
-  void f32_vabs__##isa(const float* in, float* out, int64_t n);                                                 \
-  void f32_vgelu__##isa(const float* in, float* out, int64_t n);                                                \
-  void f32_vlog__##isa(const float* in, float* out, int64_t n);                                                 \
-  void f32_vsin__##isa(const float* in, float* out, int64_t n);                                                 \
-  void f32_vcos__##isa(const float* in, float* out, int64_t n);                                                 \
+#define KILN_DECLARE_F32_VUNARY_FN(op, isa) void f32_v##op##__##isa(const float* in, float* out, int64_t n);
+#define KILN_DECLARE_F32_VUNARY(isa)                          \
+  KILN_F32_VUNARY_OPS(KILN_DECLARE_F32_VUNARY_FN, isa)        \
   void f32_vclamp__##isa(const float* in, float* out, int64_t n, float lo, float hi)
 
-#define KILN_DECLARE_F32_VBINARY_OP(op, isa)                                                                   \
-  void f32_v##op##_vv__##isa(const float* a, const float* b, float* out, int64_t n);                            \
-  void f32_v##op##_vs__##isa(const float* a, const float* b, float* out, int64_t n);                            \
-  void f32_v##op##_sv__##isa(const float* a, const float* b, float* out, int64_t n)
-#define KILN_DECLARE_F32_VBINARY(isa)                                                                          \
-  KILN_DECLARE_F32_VBINARY_OP(add, isa); KILN_DECLARE_F32_VBINARY_OP(sub, isa);                                 \
-  KILN_DECLARE_F32_VBINARY_OP(mul, isa); KILN_DECLARE_F32_VBINARY_OP(div, isa);                                 \
-  KILN_DECLARE_F32_VBINARY_OP(max, isa); KILN_DECLARE_F32_VBINARY_OP(min, isa)
+#define KILN_DECLARE_F32_VBINARY_OP(op, isa)                                        \
+  void f32_v##op##_vv__##isa(const float* a, const float* b, float* out, int64_t n); \
+  void f32_v##op##_vs__##isa(const float* a, const float* b, float* out, int64_t n); \
+  void f32_v##op##_sv__##isa(const float* a, const float* b, float* out, int64_t n);
+#define KILN_DECLARE_F32_VBINARY(isa) KILN_F32_VBINARY_OPS(KILN_DECLARE_F32_VBINARY_OP, isa) static_assert(true)
 
 #define KILN_DECLARE_F32_ROWS(isa) void f32_softmax__##isa(const float* in, float* out, int64_t n)
 

@@ -85,13 +85,23 @@ const F32GemvVariant& f32_gemv_config();              // the selected one
 using F32VUnaryFn = void (*)(const float* in, float* out, int64_t n);
 using F32VClampFn = void (*)(const float* in, float* out, int64_t n, float lo, float hi);
 
+// The maps, once: X(op, args...) for each. The variant's fields, every ISA's
+// functions (f32_v<op>__<isa>, src/cpu/f32-vunary/) and the selection table
+// (config.cpp) are all made from this list.
+#define KILN_F32_VUNARY_OPS(X, ...)                                                                         \
+  X(exp, __VA_ARGS__) X(tanh, __VA_ARGS__) X(sigmoid, __VA_ARGS__) X(sqrt, __VA_ARGS__) X(rsqrt, __VA_ARGS__) \
+  X(square, __VA_ARGS__) X(neg, __VA_ARGS__) X(abs, __VA_ARGS__) X(gelu, __VA_ARGS__) X(log, __VA_ARGS__)    \
+  X(sin, __VA_ARGS__) X(cos, __VA_ARGS__)
+
+#define KILN_F32_VUNARY_FIELD(op, ...) F32VUnaryFn op;
 struct F32VUnaryVariant {
   const char* name;  // e.g. "f32_vunary__avx512"
   Isa isa;
   int lanes;         // vector width in floats
-  F32VUnaryFn exp, tanh, sigmoid, sqrt, rsqrt, square, neg, abs, gelu, log, sin, cos;
+  KILN_F32_VUNARY_OPS(KILN_F32_VUNARY_FIELD, )
   F32VClampFn clamp;
 };
+#undef KILN_F32_VUNARY_FIELD
 
 std::span<const F32VUnaryVariant> f32_vunary_variants();  // all built in, widest first, runnable or not
 const F32VUnaryVariant& f32_vunary_config();              // the selected one
@@ -108,12 +118,18 @@ struct F32VBinaryForms {
   F32VBinaryFn vv, vs, sv;
 };
 
+// The operators, once, like KILN_F32_VUNARY_OPS.
+#define KILN_F32_VBINARY_OPS(X, ...) \
+  X(add, __VA_ARGS__) X(sub, __VA_ARGS__) X(mul, __VA_ARGS__) X(div, __VA_ARGS__) X(max, __VA_ARGS__) X(min, __VA_ARGS__)
+
+#define KILN_F32_VBINARY_FIELD(op, ...) F32VBinaryForms op;
 struct F32VBinaryVariant {
   const char* name;  // e.g. "f32_vbinary__avx512"
   Isa isa;
   int lanes;
-  F32VBinaryForms add, sub, mul, div, max, min;
+  KILN_F32_VBINARY_OPS(KILN_F32_VBINARY_FIELD, )
 };
+#undef KILN_F32_VBINARY_FIELD
 
 std::span<const F32VBinaryVariant> f32_vbinary_variants();  // all built in, widest first, runnable or not
 const F32VBinaryVariant& f32_vbinary_config();              // the selected one

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "../vmath.h"
+#include "kiln/cpu/config.h"
 
 #include <cstdint>
 
@@ -65,10 +66,4 @@ struct F32VBinaryOps {
   KILN_F32_VBINARY_FORM(op, vv, false, false, isa, W, attr) \
   KILN_F32_VBINARY_FORM(op, vs, false, true, isa, W, attr)  \
   KILN_F32_VBINARY_FORM(op, sv, true, false, isa, W, attr)
-#define KILN_DEFINE_F32_VBINARY(isa, W, attr) \
-  KILN_F32_VBINARY_OP(add, isa, W, attr)      \
-  KILN_F32_VBINARY_OP(sub, isa, W, attr)      \
-  KILN_F32_VBINARY_OP(mul, isa, W, attr)      \
-  KILN_F32_VBINARY_OP(div, isa, W, attr)      \
-  KILN_F32_VBINARY_OP(max, isa, W, attr)      \
-  KILN_F32_VBINARY_OP(min, isa, W, attr)
+#define KILN_DEFINE_F32_VBINARY(isa, W, attr) KILN_F32_VBINARY_OPS(KILN_F32_VBINARY_OP, isa, W, attr)

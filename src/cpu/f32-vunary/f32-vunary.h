@@ -10,6 +10,7 @@
 #pragma once
 
 #include "../vmath.h"
+#include "kiln/cpu/config.h"
 
 #include <cmath>
 #include <cstdint>
@@ -111,19 +112,8 @@ struct F32VUnary {
 // One variant's functions (f32_vexp__<isa>, ...), W lanes, compiled with `attr`.
 #define KILN_F32_VUNARY_FN(op, isa, W, attr) \
   attr void f32_v##op##__##isa(const float* in, float* out, int64_t n) { F32VUnary<W>::op(in, out, n); }
-#define KILN_DEFINE_F32_VUNARY(isa, W, attr)                                                       \
-  KILN_F32_VUNARY_FN(exp, isa, W, attr)                                                            \
-  KILN_F32_VUNARY_FN(tanh, isa, W, attr)                                                           \
-  KILN_F32_VUNARY_FN(sigmoid, isa, W, attr)                                                        \
-  KILN_F32_VUNARY_FN(sqrt, isa, W, attr)                                                           \
-  KILN_F32_VUNARY_FN(rsqrt, isa, W, attr)                                                          \
-  KILN_F32_VUNARY_FN(square, isa, W, attr)                                                         \
-  KILN_F32_VUNARY_FN(neg, isa, W, attr)                                                            \
-  KILN_F32_VUNARY_FN(abs, isa, W, attr)                                                            \
-  KILN_F32_VUNARY_FN(gelu, isa, W, attr)                                                           \
-  KILN_F32_VUNARY_FN(log, isa, W, attr)                                                            \
-  KILN_F32_VUNARY_FN(sin, isa, W, attr)                                                            \
-  KILN_F32_VUNARY_FN(cos, isa, W, attr)                                                            \
+#define KILN_DEFINE_F32_VUNARY(isa, W, attr)                                                \
+  KILN_F32_VUNARY_OPS(KILN_F32_VUNARY_FN, isa, W, attr)                                     \
   attr void f32_vclamp__##isa(const float* in, float* out, int64_t n, float lo, float hi) { \
-    F32VUnary<W>::clamp(in, out, n, lo, hi);                                                       \
+    F32VUnary<W>::clamp(in, out, n, lo, hi);                                                \
   }

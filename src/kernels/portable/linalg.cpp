@@ -85,6 +85,15 @@ bool check_rank(KernelContext& ctx, const Tensor& t, int32_t rank, const char* w
   return false;
 }
 
+// A [m, k] · B [k', n] needs k' == k.
+bool check_inner_dims(KernelContext& ctx, const Tensor& a, const Tensor& b, const char* name) {
+  if (b.sizes[0] == a.sizes[1]) return true;
+  ctx.fail(Status::InvalidArgument, "%s: shapes [%lld, %lld] and [%lld, %lld] cannot be multiplied", name,
+           static_cast<long long>(a.sizes[0]), static_cast<long long>(a.sizes[1]), static_cast<long long>(b.sizes[0]),
+           static_cast<long long>(b.sizes[1]));
+  return false;
+}
+
 // mm.out: (self [m,k], mat2 [k,n], out [m,n])
 void mm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor& out_t) {
   const char* name = "aten::mm.out";
@@ -93,12 +102,7 @@ void mm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat2, Tensor& 
   if (!check_rank(ctx, *a, 2, "self", name) || !check_rank(ctx, *b, 2, "mat2", name)) return;
   const int64_t m = a->sizes[0], k = a->sizes[1], n = b->sizes[1];
   if (!check_matmul_dtypes(ctx, *a, *b, *out, name, m * k * n == 0)) return;
-  if (b->sizes[0] != k) {
-    ctx.fail(Status::InvalidArgument, "%s: shapes [%lld, %lld] and [%lld, %lld] cannot be multiplied", name,
-             static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(b->sizes[0]),
-             static_cast<long long>(n));
-    return;
-  }
+  if (!check_inner_dims(ctx, *a, *b, name)) return;
   const int64_t shape[2] = {m, n};
   if (!resize_out(ctx, *out, shape, name)) return;
   if (m * k * n == 0) {
@@ -158,12 +162,7 @@ void addmm_out(KernelContext& ctx, const Tensor& self, const Tensor& mat1, const
     return;
   }
   const int64_t m = a->sizes[0], k = a->sizes[1], n = b->sizes[1];
-  if (b->sizes[0] != k) {
-    ctx.fail(Status::InvalidArgument, "%s: shapes [%lld, %lld] and [%lld, %lld] cannot be multiplied", name,
-             static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(b->sizes[0]),
-             static_cast<long long>(n));
-    return;
-  }
+  if (!check_inner_dims(ctx, *a, *b, name)) return;
   const int64_t shape[2] = {m, n};
   int64_t bshape[kMaxDims];
   int32_t bnd;
