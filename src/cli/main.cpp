@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  // kiln's runtime backends (bench and run resize the XNNPACK thread pool from --threads)
+  // kiln's runtime backends (run and bench pass --threads/--engine per method, rt::MethodOptions)
   if (!kiln::backends::xnnpack::register_runtime_backend())
     std::fprintf(stderr, "kiln: warning: XNNPACK cannot run on this CPU; delegated programs will not load\n");
   try {
