@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -46,6 +47,35 @@ TEST(ThreadPool, ParallelSumMatchesSerial) {
     for (int64_t j = 0; j < 1000; ++j) part[i] += static_cast<int64_t>(i) * j;
   });
   for (size_t i = 0; i < part.size(); ++i) EXPECT_EQ(part[i], static_cast<int64_t>(i) * 999 * 1000 / 2);
+}
+
+// Many small loops back to back: a worker that wakes late must never run an
+// index of a newer loop with an older loop's function (each loop's function
+// writes its own loop number).
+TEST(ThreadPool, BackToBackLoopsNeverMix) {
+  ThreadPool pool(2);
+  std::vector<int> seen(3);
+  for (int loop = 0; loop < 20000; ++loop) {
+    pool.parallel_for(seen.size(), [&, loop](size_t i) { seen[i] = loop; });
+    for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], loop) << "index " << i;
+  }
+}
+
+// A worker that holds an index far longer than the caller's share (as a
+// descheduled thread does) makes the pool run the next loops on the caller.
+TEST(ThreadPool, StalledWorkerMakesLoopsRunOnTheCaller) {
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int attempt = 0; attempt < 50 && pool.serial_fallbacks() == 0; ++attempt)
+    pool.parallel_for(64, [&](size_t) {  // the caller's share lasts long enough for a worker to wake
+      const bool on_caller = std::this_thread::get_id() == caller;
+      std::this_thread::sleep_for(on_caller ? std::chrono::microseconds(200) : std::chrono::microseconds(50000));
+    });
+  ASSERT_GT(pool.serial_fallbacks(), 0u) << "no worker ever took an index in 50 loops";
+  bool elsewhere = false;
+  pool.parallel_for(64, [&](size_t) { elsewhere = elsewhere || std::this_thread::get_id() != caller; });
+  EXPECT_FALSE(elsewhere) << "the loop right after a stall should run on the caller alone";
+  expect_each_index_once(pool, 1000);
 }
 
 }  // namespace

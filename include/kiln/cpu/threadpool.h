@@ -1,9 +1,22 @@
-// kiln's one thread pool: a thin owner of a pthreadpool (Debian's
-// libpthreadpool, the pool XNNPACK takes), for kiln's own parallel loops and,
-// through raw(), for XNNPACK runtimes.
+// kiln's one thread pool, for kiln's own parallel loops; raw() also hands
+// XNNPACK runtimes a pthreadpool (Debian's libpthreadpool), made on first use.
+//
+// Why kiln's loops do not run on pthreadpool: on a 2-core machine with another
+// process busy on one core, a pool that splits a loop into fixed per-thread
+// ranges and spins while it waits stalls every loop for a scheduler time slice
+// (GPT-2 ran 1.5x slower at 2 threads than at 1). This pool
+//   - hands out indices one at a time (a thread that is descheduled holds at
+//     most the one index it is running; the caller does the rest);
+//   - spins only briefly (tens of microseconds), then sleeps on a futex, so an
+//     idle thread never keeps a core from the process that needs it;
+//   - notices when the caller keeps waiting for a worker that does not run
+//     (a loop's tail waits longer than a quarter of the loop) and then runs
+//     loops on the calling thread alone for a while, probing again with a
+//     period that doubles while the contention lasts (10 ms .. 0.5 s).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 typedef struct pthreadpool* pthreadpool_t;  // as <pthreadpool.h> declares it
 
@@ -12,33 +25,39 @@ namespace kiln::cpu {
 class ThreadPool {
  public:
   // `threads` workers including the caller; 0 or 1: no pool, every loop runs on
-  // the calling thread. If the pool cannot be created, likewise (threads() == 1).
+  // the calling thread. If a thread cannot be started, fewer (threads() says).
   explicit ThreadPool(size_t threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  size_t threads() const { return threads_; }
+  size_t threads() const;
 
   // f(i) for every i < n, split over the pool's threads; returns when all are
-  // done. f must not throw or call parallel_for on this pool.
+  // done. f must not throw or call parallel_for on this pool. One caller at a
+  // time (a pool serves one method's execution).
   template <class F>
   void parallel_for(size_t n, const F& f) const {
-    if (pool_ == nullptr || n <= 1) {
+    if (impl_ == nullptr || n <= 1) {
       for (size_t i = 0; i < n; ++i) f(i);
       return;
     }
     run(n, [](void* ctx, size_t i) { (*static_cast<const F*>(ctx))(i); }, const_cast<F*>(&f));
   }
 
-  // The pthreadpool, for XNNPACK (xnn_create_runtime_v2); null when single-threaded.
-  pthreadpool_t raw() const { return pool_; }
+  // A pthreadpool of the same size for XNNPACK (xnn_create_runtime_v2), made
+  // on the first call; null when single-threaded.
+  pthreadpool_t raw() const;
+
+  // Loops that ran on the caller alone because the pool saw a stalled worker
+  // (for tests and `kiln bench --json`).
+  size_t serial_fallbacks() const;
 
  private:
+  struct Impl;
   void run(size_t n, void (*task)(void*, size_t), void* ctx) const;
 
-  pthreadpool_t pool_ = nullptr;
-  size_t threads_ = 1;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kiln::cpu

@@ -34,6 +34,11 @@ constexpr int64_t kGemvRows = 16;     // below this many rows, fully-connected p
 
 // How a delegate runs: the pool its method's options asked for (rt::BackendOptions::threads
 // at init), shared with every delegate of the same size. Null pool: the calling thread only.
+// Loops are split into about this many pieces per thread: the pool hands them
+// out one at a time, so the threads stay busy to the end and a thread that is
+// descheduled holds up one small piece (cpu/threadpool.h).
+inline constexpr int64_t kTasksPerThread = 8;
+
 struct Exec {
   cpu::ThreadPool* pool = nullptr;
   int64_t threads = 1;

@@ -73,7 +73,7 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out) {
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();  // a few rows: streaming products (W read once)
   if (s.m < kGemvRows && s.n >= 4) {
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 255) / 256, 2 * static_cast<int64_t>(ex.threads)));
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 127) / 128, kTasksPerThread * ex.threads));
     const int64_t cols = ((s.n + blocks - 1) / blocks + 15) / 16 * 16;
     ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
       const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
@@ -90,7 +90,7 @@ void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* o
     return;
   }
   if (s.n < 4) {
-    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, 2 * static_cast<int64_t>(ex.threads)));
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, kTasksPerThread * ex.threads));
     const int64_t per = (s.m + parts - 1) / parts;
     ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
       const int64_t r0 = static_cast<int64_t>(t) * per, r1 = std::min(s.m, r0 + per);
@@ -105,7 +105,7 @@ void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* o
     });
     return;
   }
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 2 * static_cast<int64_t>(ex.threads)));
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, kTasksPerThread * ex.threads));
   const int64_t cols = ((s.n + tasks - 1) / tasks + 63) / 64 * 64;
   ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
     const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
@@ -199,7 +199,7 @@ void run_slice(const Step& s, const float* in, float* out) {
 
 void run_unary(const Exec& ex, const Step& s, const float* in, float* out) {
   const int64_t n = s.count;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n / 16384, 4 * static_cast<int64_t>(ex.threads)));
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n / 16384, kTasksPerThread * ex.threads));
   const int64_t per = (n + parts - 1) / parts;
   ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
     int64_t b = static_cast<int64_t>(t) * per, e = std::min(n, b + per);

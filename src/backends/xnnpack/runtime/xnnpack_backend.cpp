@@ -581,7 +581,7 @@ Status Builder::find_chains(State& st) {
     step.rows = rows;
     step.cols = cols;
     step.slots = static_cast<int64_t>(slot_scalar.size());
-    step.tasks = std::max<int64_t>(1, std::min<int64_t>(rows, st.exec.threads));
+    step.tasks = st.exec.threads > 1 ? std::max<int64_t>(1, std::min<int64_t>(rows, kTasksPerThread * st.exec.threads)) : 1;
     for (int32_t grp : mem) step.in.push_back(Operand{grp});
     for (size_t k = 0; k < slot_scalar.size(); ++k) {
       step.slot_offset.push_back(step.scratch_per_task);
