@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 namespace kiln::cpu {
 namespace {
@@ -64,6 +65,23 @@ const F32VBinaryVariant kF32VBinary[] = {
     KILN_VBINARY_ROW(generic, Generic, 4),
 };
 
+#define KILN_QD8_ROW(isa, ISA, vnni) {"qd8_gemm__" #isa, Isa::ISA, vnni, qd8_qb4w_gemm__##isa, qd8_qc8w_gemm__##isa}
+const Qd8GemmVariant kQd8Gemm[] = {
+    KILN_X86_ONLY(KILN_QD8_ROW(avx512vnni, Avx512, true))
+    KILN_X86_ONLY(KILN_QD8_ROW(avx512, Avx512, false))
+    KILN_X86_ONLY(KILN_QD8_ROW(avx2, Avx2, false))
+    KILN_QD8_ROW(generic, Generic, false),
+};
+
+bool cpu_has_vnni() {
+#ifdef KILN_CPU_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 const F32RowsVariant kF32Rows[] = {
     KILN_X86_ONLY({"f32_rows__avx512", Isa::Avx512, 16, f32_softmax__avx512})
     KILN_X86_ONLY({"f32_rows__avx2", Isa::Avx2, 8, f32_softmax__avx2})
@@ -85,6 +103,7 @@ struct Tables {
   const F32VUnaryVariant* f32_vunary;
   const F32VBinaryVariant* f32_vbinary;
   const F32RowsVariant* f32_rows;
+  const Qd8GemmVariant* qd8_gemm;
 };
 
 const Tables& tables() {
@@ -96,8 +115,14 @@ const Tables& tables() {
     if (warning)
       std::fprintf(stderr, "kiln: KILN_CPU_ISA=%s is not an ISA this CPU runs (generic|avx2|avx512); using %s\n",
                    request, isa_name(isa));
+    const Qd8GemmVariant* qd8 = &kQd8Gemm[std::size(kQd8Gemm) - 1];
+    for (const Qd8GemmVariant& v : kQd8Gemm)
+      if (v.isa <= isa && (!v.vnni || cpu_has_vnni())) {
+        qd8 = &v;
+        break;
+      }
     return Tables{isa, pick(kF32Gemm, isa), pick(kF32Gemv, isa), pick(kF32VUnary, isa), pick(kF32VBinary, isa),
-                  pick(kF32Rows, isa)};
+                  pick(kF32Rows, isa), qd8};
   }();
   return t;
 }
@@ -158,6 +183,10 @@ const F32VUnaryVariant& f32_vunary_config() { return *tables().f32_vunary; }
 
 std::span<const F32VBinaryVariant> f32_vbinary_variants() { return kF32VBinary; }
 const F32VBinaryVariant& f32_vbinary_config() { return *tables().f32_vbinary; }
+
+std::span<const Qd8GemmVariant> qd8_gemm_variants() { return kQd8Gemm; }
+bool qd8_gemm_runnable(const Qd8GemmVariant& v) { return cpu_has(v.isa) && (!v.vnni || cpu_has_vnni()); }
+const Qd8GemmVariant& qd8_gemm_config() { return *tables().qd8_gemm; }
 
 std::span<const F32RowsVariant> f32_rows_variants() { return kF32Rows; }
 const F32RowsVariant& f32_rows_config() { return *tables().f32_rows; }

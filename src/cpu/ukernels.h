@@ -5,6 +5,7 @@
 
 #include "isa.h"
 #include "kiln/cpu/config.h"
+#include "kiln/cpu/quant.h"
 
 #include <cstdint>
 
@@ -60,6 +61,20 @@ KILN_DECLARE_F32_ROWS(avx2);
 KILN_DECLARE_F32_VUNARY(avx512);
 KILN_DECLARE_F32_VBINARY(avx512);
 KILN_DECLARE_F32_ROWS(avx512);
+#endif
+
+// qd8 x qb4w / qc8w products (see kiln/cpu/quant.h).
+#define KILN_DECLARE_QD8_GEMM(isa)                                                                             \
+  void qd8_qb4w_gemm__##isa(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1, \
+                            const float* bias, float* y, int64_t ldy, float lo, float hi);                          \
+  void qd8_qc8w_gemm__##isa(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1, \
+                            const float* bias, float* y, int64_t ldy, float lo, float hi)
+
+KILN_DECLARE_QD8_GEMM(generic);
+#ifdef KILN_CPU_X86
+KILN_DECLARE_QD8_GEMM(avx2);
+KILN_DECLARE_QD8_GEMM(avx512);
+KILN_DECLARE_QD8_GEMM(avx512vnni);
 #endif
 
 }  // namespace kiln::cpu

@@ -1,0 +1,139 @@
+// qd8 x qb4w / qc8w, x86-64-v3 (AVX2 + FMA): products by vpmaddubsw + vpmaddwd
+// (int4 weights), or bytes widened to 16 bits + vpmaddwd (int8 weights, exact).
+// The whole file is compiled for the ISA (its helpers have internal linkage).
+#include "../isa.h"
+#ifdef KILN_CPU_X86
+#pragma GCC target("arch=x86-64-v3")
+#include "kiln/cpu/quant.h"
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace kiln::cpu {
+namespace {
+
+inline float bf16f(uint16_t b) { return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(b) << 16))); }
+inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 32 weight bytes (64 inputs: 32 even in the low nibbles, 32 odd in the high);
+// a partial last block is copied into a zeroed buffer first.
+inline __m256i load_w(const uint8_t* p, int64_t rem) {
+  if (rem >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  alignas(32) uint8_t buf[32] = {};
+  for (int64_t i = 0; i < rem; ++i) buf[i] = p[i];
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
+}
+
+template <int MR>
+inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
+                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  const int64_t ldw = (k + 1) / 2, G = w.group, groups = k / G, chunks = (k + 127) / 128;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+  const uint8_t* arow[MR];
+  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
+  for (int64_t j = n0; j < n1; ++j) {
+    const uint8_t* wr = w.data + j * ldw;
+    const uint16_t* sr = w.scales + j * groups;
+    __m256 f[MR];
+    for (int r = 0; r < MR; ++r) f[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int h = 0; h < 2; ++h) {  // half h: inputs 64h .. 64h+63 of the chunk
+        const int64_t rem = ldw - c * 64 - h * 32;
+        if (rem <= 0) break;
+        const __m256i bytes = load_w(wr + c * 64 + h * 32, rem);
+        const __m256i wl = _mm256_sub_epi8(_mm256_and_si256(bytes, low4), eight);
+        const __m256i wh = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low4), eight);
+        // lane j (of 8) holds inputs 64h + 8j .. +7: with groups of 32 the first
+        // four lanes are one group and the last four the next
+        const int64_t g0 = (c * 128 + h * 64) / G;
+        const float s0 = bf16f(sr[g0]);
+        const float s1 = G == 32 && g0 + 1 < groups ? bf16f(sr[g0 + 1]) : s0;
+        const __m256 sv = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+        for (int r = 0; r < MR; ++r) {
+          const uint8_t* ar = arow[r] + c * 128 + h * 32;
+          const __m256i pe = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar)), wl);
+          const __m256i po = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar + 64)), wh);
+          const __m256i acc = _mm256_madd_epi16(_mm256_add_epi16(pe, po), ones);
+          f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), sv, f[r]);
+        }
+      }
+    }
+    const float b = bias ? bias[j] : 0.0f;
+    for (int r = 0; r < MR; ++r) {
+      const float v = a.scale[m0 + r] * (hsum(f[r]) - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
+      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
+    }
+  }
+}
+
+template <int MR>
+inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
+                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  const uint8_t* arow[MR];
+  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
+  const int64_t k16 = k / 16 * 16;
+  for (int64_t j = n0; j < n1; ++j) {
+    const int8_t* wr = w.data + j * k;
+    __m256i acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_si256();
+    for (int64_t i = 0; i < k16; i += 16) {
+      const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + i)));
+      for (int r = 0; r < MR; ++r) {
+        const __m256i av = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arow[r] + i)));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(av, wv));
+      }
+    }
+    const float b = bias ? bias[j] : 0.0f;
+    for (int r = 0; r < MR; ++r) {
+      int32_t dot = hsum_i32(acc[r]);
+      for (int64_t i = k16; i < k; ++i) dot += static_cast<int32_t>(arow[r][i]) * wr[i];
+      const float v =
+          a.scale[m0 + r] * (w.scales[j] * static_cast<float>(dot) - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
+      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
+    }
+  }
+}
+
+}  // namespace
+
+void qd8_qb4w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
+                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= m; m0 += 4) qb4w_rows<4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  switch (m - m0) {
+    case 3: qb4w_rows<3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 2: qb4w_rows<2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 1: qb4w_rows<1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    default: break;
+  }
+}
+
+void qd8_qc8w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
+                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= m; m0 += 4) qc8w_rows<4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  switch (m - m0) {
+    case 3: qc8w_rows<3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 2: qc8w_rows<2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 1: qc8w_rows<1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    default: break;
+  }
+}
+
+}  // namespace kiln::cpu
+#endif

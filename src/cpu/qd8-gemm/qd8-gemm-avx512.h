@@ -1,0 +1,153 @@
+// qd8 x qb4w / qc8w on AVX-512 (BW): the body of the avx512 and avx512vnni
+// variants, which differ only in the u8 x s8 dot product (vpmaddubsw + vpmaddwd,
+// or VNNI's vpdpbusd). Included by one file per variant after its
+// `#pragma GCC target`; everything here has internal linkage.
+#pragma once
+
+#include "kiln/cpu/quant.h"
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports (a known false positive) once they are inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace kiln::cpu {
+namespace {
+
+template <bool Vnni>
+inline __m512i dot_u8s8(__m512i acc, __m512i a_u8, __m512i b_s8) {
+  if constexpr (Vnni) {
+    return _mm512_dpbusd_epi32(acc, a_u8, b_s8);
+  } else {  // |a * b| <= 255 * 8 per pair here (int4 weights): the 16-bit sums cannot saturate
+    const __m512i p = _mm512_maddubs_epi16(a_u8, b_s8);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
+  }
+}
+
+inline float bf16f(uint16_t b) { return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(b) << 16))); }
+
+inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// MR activation rows against weight rows n0..n1, qb4w.
+template <bool Vnni, int MR>
+inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
+                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  const int64_t ldw = (k + 1) / 2, G = w.group, groups = k / G, chunks = (k + 127) / 128;
+  // Lane j of a chunk's int32 products holds inputs 8j .. 8j+7 of the chunk (even
+  // ones from the low nibbles, odd ones from the high): its group is (8j) / G
+  // past the chunk's first group.
+  alignas(64) int32_t lane_group[16];
+  for (int j = 0; j < 16; ++j) lane_group[j] = G <= 128 ? static_cast<int32_t>((8 * j) / G) : 0;
+  const __m512i lane_idx = _mm512_load_si512(lane_group);
+  const int per_chunk = G <= 128 ? static_cast<int>(128 / G) : 1;
+  const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+  const uint8_t* arow[MR];
+  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
+  for (int64_t j = n0; j < n1; ++j) {
+    const uint8_t* wr = w.data + j * ldw;
+    const uint16_t* sr = w.scales + j * groups;
+    __m512 f[MR];
+    for (int r = 0; r < MR; ++r) f[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t rem = ldw - c * 64;
+      const __m512i bytes = rem >= 64 ? _mm512_loadu_si512(wr + c * 64)
+                                      : _mm512_maskz_loadu_epi8((__mmask64{1} << rem) - 1, wr + c * 64);
+      const __m512i wl = _mm512_sub_epi8(_mm512_and_si512(bytes, low4), eight);
+      const __m512i wh = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4), eight);
+      const int64_t g0 = (c * 128) / G;
+      __m512 sv;
+      if (per_chunk == 1) {
+        sv = _mm512_set1_ps(bf16f(sr[g0]));
+      } else {
+        const int64_t cnt = groups - g0 < per_chunk ? groups - g0 : per_chunk;
+        const __m128i s16 = _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << cnt) - 1), sr + g0);
+        const __m128i s32 = _mm_slli_epi32(_mm_cvtepu16_epi32(s16), 16);
+        sv = _mm512_permutexvar_ps(lane_idx, _mm512_castps128_ps512(_mm_castsi128_ps(s32)));
+      }
+      for (int r = 0; r < MR; ++r) {
+        const uint8_t* ar = arow[r] + c * 128;
+        __m512i acc = dot_u8s8<Vnni>(_mm512_setzero_si512(), _mm512_loadu_si512(ar), wl);
+        acc = dot_u8s8<Vnni>(acc, _mm512_loadu_si512(ar + 64), wh);
+        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sv, f[r]);
+      }
+    }
+    const float b = bias ? bias[j] : 0.0f;
+    for (int r = 0; r < MR; ++r) {
+      const float acc = _mm512_reduce_add_ps(f[r]);
+      const float v = a.scale[m0 + r] * (acc - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
+      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
+    }
+  }
+}
+
+template <bool Vnni>
+inline void qb4w_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
+                        const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= m; m0 += 4) qb4w_rows<Vnni, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  switch (m - m0) {
+    case 3: qb4w_rows<Vnni, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 2: qb4w_rows<Vnni, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 1: qb4w_rows<Vnni, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    default: break;
+  }
+}
+
+// int8 weights: |a * b| reaches 255 * 128 per pair, so without VNNI the bytes are
+// widened to 16 bits first (exact).
+template <bool Vnni>
+inline __m512i dot_u8s8_wide(__m512i acc, __m512i a_u8, __m512i b_s8) {
+  if constexpr (Vnni) {
+    return _mm512_dpbusd_epi32(acc, a_u8, b_s8);
+  } else {
+    const __m512i a0 = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(a_u8));
+    const __m512i a1 = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(a_u8, 1));
+    const __m512i b0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(b_s8));
+    const __m512i b1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(b_s8, 1));
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(a0, b0));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a1, b1));
+  }
+}
+
+template <bool Vnni, int MR>
+inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
+                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  const int64_t chunks = (k + 63) / 64;
+  const uint8_t* arow[MR];
+  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
+  for (int64_t j = n0; j < n1; ++j) {
+    const int8_t* wr = w.data + j * k;
+    __m512i acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t rem = k - c * 64;
+      const __m512i wv = rem >= 64 ? _mm512_loadu_si512(wr + c * 64)
+                                   : _mm512_maskz_loadu_epi8((__mmask64{1} << rem) - 1, wr + c * 64);
+      for (int r = 0; r < MR; ++r) acc[r] = dot_u8s8_wide<Vnni>(acc[r], _mm512_loadu_si512(arow[r] + c * 64), wv);
+    }
+    const float b = bias ? bias[j] : 0.0f;
+    for (int r = 0; r < MR; ++r) {
+      const float dot = static_cast<float>(_mm512_reduce_add_epi32(acc[r]));
+      const float v = a.scale[m0 + r] * (w.scales[j] * dot - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
+      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
+    }
+  }
+}
+
+template <bool Vnni>
+inline void qc8w_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
+                        const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= m; m0 += 4) qc8w_rows<Vnni, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  switch (m - m0) {
+    case 3: qc8w_rows<Vnni, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 2: qc8w_rows<Vnni, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    case 1: qc8w_rows<Vnni, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
+    default: break;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cpu

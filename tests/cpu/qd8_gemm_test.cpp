@@ -1,0 +1,223 @@
+// qd8 x qb4w / qc8w (kiln/cpu/quant.h): activation quantization against
+// torchao's formulas written out here, every variant this CPU runs against a
+// double-precision product of the dequantized values, over remainders of m, k
+// and the group sizes ExecuTorch accepts.
+#include "kiln/cpu/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+namespace kiln::cpu {
+namespace {
+
+struct Aligned {
+  explicit Aligned(size_t bytes) : p(static_cast<std::byte*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {}
+  ~Aligned() { std::free(p); }
+  std::byte* p;
+};
+
+std::vector<float> randn(size_t n, std::mt19937& g, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+// torchao: choose_qparams_affine(ASYMMETRIC, int8, eps=FLT_EPSILON) + quantize_affine, one row.
+void torchao_row(const float* x, int64_t k, std::vector<int>* q, float* scale, int* zp) {
+  float mn = 0, mx = 0;
+  for (int64_t i = 0; i < k; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]);
+  float s = (mx - mn) / 255.0f;
+  s = std::max(s, FLT_EPSILON);
+  float z = -128.0f - std::nearbyint(mn / s);
+  z = std::min(std::max(z, -128.0f), 127.0f);
+  const float inv = 1.0f / s;
+  q->resize(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i)
+    (*q)[static_cast<size_t>(i)] = static_cast<int>(std::min(std::max(std::nearbyint(x[i] * inv) + z, -128.0f), 127.0f));
+  *scale = s;
+  *zp = static_cast<int>(z);
+}
+
+int64_t layout_pos(int64_t k, Qd8Layout l) {
+  if (l == Qd8Layout::Plain) return k;
+  const int64_t r = k % 128;
+  return k - r + (r & 1) * 64 + r / 2;
+}
+
+TEST(Qd8Quantize, MatchesTorchaoFormulas) {
+  std::mt19937 g(1);
+  for (Qd8Layout layout : {Qd8Layout::Plain, Qd8Layout::Nibbles})
+    for (int64_t k : {1, 5, 64, 127, 128, 129, 576, 768}) {
+      const int64_t m = 3;
+      std::vector<float> x = randn(static_cast<size_t>(m * k), g, 2.0f);
+      if (k > 3) x[1] = 0.0f, x[2] = -x[3];
+      if (k == 5) for (int64_t i = 0; i < k; ++i) x[static_cast<size_t>(k + i)] = 0.0f;  // row 1 all zero: scale eps
+      Aligned ws(qd8_rows_bytes(m, k, layout));
+      Qd8Rows rows;
+      qd8_quantize_rows(x.data(), m, k, k, layout, ws.p, &rows);
+      for (int64_t r = 0; r < m; ++r) {
+        std::vector<int> q;
+        float s;
+        int zp;
+        torchao_row(x.data() + r * k, k, &q, &s, &zp);
+        EXPECT_EQ(rows.scale[r], s) << "row " << r << " k " << k;
+        EXPECT_EQ(rows.zp[r], 128 + zp);
+        std::vector<bool> used(static_cast<size_t>(rows.stride), false);
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t p = layout_pos(i, layout);
+          used[static_cast<size_t>(p)] = true;
+          ASSERT_EQ(static_cast<int>(rows.data[r * rows.stride + p]), q[static_cast<size_t>(i)] + 128)
+              << "row " << r << " input " << i << " of " << k;
+        }
+        for (int64_t p = 0; p < rows.stride; ++p)
+          if (!used[static_cast<size_t>(p)]) {
+            ASSERT_EQ(rows.data[r * rows.stride + p], 0) << "padding byte " << p;
+          }
+      }
+    }
+}
+
+TEST(Qd8Quantize, Bf16RoundTrip) {
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f)), 1.0f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-2.5f)), -2.5f);
+  EXPECT_EQ(f32_to_bf16(1.00390625f), 0x3f80);   // exactly halfway: to even
+  EXPECT_EQ(f32_to_bf16(1.01171875f), 0x3f82);   // halfway above an odd: up
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+struct Case {
+  int64_t m, k, n, group;
+};
+
+// Dequantized reference, in double.
+void reference_qb4w(const std::vector<int>& q, const std::vector<float>& sx, const std::vector<int>& zx,
+                    const std::vector<int>& w4, const std::vector<uint16_t>& sc, const std::vector<float>& bias,
+                    const Case& c, std::vector<double>* y) {
+  const int64_t groups = c.k / c.group;
+  y->assign(static_cast<size_t>(c.m * c.n), 0.0);
+  for (int64_t r = 0; r < c.m; ++r)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double acc = 0;
+      for (int64_t i = 0; i < c.k; ++i)
+        acc += double(q[size_t(r * c.k + i)] - zx[size_t(r)]) *
+               (double(bf16_to_f32(sc[size_t(j * groups + i / c.group)])) * w4[size_t(j * c.k + i)]);
+      (*y)[size_t(r * c.n + j)] = double(sx[size_t(r)]) * acc + bias[size_t(j)];
+    }
+}
+
+TEST(Qd8Gemm, Qb4wVariantsMatchDequantizedProduct) {
+  std::mt19937 g(7);
+  std::vector<Case> cases;
+  for (int64_t k : {32, 64, 96, 128, 160, 256, 576, 768})
+    for (int64_t group : {32, 64, 128, 256})
+      if (k % group == 0)
+        for (int64_t m : {1, 2, 3, 4, 5, 7}) cases.push_back({m, k, 9, group});
+  cases.push_back({16, 1536, 40, 32});
+  for (const Case& c : cases) {
+    std::vector<float> x = randn(size_t(c.m * c.k), g);
+    Aligned ws(qd8_rows_bytes(c.m, c.k, Qd8Layout::Nibbles));
+    Qd8Rows rows;
+    qd8_quantize_rows(x.data(), c.m, c.k, c.k, Qd8Layout::Nibbles, ws.p, &rows);
+    std::vector<int> q(static_cast<size_t>(c.m * c.k)), zx(static_cast<size_t>(c.m));
+    std::vector<float> sx(static_cast<size_t>(c.m));
+    for (int64_t r = 0; r < c.m; ++r) {
+      sx[size_t(r)] = rows.scale[r];
+      zx[size_t(r)] = rows.zp[r] - 128;
+      for (int64_t i = 0; i < c.k; ++i)
+        q[size_t(r * c.k + i)] = int(rows.data[r * rows.stride + layout_pos(i, Qd8Layout::Nibbles)]) - 128;
+    }
+    // weights: int4 in -8..7, packed two per byte (even input in the low nibble), bf16 scales
+    const int64_t ldw = (c.k + 1) / 2, groups = c.k / c.group;
+    std::uniform_int_distribution<int> d4(-8, 7);
+    std::vector<int> w4(size_t(c.n * c.k));
+    for (int& v : w4) v = d4(g);
+    std::vector<uint8_t> packed(size_t(c.n * ldw), 0);
+    for (int64_t j = 0; j < c.n; ++j)
+      for (int64_t i = 0; i < c.k; ++i)
+        packed[size_t(j * ldw + i / 2)] |= uint8_t((w4[size_t(j * c.k + i)] + 8) << ((i & 1) * 4));
+    std::vector<uint16_t> sc(size_t(c.n * groups));
+    std::uniform_real_distribution<float> ds(0.001f, 0.1f);
+    for (uint16_t& s : sc) s = f32_to_bf16(ds(g));
+    std::vector<float> bias = randn(static_cast<size_t>(c.n), g), sums(static_cast<size_t>(c.n));
+    qb4w_weight_sums(packed.data(), sc.data(), c.n, c.k, c.group, sums.data());
+    std::vector<double> ref;
+    reference_qb4w(q, sx, zx, w4, sc, bias, c, &ref);
+    double mx = 0;
+    for (double v : ref) mx = std::max(mx, std::abs(v));
+    const Qb4wWeights w{packed.data(), sc.data(), sums.data(), c.group};
+    for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
+      if (!qd8_gemm_runnable(v)) continue;
+      std::vector<float> y(size_t(c.m * c.n), -1.0f);
+      v.qb4w(rows, c.m, c.k, w, 0, 4, bias.data(), y.data(), c.n, -INFINITY, INFINITY);   // two calls: n0 > 0 too
+      v.qb4w(rows, c.m, c.k, w, 4, c.n, bias.data(), y.data(), c.n, -INFINITY, INFINITY);
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_NEAR(y[i], ref[i], 1e-5 * mx + 1e-6)
+            << v.name << " m " << c.m << " k " << c.k << " group " << c.group << " at " << i;
+      std::vector<float> yc(size_t(c.m * c.n));
+      v.qb4w(rows, c.m, c.k, w, 0, c.n, nullptr, yc.data(), c.n, -0.25f, 0.5f);
+      for (size_t i = 0; i < yc.size(); ++i)
+        ASSERT_NEAR(yc[i], std::min(std::max(ref[i] - bias[i % size_t(c.n)], -0.25), 0.5), 1e-5 * mx + 1e-6)
+            << v.name << " clamped, no bias";
+    }
+  }
+}
+
+TEST(Qd8Gemm, Qc8wVariantsMatchDequantizedProduct) {
+  std::mt19937 g(11);
+  for (int64_t k : {1, 15, 16, 17, 63, 64, 65, 576, 1000})
+    for (int64_t m : {1, 3, 4, 6}) {
+      const int64_t n = 7;
+      std::vector<float> x = randn(size_t(m * k), g);
+      Aligned ws(qd8_rows_bytes(m, k, Qd8Layout::Plain));
+      Qd8Rows rows;
+      qd8_quantize_rows(x.data(), m, k, k, Qd8Layout::Plain, ws.p, &rows);
+      std::uniform_int_distribution<int> d8(-128, 127);
+      std::vector<int8_t> w(size_t(n * k));
+      for (int8_t& v : w) v = int8_t(d8(g));
+      std::vector<float> scales(static_cast<size_t>(n)), sums(static_cast<size_t>(n)), bias = randn(static_cast<size_t>(n), g);
+      std::uniform_real_distribution<float> ds(0.001f, 0.1f);
+      for (float& s : scales) s = ds(g);
+      qc8w_weight_sums(w.data(), scales.data(), n, k, sums.data());
+      std::vector<double> ref(size_t(m * n));
+      double mx = 0;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t i = 0; i < k; ++i)
+            acc += double(int(rows.data[r * rows.stride + i]) - rows.zp[r]) * double(scales[size_t(j)]) * w[size_t(j * k + i)];
+          ref[size_t(r * n + j)] = double(rows.scale[r]) * acc + bias[size_t(j)];
+          mx = std::max(mx, std::abs(ref[size_t(r * n + j)]));
+        }
+      const Qc8wWeights qw{w.data(), scales.data(), sums.data()};
+      for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
+        if (!qd8_gemm_runnable(v)) continue;
+        std::vector<float> y(size_t(m * n));
+        v.qc8w(rows, m, k, qw, 0, 3, bias.data(), y.data(), n, -INFINITY, INFINITY);
+        v.qc8w(rows, m, k, qw, 3, n, bias.data(), y.data(), n, -INFINITY, INFINITY);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_NEAR(y[i], ref[i], 1e-5 * mx + 1e-6) << v.name << " m " << m << " k " << k << " at " << i;
+      }
+    }
+}
+
+TEST(Qd8Gemm, SelectionFollowsTheIsaTable) {
+  const Qd8GemmVariant& sel = qd8_gemm_config();
+  EXPECT_TRUE(qd8_gemm_runnable(sel));
+  EXPECT_LE(static_cast<int>(sel.isa), static_cast<int>(active_isa()));
+  // the widest runnable variant at or below the active ISA is the one selected
+  for (const Qd8GemmVariant& v : qd8_gemm_variants())
+    if (qd8_gemm_runnable(v) && v.isa <= active_isa()) {
+      EXPECT_STREQ(sel.name, v.name);
+      break;
+    }
+}
+
+}  // namespace
+}  // namespace kiln::cpu
