@@ -5,8 +5,12 @@
 // and the tied LM head's 50257 dot products of length 768). GFLOP/s by wall
 // clock and by thread CPU time, and the CPU-time rate as a fraction of the
 // measured fp32 FMA peak of the variant's ISA. Not a test; run by hand:
+// The qd8 x qb4w / qc8w products (8da4w / 8da8w) follow, on SmolLM2-135M's and
+// GPT-2's linear shapes: GOP/s (two integer ops per multiply-add) and GB/s of
+// weights (int4: half a byte per weight plus the bf16 scales).
 //   build/kiln_gemm_bench [min_seconds_per_measurement]
 #include "kiln/cpu/config.h"
+#include "kiln/cpu/quant.h"
 
 #include <chrono>
 #include <cmath>
@@ -199,6 +203,51 @@ int main(int argc, char** argv) {
       const double gbs = t.gflops_cpu / 2.0 * 4.0;  // one 4-byte weight per multiply-add
       std::printf("%-24s %-20s %-12s %10.3f %10.1f %10.1f %6.1f%% %8.1f\n", v.name, dims, s.what, t.ms, t.gflops_wall,
                   t.gflops_cpu, 100.0 * t.gflops_cpu / peak[static_cast<int>(v.isa)], gbs);
+    }
+  }
+  std::printf("\nqd8 x qb4w (group 32) and qd8 x qc8w; m = 1: one token, m = 128: a prompt (GOP/s and weight GB/s by CPU time)\n"
+              "%-24s %-5s %-16s %-12s %5s %10s %10s %8s %10s\n",
+              "variant", "w", "M x K x N", "layer", "", "ms/call", "GOP/s", "GB/s", "(quantize ms)");
+  const Shape q_shapes[] = {{1, 576, 1536, "smollm2 up"}, {1, 1536, 576, "smollm2 down"}, {1, 768, 3072, "gpt2 c_fc"},
+                            {128, 576, 1536, "smollm2 up"}, {128, 768, 3072, "gpt2 c_fc"}};
+  using namespace kiln::cpu;
+  for (const Shape& s : q_shapes) {
+    const std::vector<float> x = random_floats(static_cast<size_t>(s.m * s.k), rng);
+    std::vector<uint8_t> w4(static_cast<size_t>(s.n * ((s.k + 1) / 2)));
+    std::vector<int8_t> w8(static_cast<size_t>(s.n * s.k));
+    for (auto& b : w4) b = static_cast<uint8_t>(rng());
+    for (auto& b : w8) b = static_cast<int8_t>(rng());
+    const int64_t group = 32;
+    std::vector<uint16_t> sc(static_cast<size_t>(s.n * (s.k / group)), f32_to_bf16(0.01f));
+    std::vector<float> sc8(static_cast<size_t>(s.n), 0.01f), sums4(static_cast<size_t>(s.n)), sums8(static_cast<size_t>(s.n));
+    qb4w_weight_sums(w4.data(), sc.data(), s.n, s.k, group, sums4.data());
+    qc8w_weight_sums(w8.data(), sc8.data(), s.n, s.k, sums8.data());
+    std::vector<float> y(static_cast<size_t>(s.m * s.n));
+    for (Qd8Layout layout : {Qd8Layout::Nibbles, Qd8Layout::Plain}) {
+      std::vector<uint8_t> ws(qd8_rows_bytes(s.m, s.k, layout) + 64);
+      void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
+      Qd8Rows rows;
+      const Timing tq = time_it(min_seconds / 4, 1.0, [&] { qd8_quantize_rows(x.data(), s.m, s.k, s.k, layout, aligned, &rows); });
+      const bool b4 = layout == Qd8Layout::Nibbles;
+      const Qb4wWeights qb{w4.data(), sc.data(), sums4.data(), group};
+      const Qc8wWeights qc{w8.data(), sc8.data(), sums8.data()};
+      for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
+        if (!qd8_gemm_runnable(v)) {
+          std::printf("%-24s not run: this CPU lacks it\n", v.name);
+          continue;
+        }
+        const double ops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
+        const Timing t = time_it(min_seconds, ops, [&] {
+          if (b4) v.qb4w(rows, s.m, s.k, qb, 0, s.n, nullptr, y.data(), s.n, -INFINITY, INFINITY);
+          else v.qc8w(rows, s.m, s.k, qc, 0, s.n, nullptr, y.data(), s.n, -INFINITY, INFINITY);
+        });
+        const double wbytes = b4 ? static_cast<double>(w4.size() + 2 * sc.size()) : static_cast<double>(w8.size());
+        char dims[64];
+        std::snprintf(dims, sizeof(dims), "%lld x %lld x %lld", static_cast<long long>(s.m), static_cast<long long>(s.k),
+                      static_cast<long long>(s.n));
+        std::printf("%-24s %-5s %-16s %-12s %5s %10.3f %10.1f %8.1f %10.3f\n", v.name, b4 ? "qb4w" : "qc8w", dims, s.what,
+                    "", t.ms, t.gflops_cpu, wbytes * t.gflops_cpu / ops, tq.ms);
+      }
     }
   }
   return 0;
