@@ -51,6 +51,9 @@ size_t qd8_rows_bytes(int64_t m, int64_t k, Qd8Layout layout);
 void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Layout layout, void* workspace,
                        Qd8Rows* out);
 
+// The Qd8Rows that qd8_quantize_rows(…, m, k, …, layout, workspace, …) describes.
+Qd8Rows qd8_rows_view(const void* workspace, int64_t m, int64_t k, Qd8Layout layout);
+
 // Per output row j of the weights: sum over groups of scale * (sum of w in the
 // group), the term the asymmetric activations' zero point multiplies. Computed
 // once per weight (at load); out[n].

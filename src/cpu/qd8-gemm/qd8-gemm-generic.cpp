@@ -52,6 +52,14 @@ size_t qd8_rows_bytes(int64_t m, int64_t k, Qd8Layout layout) {
   return (data + 63) / 64 * 64 + static_cast<size_t>(m) * (sizeof(float) + sizeof(int32_t)) + 64;
 }
 
+Qd8Rows qd8_rows_view(const void* workspace, int64_t m, int64_t k, Qd8Layout layout) {
+  const int64_t stride = row_bytes(k, layout);
+  const auto* data = static_cast<const uint8_t*>(workspace);
+  const size_t data_bytes = (static_cast<size_t>(m * stride) + 63) / 64 * 64;
+  const auto* scale = reinterpret_cast<const float*>(data + data_bytes);
+  return Qd8Rows{data, stride, scale, reinterpret_cast<const int32_t*>(scale + m)};
+}
+
 void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Layout layout, void* workspace,
                        Qd8Rows* out) {
   const int64_t stride = row_bytes(k, layout);

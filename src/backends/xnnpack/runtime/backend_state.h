@@ -10,6 +10,7 @@
 
 #include <xnnpack.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -80,7 +81,16 @@ struct Value {
   std::span<const std::byte> constant_bytes;
   int32_t group = -1;                 // reshape group (values sharing bytes)
   uint32_t elem_bits = 32;            // bits per element, from the payload's datatype (fp32: 32, int4: 4)
-  size_t bytes() const { return (static_cast<size_t>(numel) * elem_bits + 7) / 8; }
+  // Quantized values (ExecuTorch's 8da4w / 8da8w programs): activations quantized
+  // at run time per row (their bytes are a cpu::Qd8Rows block, min_bytes), and
+  // constant weights with per-group bf16 scales (int4) or per-channel fp32 scales (int8).
+  enum class Quant : uint8_t { None, DynamicRows, Int4Groups, Int8Channels } quant = Quant::None;
+  const uint16_t* group_scales = nullptr;  // Int4Groups: [rows, cols / group_size], bf16 bits
+  const float* channel_scales = nullptr;   // Int8Channels: [rows]
+  int64_t group_size = 0;
+  uint8_t rows_layout = 0;                 // DynamicRows: the cpu::Qd8Layout its readers take
+  size_t min_bytes = 0;
+  size_t bytes() const { return std::max((static_cast<size_t>(numel) * elem_bits + 7) / 8, min_bytes); }
 };
 
 // Values joined by reshapes share one storage.
@@ -92,7 +102,8 @@ struct Group {
 
 // ---------------------------------------------------------------- steps
 
-enum class StepKind : uint8_t { Subgraph, FullyConnected, Rows, Bmm, LmHead, Transpose, Slice, Concat, Unary, Copy, Clamp };
+enum class StepKind : uint8_t { Subgraph, FullyConnected, Rows, Bmm, LmHead, Transpose, Slice, Concat, Unary, Copy, Clamp,
+                                QuantizeRows, QFullyConnected };
 enum class UnaryOp : uint8_t { Tanh, Rsqrt, Gelu, Exp, Log, Sin, Cos, Copy };
 
 // Row programs (fused elementwise chains, see Builder::find_chains): values
@@ -146,6 +157,13 @@ struct Step {
   float lo = -INFINITY, hi = INFINITY;
   const float* weights = nullptr;                    // fully connected: [k, n] row-major
   const float* bias = nullptr;                       // [n] or null
+  // QuantizeRows / QFullyConnected (8da4w, 8da8w): the rows' layout, the weights
+  const void* qweights = nullptr;                    // int4 [n, ceil(k/2)] or int8 [n, k], from the file
+  const uint16_t* group_scales = nullptr;            // int4: bf16 [n, k / group]
+  const float* channel_scales = nullptr;             // int8: [n]
+  const float* weight_sums = nullptr;                // [n], cpu::qb4w/qc8w_weight_sums (st.owned)
+  int64_t group = 0;                                 // int4 group size; 0: int8 weights
+  uint8_t rows_layout = 0;                           // cpu::Qd8Layout
   // Rows: the fused chain
   std::vector<RowOp> row_ops;
   int64_t rows = 0, cols = 0, tasks = 1, slots = 0;
@@ -207,6 +225,8 @@ rt::Status execute_state(State& st, std::span<EValue*> args, rt::ErrorMessage* e
 
 void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c);
 void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out);
+void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out);
+void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out);
 void run_transpose(const Exec& ex, const Step& s, const float* in, float* out);
 void run_slice(const Step& s, const float* in, float* out);

@@ -7,6 +7,7 @@
 #include "backend_state.h"
 #include "kiln/cpu/config.h"
 #include "kiln/cpu/gemm.h"
+#include "kiln/cpu/quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -116,6 +117,30 @@ void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* o
     if (s.lo != -INFINITY || s.hi != INFINITY)
       for (int64_t i = 0; i < s.m; ++i)
         for (int64_t j = n0; j < n0 + nb; ++j) out[i * s.n + j] = std::min(std::max(out[i * s.n + j], s.lo), s.hi);
+  });
+}
+
+// x [m, k] fp32 -> int8 rows (a cpu::Qd8Rows block in `out`'s bytes).
+void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out) {
+  (void)ex;  // m x k work, small next to the products that read it
+  cpu::Qd8Rows rows;
+  cpu::qd8_quantize_rows(x, s.m, s.k, s.k, static_cast<cpu::Qd8Layout>(s.rows_layout), out, &rows);
+}
+
+// y [m, n] = rows [m, k] · W[n, k]ᵀ for int4 (groups) or int8 (channels) weights;
+// parallel over blocks of output columns.
+void run_qfully_connected(const Exec& ex, const Step& s, const float* rows_bytes, float* y) {
+  const cpu::Qd8Rows rows = cpu::qd8_rows_view(rows_bytes, s.m, s.k, static_cast<cpu::Qd8Layout>(s.rows_layout));
+  const cpu::Qd8GemmVariant& v = cpu::qd8_gemm_config();
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 15) / 16, kTasksPerThread * ex.threads));
+  const int64_t cols = ((s.n + blocks - 1) / blocks + 3) / 4 * 4;
+  const cpu::Qb4wWeights w4{static_cast<const uint8_t*>(s.qweights), s.group_scales, s.weight_sums, s.group};
+  const cpu::Qc8wWeights w8{static_cast<const int8_t*>(s.qweights), s.channel_scales, s.weight_sums};
+  ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+    const int64_t n0 = static_cast<int64_t>(t) * cols, n1 = std::min(s.n, n0 + cols);
+    if (n1 <= n0) return;
+    if (s.group > 0) v.qb4w(rows, s.m, s.k, w4, n0, n1, s.bias, y, s.n, s.lo, s.hi);
+    else v.qc8w(rows, s.m, s.k, w8, n0, n1, s.bias, y, s.n, s.lo, s.hi);
   });
 }
 

@@ -15,6 +15,7 @@
 #include "kiln/backends/xnnpack/runtime.h"
 
 #include "backend_state.h"
+#include "kiln/cpu/quant.h"
 #include "kiln/fb/xnnpack_graph_generated.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/pte_file.h"
@@ -123,7 +124,7 @@ bool node_io(const fbx::XNode& node, NodeIO& io) {
     case NodeType::XNNSquareRoot: case NodeType::XNNNegate: case NodeType::XNNAbs: case NodeType::XNNFloor:
     case NodeType::XNNCeiling: case NodeType::XNNHardswish: case NodeType::XNNReciprocalSquareRoot:
     case NodeType::XNNGelu: case NodeType::XNNTanh: case NodeType::XNNExp: case NodeType::XNNLog:
-    case NodeType::XNNSin: case NodeType::XNNCos: case NodeType::XNNCopy:
+    case NodeType::XNNSin: case NodeType::XNNCos: case NodeType::XNNCopy: case NodeType::XNNConvert:
       return in1(static_cast<const fbx::_XNNNode1x1*>(node.xnode_union()));
     case NodeType::XNNELU: return in1(node.xnode_union_as_XNNELU());
     case NodeType::XNNLeakyReLU: return in1(node.xnode_union_as_XNNLeakyReLU());
@@ -166,6 +167,9 @@ class Builder {
   Status make_steps(State& st);
   Status subgraph_step(State& st, size_t begin, size_t end);
   Status kiln_step(State& st, size_t index);
+  template <class ConstantAt>
+  Status quant_params(const fbx::XNNQuantizedTensorValue& qv, uint32_t id, Value& val, const ConstantAt& constant_at);
+  Status quantized_rows(State& st);
   Status check_value(const State& st, uint32_t id, size_t node, const char* role) const;
 
   const rt::PteFile* file_;
@@ -218,26 +222,47 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
   if (!graph_->xvalues() || !graph_->xnodes()) return fail(error_, Status::InvalidProgram, "graph has no values or nodes");
 
   // values
+  auto tensor_of = [](const fbx::XValue* v) -> const fbx::XNNTensorValue* {
+    if (const fbx::XNNTensorValue* t = v->xvalue_union_as_XNNTensorValue()) return t;
+    if (const auto* q = v->xvalue_union_as_XNNQuantizedTensorValue()) return q->tensor_value();
+    return nullptr;
+  };
+  // constant data entry `ci` (named, or inside the payload)
+  auto constant_at = [&](uint32_t ci, uint32_t id, std::span<const std::byte>* bytes) -> Status {
+    const auto* cd = graph_->constant_data();
+    if (!cd || ci >= cd->size()) return failf(error_, Status::InvalidProgram, "value %u: constant %u is out of range", id, ci);
+    const fbx::ConstantDataOffset* c = cd->Get(ci);
+    if (c->named_key()) {
+      if (!file_)
+        return failf(error_, Status::InvalidProgram, "value %u: a named constant, and no program to read it from", id);
+      auto r = file_->named_data(c->named_key()->string_view(), error_);
+      if (!r.ok()) return r.status();
+      *bytes = r.value();
+    } else {
+      if (c->offset() > constants.size() || c->size() > constants.size() - c->offset())
+        return failf(error_, Status::InvalidProgram, "value %u: constant bytes lie outside the payload", id);
+      *bytes = constants.subspan(c->offset(), c->size());
+    }
+    return Status::Ok;
+  };
   uint32_t max_id = 0;
   for (const fbx::XValue* v : *graph_->xvalues()) {
-    const fbx::XNNTensorValue* t = v->xvalue_union_as_XNNTensorValue();
-    if (!t) {
-      if (v->xvalue_union_as_XNNQuantizedTensorValue())
-        return fail(error_, Status::NotSupported, "quantized values are not supported by kiln's XNNPACK backend yet");
-      return fail(error_, Status::InvalidProgram, "a value has no tensor");
-    }
+    const fbx::XNNTensorValue* t = tensor_of(v);
+    if (!t) return fail(error_, Status::InvalidProgram, "a value has no tensor");
     max_id = std::max(max_id, t->id_out());
   }
   if (max_id >= (1u << 24)) return failf(error_, Status::InvalidProgram, "value id %u is out of range", max_id);
   st.values.assign(static_cast<size_t>(max_id) + 1, Value{});
   std::vector<std::pair<uint32_t, uint32_t>> ext_in, ext_out;  // (external_id, value id)
   for (const fbx::XValue* v : *graph_->xvalues()) {
-    const fbx::XNNTensorValue* t = v->xvalue_union_as_XNNTensorValue();
+    const fbx::XNNTensorValue* t = tensor_of(v);
     Value& val = st.values[t->id_out()];
     if (val.defined) return failf(error_, Status::InvalidProgram, "value %u is defined twice", t->id_out());
     val.elem_bits = datatype_bits(t->datatype());
-    if (t->datatype() != fbx::XNNDatatype::xnn_datatype_fp32 || val.elem_bits == 0)
-      return failf(error_, Status::NotSupported, "value %u has datatype %s; kiln's XNNPACK backend runs fp32 only",
+    const auto* qv = v->xvalue_union_as_XNNQuantizedTensorValue();
+    if (val.elem_bits == 0 || (!qv && t->datatype() != fbx::XNNDatatype::xnn_datatype_fp32))
+      return failf(error_, Status::NotSupported, "value %u has datatype %s; kiln's XNNPACK backend runs fp32 (and "
+                   "dynamically quantized int8 x int4/int8 fully connected) only",
                    t->id_out(), fbx::EnumNameXNNDatatype(t->datatype()));
     const auto* dims = t->dims();
     val.ndims = dims ? dims->size() : 0;
@@ -256,31 +281,18 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
     if (uint32_t ci = t->constant_buffer_idx(); ci != 0) {
       if (val.flags & (kExternalInput | kExternalOutput))
         return failf(error_, Status::InvalidProgram, "value %u is both constant and external", t->id_out());
-      const auto* cd = graph_->constant_data();
-      if (!cd || ci >= cd->size())
-        return failf(error_, Status::InvalidProgram, "value %u: constant %u is out of range", t->id_out(), ci);
-      const fbx::ConstantDataOffset* c = cd->Get(ci);
       std::span<const std::byte> bytes;
-      if (c->named_key()) {
-        if (!file_)
-          return failf(error_, Status::InvalidProgram, "value %u: a named constant, and no program to read it from",
-                       t->id_out());
-        auto r = file_->named_data(c->named_key()->string_view(), error_);
-        if (!r.ok()) return r.status();
-        bytes = r.value();
-      } else {
-        if (c->offset() > constants.size() || c->size() > constants.size() - c->offset())
-          return failf(error_, Status::InvalidProgram, "value %u: constant bytes lie outside the payload", t->id_out());
-        bytes = constants.subspan(c->offset(), c->size());
-      }
+      if (Status s = constant_at(ci, t->id_out(), &bytes); s != Status::Ok) return s;
       if (bytes.size() < val.bytes())
         return failf(error_, Status::InvalidProgram, "value %u: constant has %zu bytes, its shape needs %zu", t->id_out(),
                      bytes.size(), val.bytes());
-      if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0)
+      if (!qv && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0)
         return failf(error_, Status::InvalidProgram, "value %u: constant data is misaligned", t->id_out());
       val.constant = bytes.data();
       val.constant_bytes = bytes.first(val.bytes());
     }
+    if (qv)
+      if (Status s = quant_params(*qv, t->id_out(), val, constant_at); s != Status::Ok) return s;
   }
   std::sort(ext_in.begin(), ext_in.end());
   std::sort(ext_out.begin(), ext_out.end());
@@ -303,6 +315,108 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
     if (Status s = check_value(st, io_[i].out, i, "output"); s != Status::Ok) return s;
     if (st.values[io_[i].out].constant || (st.values[io_[i].out].flags & kExternalInput))
       return failf(error_, Status::InvalidProgram, "node %zu writes value %u, a constant or input", i, io_[i].out);
+  }
+  return quantized_rows(st);
+}
+
+// A quantized value's parameters (ExecuTorch's forms for 8da4w / 8da8w).
+template <class ConstantAt>
+Status Builder::quant_params(const fbx::XNNQuantizedTensorValue& qv, uint32_t id, Value& val, const ConstantAt& constant_at) {
+  const fbx::XNNTensorValue& t = *qv.tensor_value();
+  const auto dt = t.datatype();
+  using D = fbx::XNNDatatype;
+  using Q = fbx::XNNQuantParams;
+  auto unsupported = [&] {
+    return failf(error_, Status::NotSupported, "value %u: %s with %s quantization is not supported by kiln's XNNPACK backend",
+                 id, fbx::EnumNameXNNDatatype(dt), fbx::EnumNameXNNQuantParams(qv.quant_params_type()));
+  };
+  if (dt == D::xnn_datatype_qdint8 && qv.quant_params_type() == Q::PerTokenDynamicQuant) {
+    if (val.constant || (val.flags & (kExternalInput | kExternalOutput))) return unsupported();
+    if (qv.quant_params_as_PerTokenDynamicQuant()->num_nonbatch_dims() != 1 || val.ndims < 1) return unsupported();
+    val.quant = Value::Quant::DynamicRows;
+    return Status::Ok;
+  }
+  if (!val.constant || val.ndims != 2) return unsupported();  // quantized weights: constant [N, K]
+  const int64_t n = val.dims[0], k = val.dims[1];
+  std::span<const std::byte> sb;
+  if (dt == D::xnn_datatype_qbint4 && qv.quant_params_type() == Q::PerChannelGroupQuant) {
+    const auto* p = qv.quant_params_as_PerChannelGroupQuant();
+    const int64_t g = p->group_size();
+    if (p->channel_dim() != 0 || g <= 0 || g % 32 != 0 || k % g != 0 || k % 2 != 0)
+      return failf(error_, Status::NotSupported, "value %u: int4 groups of %lld over %lld inputs (kiln needs multiples of 32 "
+                   "that divide an even input count)", id, static_cast<long long>(g), static_cast<long long>(k));
+    const size_t count = static_cast<size_t>(n * (k / g));
+    if (p->scale_buffer_idx() != 0) {
+      if (Status s = constant_at(p->scale_buffer_idx(), id, &sb); s != Status::Ok) return s;
+      if (sb.size() < count * 2 || (p->num_scales() != 0 && p->num_scales() != count))
+        return failf(error_, Status::InvalidProgram, "value %u: %zu bytes of bf16 scales for %zu groups", id, sb.size(), count);
+      val.group_scales = reinterpret_cast<const uint16_t*>(sb.data());
+    } else if (p->scale_bf16() && p->scale_bf16()->size() == count) {
+      val.group_scales = p->scale_bf16()->data();
+    } else {
+      return failf(error_, Status::NotSupported, "value %u: int4 group scales not given as bf16 data", id);
+    }
+    if (reinterpret_cast<uintptr_t>(val.group_scales) % alignof(uint16_t) != 0)
+      return failf(error_, Status::InvalidProgram, "value %u: scales are misaligned", id);
+    val.quant = Value::Quant::Int4Groups;
+    val.group_size = g;
+    return Status::Ok;
+  }
+  if (dt == D::xnn_datatype_qcint8 && qv.quant_params_type() == Q::PerChannelQuant) {
+    const auto* p = qv.quant_params_as_PerChannelQuant();
+    if (p->channel_dim() != 0) return unsupported();
+    if (p->scale_buffer_idx() != 0) {
+      if (Status s = constant_at(p->scale_buffer_idx(), id, &sb); s != Status::Ok) return s;
+      if (sb.size() < static_cast<size_t>(n) * 4)
+        return failf(error_, Status::InvalidProgram, "value %u: %zu bytes of scales for %lld channels", id, sb.size(),
+                     static_cast<long long>(n));
+      val.channel_scales = reinterpret_cast<const float*>(sb.data());
+    } else if (p->scale() && p->scale()->size() == static_cast<size_t>(n)) {
+      val.channel_scales = p->scale()->data();
+    } else {
+      return failf(error_, Status::InvalidProgram, "value %u: no per-channel scales", id);
+    }
+    if (reinterpret_cast<uintptr_t>(val.channel_scales) % alignof(float) != 0)
+      return failf(error_, Status::InvalidProgram, "value %u: scales are misaligned", id);
+    val.quant = Value::Quant::Int8Channels;
+    return Status::Ok;
+  }
+  return unsupported();
+}
+
+// Rows quantized at run time are read by fully connected nodes with quantized
+// weights only, all of one kind (the rows' layout follows the weights'); their
+// bytes are a cpu::Qd8Rows block.
+Status Builder::quantized_rows(State& st) {
+  for (size_t i = 0; i < io_.size(); ++i) {
+    const NodeType t = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type();
+    for (size_t j = 0; j < io_[i].num_in; ++j) {
+      if (io_[i].in[j] == kInvalidId) continue;
+      Value& v = st.values[io_[i].in[j]];
+      if (v.quant != Value::Quant::DynamicRows) continue;
+      const Value& w = st.values[io_[i].in[1]];
+      const bool fc = t == NodeType::XNNFullyConnected && j == 0 &&
+                      (w.quant == Value::Quant::Int4Groups || w.quant == Value::Quant::Int8Channels);
+      if (!fc)
+        return failf(error_, Status::NotSupported, "node %zu (%s): reads dynamically quantized rows; kiln runs those only "
+                     "in fully connected nodes with int4 or int8 weights", i, node_name(t));
+      const uint8_t layout = static_cast<uint8_t>(w.quant == Value::Quant::Int4Groups ? cpu::Qd8Layout::Nibbles : cpu::Qd8Layout::Plain);
+      if (v.min_bytes != 0 && v.rows_layout != layout)
+        return failf(error_, Status::NotSupported, "value %u: quantized rows read by int4 and int8 weights alike", io_[i].in[j]);
+      const int64_t k = v.dims[v.ndims - 1];
+      if (k <= 0) return failf(error_, Status::InvalidProgram, "value %u: empty rows", io_[i].in[j]);
+      v.rows_layout = layout;
+      v.min_bytes = cpu::qd8_rows_bytes(v.numel / k, k, static_cast<cpu::Qd8Layout>(layout));
+    }
+  }
+  for (size_t i = 0; i < io_.size(); ++i) {  // and are written by a convert from fp32
+    const Value& out = st.values[io_[i].out];
+    if (out.quant != Value::Quant::DynamicRows) continue;
+    const NodeType t = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type();
+    if (t != NodeType::XNNConvert || st.values[io_[i].in[0]].quant != Value::Quant::None)
+      return failf(error_, Status::NotSupported, "node %zu (%s) writes dynamically quantized rows; kiln expects a convert "
+                   "from fp32", i, node_name(t));
+    if (out.min_bytes == 0) return failf(error_, Status::NotSupported, "node %zu: quantized rows nobody reads", i);
   }
   return Status::Ok;
 }
@@ -421,6 +535,9 @@ bool Builder::add_row_op(const State& st, size_t i, int64_t rows, int64_t cols, 
   const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
   const NodeIO& io = io_[i];
   const Value& out = st.values[io.out];
+  for (size_t j = 0; j < io.num_in; ++j)  // quantized nodes run as their own steps
+    if (io.in[j] != kInvalidId && st.values[io.in[j]].quant != Value::Quant::None) return false;
+  if (out.quant != Value::Quant::None) return false;
   RowOp op;
   if (const auto* mm = node->output_min_max()) { op.lo = mm->output_min(); op.hi = mm->output_max(); }
   const NodeType t = node->xnode_union_type();
@@ -768,9 +885,53 @@ Status Builder::kiln_step(State& st, size_t i) {
     case NodeType::XNNSin: s = unary(UnaryOp::Sin, "kiln sin"); break;
     case NodeType::XNNCos: s = unary(UnaryOp::Cos, "kiln cos"); break;
     case NodeType::XNNCopy: case NodeType::XNNStaticReshape: s = unary(UnaryOp::Copy, "kiln copy"); break;
+    case NodeType::XNNConvert: {  // fp32 -> int8 rows quantized per row at run time
+      if (out.quant != Value::Quant::DynamicRows || in.quant != Value::Quant::None || in.numel != out.numel)
+        return bad("kiln converts fp32 to dynamically quantized int8 rows only");
+      step.kind = StepKind::QuantizeRows;
+      step.label = "kiln quantize rows (int8, per row)";
+      step.k = out.dims[out.ndims - 1];
+      step.m = out.numel / step.k;
+      step.rows_layout = out.rows_layout;
+      break;
+    }
     case NodeType::XNNFullyConnected: {
       const auto* p = node->xnode_union_as_XNNFullyConnected();
       const Value& w = st.values[io.in[1]];
+      if (in.quant == Value::Quant::DynamicRows) {  // 8da4w / 8da8w
+        if (w.ndims != 2 || (p->flags() & 1u) != 0 || out.ndims < 1) return bad("quantized weights must be [N, K]");
+        step.kind = StepKind::QFullyConnected;
+        step.n = w.dims[0];
+        step.k = w.dims[1];
+        if (in.dims[in.ndims - 1] != step.k || out.dims[out.ndims - 1] != step.n || in.numel / step.k != out.numel / step.n)
+          return bad("input, weights and output shapes do not agree");
+        step.m = in.numel / step.k;
+        step.rows_layout = in.rows_layout;
+        step.qweights = w.constant;
+        auto* sums = static_cast<float*>(std::aligned_alloc(kArenaAlign, (static_cast<size_t>(step.n) * 4 + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
+        if (!sums) return fail(error_, Status::OutOfMemory, "out of memory for weight sums");
+        st.owned.emplace_back(sums, &std::free);
+        if (w.quant == Value::Quant::Int4Groups) {
+          step.group = w.group_size;
+          step.group_scales = w.group_scales;
+          cpu::qb4w_weight_sums(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, sums);
+          step.label = "kiln fully connected, int8 x int4";
+        } else {
+          step.channel_scales = w.channel_scales;
+          cpu::qc8w_weight_sums(static_cast<const int8_t*>(w.constant), w.channel_scales, step.n, step.k, sums);
+          step.label = "kiln fully connected, int8 x int8";
+        }
+        if (st.per_node) step.label += " " + std::to_string(step.n) + "x" + std::to_string(step.k);
+        step.weight_sums = sums;
+        step.in.resize(1);
+        if (io.in[2] != kInvalidId) {
+          const Value& b = st.values[io.in[2]];
+          if (b.numel != step.n || b.quant != Value::Quant::None) return bad("bias must be fp32 with one value per output");
+          step.bias = static_cast<const float*>(b.constant);
+        }
+        break;
+      }
+      if (w.quant != Value::Quant::None) return bad("quantized weights need dynamically quantized int8 inputs");
       if (w.ndims != 2 || in.ndims < 1 || out.ndims < 1) return bad("weights must be 2-D");
       const bool kn = (p->flags() & 1u) != 0;  // XNN_FLAG_TRANSPOSE_WEIGHTS: W is [K, N]
       step.kind = StepKind::FullyConnected;
@@ -882,7 +1043,8 @@ Status Builder::kiln_step(State& st, size_t i) {
                    node_name(t));
   }
   if (s != Status::Ok) return s;
-  if (step.kind != StepKind::Unary && step.kind != StepKind::FullyConnected && (step.lo != -INFINITY || step.hi != INFINITY))
+  if (step.kind != StepKind::Unary && step.kind != StepKind::FullyConnected && step.kind != StepKind::QFullyConnected &&
+      (step.lo != -INFINITY || step.hi != INFINITY))
     return failf(error_, Status::NotSupported, "node %zu: output clamp on %s", i, node_name(t));
   st.steps.push_back(std::move(step));
   return Status::Ok;
@@ -899,7 +1061,8 @@ Status Builder::make_steps(State& st) {
       // both implementations need constant weights
       bool static_w = st.values[io_[i].in[1]].constant && (io_[i].in[2] == kInvalidId || st.values[io_[i].in[2]].constant);
       if (!static_w) return failf(error_, Status::NotSupported, "node %zu: fully connected with non-constant weights", i);
-      lib = st.engine == Engine::Xnnpack;
+      // Debian's XNNPACK has no int8 x int4 product: quantized ones always run on kiln's code
+      lib = st.engine == Engine::Xnnpack && st.values[io_[i].in[1]].quant == Value::Quant::None;
     }
     if (skip_[i]) continue;  // a view: no step, inside or between subgraphs
     if (chain_of_[i] >= 0) {  // a fused chain: one step at its first node
@@ -1037,6 +1200,8 @@ Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
           return fail(error, Status::Internal, "xnn_invoke_runtime failed");
         break;
       case StepKind::FullyConnected: run_fully_connected(st.exec, step, in(0), out); break;
+      case StepKind::QuantizeRows: run_quantize_rows(st.exec, step, in(0), out); break;
+      case StepKind::QFullyConnected: run_qfully_connected(st.exec, step, in(0), out); break;
       case StepKind::Rows: run_rows(st.exec, step, st.groups, st.arena, args); break;
       case StepKind::Bmm: run_bmm(st.exec, step, in(0), in(1), out); break;
       case StepKind::LmHead: run_lm_head(st.exec, step, in(0), in(1), out); break;
