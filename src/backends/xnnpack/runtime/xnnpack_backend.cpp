@@ -351,9 +351,7 @@ Status Builder::quant_params(const fbx::XNNQuantizedTensorValue& qv, uint32_t id
       if (sb.size() < count * 2 || (p->num_scales() != 0 && p->num_scales() != count))
         return failf(error_, Status::InvalidProgram, "value %u: %zu bytes of bf16 scales for %zu groups", id, sb.size(), count);
       val.group_scales = reinterpret_cast<const uint16_t*>(sb.data());
-    } else if (p->scale_bf16() && p->scale_bf16()->size() == count) {
-      val.group_scales = p->scale_bf16()->data();
-    } else {
+    } else {  // (the deprecated inline bf16 scales: ExecuTorch 1.5 no longer writes them)
       return failf(error_, Status::NotSupported, "value %u: int4 group scales not given as bf16 data", id);
     }
     if (reinterpret_cast<uintptr_t>(val.group_scales) % alignof(uint16_t) != 0)

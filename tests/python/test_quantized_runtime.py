@@ -1,0 +1,74 @@
+"""kiln's runtime runs ExecuTorch's dynamically quantized XNNPACK programs
+(torchao 8da4w: int8 activations per token x int4 weights in groups, and
+8da8w: x int8 weights per channel), on kiln's qd8 kernels (src/cpu/qd8-gemm).
+
+Oracles: ExecuTorch's runtime on the same file, and the torchao-quantized model
+in PyTorch eager. ExecuTorch stores int4 group scales as bf16, so the eager model
+gets its scales rounded to bf16 first: then both sides compute the same
+quantized product, and the fp32 tolerance applies."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_close, et_execute
+from test_xnnpack_runtime import kiln_run
+
+
+def _quantized_model(scheme: str, group: int, k: int, seed: int):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerAxis, PerGroup, quantize_
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(k, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256, bias=False), torch.nn.SiLU(),
+        torch.nn.Linear(256, 32)).eval()
+    if scheme == "8da4w":
+        cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group))
+    else:
+        cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    quantize_(model, cfg)
+    if scheme == "8da4w":  # the file keeps bf16 scales: give eager the same ones
+        with torch.no_grad():
+            for mod in model:
+                if isinstance(mod, torch.nn.Linear):
+                    mod.weight.scale.copy_(mod.weight.scale.to(torch.bfloat16).to(mod.weight.scale.dtype))
+    return model
+
+
+def _et_lower(model, x, path):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(model, (x,))
+    prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+    path.write_bytes(prog.buffer)
+    return path
+
+
+@pytest.mark.parametrize("scheme,group,k", [("8da4w", 32, 64), ("8da4w", 64, 128), ("8da4w", 128, 256),
+                                            ("8da4w", 32, 576), ("8da8w", 0, 72)])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_executorch_quantized_program_runs_in_kiln(scheme, group, k, rows, tmp_path):
+    model = _quantized_model(scheme, group, k, seed=k + rows)
+    x = torch.randn(rows, k)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    pte = _et_lower(model, x, tmp_path / "q.pte")
+    et = et_execute(pte, [x.numpy()])[0]
+    for engine in ("kiln", "xnnpack"):  # quantized products run on kiln's code in both engines
+        for threads in ("1", "2"):
+            got = kiln_run(pte, [x.numpy()], tmp_path, "--engine", engine, "--threads", threads)[0]
+            assert_close(got, et, f"kiln ({engine}, {threads} threads) vs ExecuTorch's runtime")
+            assert_close(got, ref, f"kiln ({engine}, {threads} threads) vs torchao eager")
+    assert_close(et, ref, "ExecuTorch's runtime vs torchao eager")
+
+
+def test_quantized_profile_names_the_steps(tmp_path):
+    from conftest import run_kiln
+
+    model = _quantized_model("8da4w", 32, 64, seed=3)
+    x = torch.randn(2, 64)
+    pte = _et_lower(model, x, tmp_path / "q.pte")
+    out = run_kiln("bench", pte, "--iters", "2", "--profile").stdout
+    assert "int8 x int4" in out and "quantize rows" in out, out
