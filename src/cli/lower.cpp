@@ -28,6 +28,7 @@ struct LowerOptions {
   bool quiet = false;
   bool verify = true;
   bool per_op = false;
+  std::string quantize;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -41,6 +42,9 @@ void print_delegation(const partition::DelegationSummary& d, const emit::EmitRep
              d.delegate_call_sites, d.delegate_call_sites == 1 ? "" : "s", d.delegated_node_count, d.xnnpack_nodes,
              report.named_data, static_cast<double>(report.named_data_bytes) / 1e6, d.constant_inputs,
              d.constant_inputs == 1 ? "" : "s");
+  if (d.quantization != "none")
+    fmt::print("  quantized: {} fully connected node{} ({})\n", d.quantized_nodes, d.quantized_nodes == 1 ? "" : "s",
+               d.quantization);
   fmt::print("  fallback: {} edge node{} on the portable path\n", d.fallback_count, d.fallback_count == 1 ? "" : "s");
   for (const auto& [target, count] : d.fallback_ops) {
     const auto& reasons = d.fallback_reasons.at(target);
@@ -77,6 +81,7 @@ int run_lower(const LowerOptions& o) {
   lo.backend = o.backend == "xnnpack" ? LowerBackend::Xnnpack : LowerBackend::Portable;
   lo.out = o.out;
   lo.per_op = o.per_op;
+  lo.quantize = o.quantize;
   lo.verify = o.verify;
   if (!o.quiet)
     lo.progress = [t0](std::string_view what) {
@@ -112,6 +117,9 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--out", opts->out, "output .pte (default: <spec dir>/<name>_<backend>.pte); metadata goes beside it");
   cmd->add_flag("-q,--quiet", opts->quiet, "no progress lines on stderr");
   cmd->add_flag("--per-op", opts->per_op, "xnnpack: delegate every supported node as a call of its own");
+  cmd->add_option("--quantize", opts->quantize,
+                  "xnnpack: 8da4w[:32|64|128|256] (int8 activations per token x int4 weights per group of inputs, "
+                  "default 32) or 8da8w (x int8 weights per channel); linear layers only, the tied LM head stays fp32");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->callback([opts, &run] { run = [opts] { return run_lower(*opts); }; });
 }

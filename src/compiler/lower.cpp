@@ -76,7 +76,9 @@ std::string metadata(const LowerResult& r) {
                           {"named_data", report.named_data},
                           {"named_data_bytes", report.named_data_bytes},
                           {"payload_bytes", report.delegate_payload_bytes},
-                          {"partition_rounds", d.partition_rounds}};
+                          {"partition_rounds", d.partition_rounds},
+                          {"quantization", d.quantization},
+                          {"quantized_nodes", d.quantized_nodes}};
   }
   meta["program"] = {{"kernel_calls", report.kernel_calls},
                      {"delegate_calls", report.delegate_calls},
@@ -135,6 +137,14 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   };
   check(!o.per_op || o.backend == LowerBackend::Xnnpack, "per-op delegation applies to XNNPACK only");
   const bool xnnpack = o.backend == LowerBackend::Xnnpack;
+  backends::xnnpack::QuantScheme quant;
+  if (!o.quantize.empty()) {
+    check(xnnpack, "--quantize {}: quantized programs are lowered for --backend xnnpack", o.quantize);
+    std::string why;
+    auto q = backends::xnnpack::parse_quant_scheme(o.quantize, &why);
+    check(q.has_value(), "{}", why);
+    quant = *q;
+  }
   const std::string_view backend = lower_backend_name(o.backend);
 
   LowerResult r;
@@ -159,7 +169,9 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   if (xnnpack) {
     progress(fmt::format("partitioning {} edge nodes for XNNPACK{}, building payloads", edge.graph.nodes.size(),
                          o.per_op ? " (one region per node)" : ""));
-    delegation = partition::delegate_to_xnnpack(edge, partition::PartitionOptions{o.per_op});
+    backends::xnnpack::PayloadOptions payload_options;
+    payload_options.quantize = quant;
+    delegation = partition::delegate_to_xnnpack(edge, partition::PartitionOptions{o.per_op}, payload_options);
     r.delegation = delegation->summary;
   }
   const double t_partition = seconds_since(t0);

@@ -50,7 +50,8 @@ std::optional<std::string> xnnpack_boundary(const graph::Graph& graph, graph::Va
   return std::nullopt;
 }
 
-XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options) {
+XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options,
+                                      const xnn::PayloadOptions& payload_options) {
   XnnpackDelegation d;
   SupportFn supports = [](const graph::Graph& g, const graph::Node& n, std::string* reason) {
     return xnn::xnnpack_supports(g, n, reason);
@@ -65,8 +66,9 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     xr.outputs = r.outputs;
     for (graph::ValueId v : r.constants)
       xr.constants.push_back({v, xnnpack_constant_key(d.partition.constant_digest.at(v)), constant_blob(program, v)});
-    xnn::Payload payload = xnn::build_payload(g, xr);
+    xnn::Payload payload = xnn::build_payload(g, xr, payload_options);
     d.summary.xnnpack_nodes += payload.stats.xnodes;
+    d.summary.quantized_nodes += payload.stats.quantized_nodes;
     d.summary.named_constants += payload.stats.named_constants;
     d.summary.constant_inputs += std::count_if(r.inputs.begin(), r.inputs.end(),
                                                [&](graph::ValueId v) { return program.is_constant(v); });
@@ -81,6 +83,7 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     d.summary.delegated_node_count += static_cast<int64_t>(r.nodes.size());
   }
   d.summary.delegate_call_sites = static_cast<int64_t>(d.regions.size());
+  d.summary.quantization = payload_options.quantize.name();
   d.summary.partition_rounds = d.partition.rounds;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (d.partition.region_of[i] >= 0) continue;

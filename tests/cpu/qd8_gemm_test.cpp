@@ -29,12 +29,12 @@ std::vector<float> randn(size_t n, std::mt19937& g, float scale = 1.0f) {
   return v;
 }
 
-// torchao: choose_qparams_affine(ASYMMETRIC, int8, eps=FLT_EPSILON) + quantize_affine, one row.
+// torchao: choose_qparams_affine(ASYMMETRIC, int8, eps None = FLT_MIN) + quantize_affine, one row.
 void torchao_row(const float* x, int64_t k, std::vector<int>* q, float* scale, int* zp) {
   float mn = 0, mx = 0;
   for (int64_t i = 0; i < k; ++i) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]);
   float s = (mx - mn) / 255.0f;
-  s = std::max(s, FLT_EPSILON);
+  s = std::max(s, FLT_MIN);
   float z = -128.0f - std::nearbyint(mn / s);
   z = std::min(std::max(z, -128.0f), 127.0f);
   const float inv = 1.0f / s;
@@ -59,6 +59,7 @@ TEST(Qd8Quantize, MatchesTorchaoFormulas) {
       std::vector<float> x = randn(static_cast<size_t>(m * k), g, 2.0f);
       if (k > 3) x[1] = 0.0f, x[2] = -x[3];
       if (k == 5) for (int64_t i = 0; i < k; ++i) x[static_cast<size_t>(k + i)] = 0.0f;  // row 1 all zero: scale eps
+      if (k == 127) for (int64_t i = 0; i < k; ++i) x[static_cast<size_t>(2 * k + i)] *= 1e-36f;  // row 2 tiny: scale near eps
       Aligned ws(qd8_rows_bytes(m, k, layout));
       Qd8Rows rows;
       qd8_quantize_rows(x.data(), m, k, k, layout, ws.p, &rows);

@@ -72,3 +72,93 @@ def test_quantized_profile_names_the_steps(tmp_path):
     pte = _et_lower(model, x, tmp_path / "q.pte")
     out = run_kiln("bench", pte, "--iters", "2", "--profile").stdout
     assert "int8 x int4" in out and "quantize rows" in out, out
+
+
+# ---- kiln's own quantization: kiln lower --quantize (C++, no torchao), checked
+# against torchao's quantization of the same fp32 model, evaluated eagerly.
+
+def _fp32_model(k: int, seed: int):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(k, 256), torch.nn.GELU(), torch.nn.Linear(256, 128, bias=False), torch.nn.ReLU(),
+        torch.nn.Linear(128, 64)).eval()
+
+
+def _export_spec(module, x, out, name="qmodel"):
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.export.save(torch.export.export(module, (x,)), out / f"{name}.pt2")
+    with torch.no_grad():
+        y = module(x)
+    np.save(out / "in.npy", x.numpy())
+    np.save(out / "out.npy", y.numpy())
+    spec = {"name": name, "model_id": f"tests/{name}", "seq_len": int(x.shape[0]), "exported_program": f"{name}.pt2",
+            "ir": "default",
+            "inputs": [{"name": "x", "dtype": "float32", "shape": list(x.shape), "reference": "in.npy"}],
+            "outputs": [{"name": "y", "dtype": "float32", "shape": list(y.shape), "reference": "out.npy"}]}
+    (out / "model_spec.json").write_text(json.dumps(spec))
+    return out / "model_spec.json"
+
+
+@pytest.mark.parametrize("scheme", ["8da4w", "8da4w:64", "8da4w:128", "8da8w"])
+def test_kiln_quantize_matches_torchao(scheme, tmp_path):
+    import copy
+    import json
+
+    from conftest import run_kiln
+
+    k, rows = 256, 6
+    model = _fp32_model(k, seed=5)
+    x = torch.randn(rows, k)
+    spec = _export_spec(model, x, tmp_path / "m")
+    pte = tmp_path / "q.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", scheme, "--out", pte, "-q")
+    meta = json.loads(pte.with_suffix(".json").read_text())
+    assert meta["delegation"]["quantized_nodes"] == 3, meta["delegation"]
+    assert meta["delegation"]["delegate_call_sites"] == 1
+
+    group = int(scheme.split(":")[1]) if ":" in scheme else 32
+    base = "8da4w" if scheme.startswith("8da4w") else "8da8w"
+    ref_model = _quantized_model_from(copy.deepcopy(model), base, group)
+    with torch.no_grad():
+        ref = ref_model(x).numpy()
+    et = et_execute(pte, [x.numpy()])[0]
+    got = kiln_run(pte, [x.numpy()], tmp_path)[0]
+    assert_close(et, ref, f"{scheme}: ExecuTorch's runtime on kiln's file vs torchao eager")
+    assert_close(got, ref, f"{scheme}: kiln's runtime on kiln's file vs torchao eager")
+    # and the weights shrank: int4 ~ 1/8 of fp32 plus scales, int8 ~ 1/4
+    fp32_bytes = 4 * (k * 256 + 256 * 128 + 128 * 64)
+    assert pte.stat().st_size < fp32_bytes * (0.2 if base == "8da4w" else 0.3)
+
+
+def _quantized_model_from(model, scheme: str, group: int):
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerAxis, PerGroup, quantize_
+
+    if scheme == "8da4w":
+        cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group))
+    else:
+        cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    quantize_(model, cfg)
+    if scheme == "8da4w":
+        with torch.no_grad():
+            for mod in model:
+                if isinstance(mod, torch.nn.Linear):
+                    mod.weight.scale.copy_(mod.weight.scale.to(torch.bfloat16).to(mod.weight.scale.dtype))
+    return model
+
+
+@pytest.mark.parametrize("bad,message", [("int3", "unknown quantization scheme"), ("8da4w:48", "unknown group size"),
+                                         ("8da8w:32", "unknown quantization scheme")])
+def test_bad_quantize_option_is_one_clear_line(bad, message, tmp_path):
+    from conftest import run_kiln
+
+    spec = _export_spec(_fp32_model(64, seed=1), torch.randn(2, 64), tmp_path / "m")
+    out = tmp_path / "q.pte"
+    proc = run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", bad, "--out", out, "-q", check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()
+    proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "--quantize", "8da4w", "--out", out, "-q", check=False)
+    assert proc.returncode != 0 and "--backend xnnpack" in proc.stderr, proc.stderr
+    assert not out.exists()

@@ -41,6 +41,9 @@ struct LowerOptions {
   // JSON goes beside it with the same stem.
   std::string out;
   bool per_op = false;  // XNNPACK only: one delegate call per supported node
+  // XNNPACK only: "8da4w[:32|64|128|256]" or "8da8w" quantizes the linear
+  // layers' weights (backends/xnnpack/quantize.h); empty: fp32.
+  std::string quantize;
   bool verify = true;   // load the written program back before it takes its name
   // Called once per stage with a one-line description (no newline); may be empty.
   std::function<void(std::string_view)> progress;

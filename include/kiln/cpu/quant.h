@@ -2,9 +2,9 @@
 // in groups (qb4w, "8da4w") or per-channel int8 weights (qc8w, "8da8w").
 //
 // Activations: each row is quantized on its own, asymmetric int8, exactly as
-// torchao's choose_qparams_affine(ASYMMETRIC, int8, eps = FLT_EPSILON) +
+// torchao's choose_qparams_affine(ASYMMETRIC, int8, eps None: FLT_MIN) +
 // quantize_affine do:
-//   lo = min(min(x), 0), hi = max(max(x), 0), scale = max((hi - lo) / 255, eps),
+//   lo = min(min(x), 0), hi = max(max(x), 0), scale = max((hi - lo) / 255, FLT_MIN),
 //   zp = clamp(-128 - round(lo / scale), -128, 127),
 //   q = clamp(round(x * (1 / scale)) + zp, -128, 127)    (round: half to even)
 // and stored as the unsigned byte q + 128 (what the u8 x s8 dot-product

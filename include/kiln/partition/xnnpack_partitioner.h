@@ -8,6 +8,8 @@
 // constant or a builder-made scalar, and in however many regions.
 #pragma once
 
+#include "kiln/backends/xnnpack/payload.h"
+
 #include "kiln/partition/delegated_region.h"
 #include "kiln/partition/partitioner.h"
 #include "kiln/passes/edge_program.h"
@@ -31,6 +33,8 @@ struct DelegationSummary {
   int64_t named_constants = 0;          // constant_data entries over all payloads
   int64_t constant_inputs = 0;          // constants passed as delegate inputs (their bytes in the constant segment)
   int64_t partition_rounds = 0;
+  std::string quantization = "none";    // --quantize scheme ("8da4w:32", "8da8w")
+  int64_t quantized_nodes = 0;          // fully connected nodes on quantized weights
 };
 
 struct XnnpackDelegation {
@@ -46,6 +50,7 @@ std::string xnnpack_constant_key(const ContentDigest& digest);
 std::optional<std::string> xnnpack_boundary(const graph::Graph& graph, graph::ValueId value);
 
 // Partitions `program` for XNNPACK and builds every region's payload.
-XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options = {});
+XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options = {},
+                                      const backends::xnnpack::PayloadOptions& payload = {});
 
 }  // namespace kiln::partition

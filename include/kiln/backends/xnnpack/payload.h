@@ -28,6 +28,7 @@
 // content ("xnnpack/const/<hash>"), so equal ones are also stored once.
 #pragma once
 
+#include "kiln/backends/xnnpack/quantize.h"
 #include "kiln/graph/graph.h"
 #include "kiln/pte/program_model.h"
 
@@ -79,6 +80,16 @@ struct PayloadStats {
   int64_t absorbed_nodes = 0;        // region nodes folded into another node (weight transposes)
   int64_t named_constants = 0;       // constant_data entries (all name program data)
   int64_t made_constants = 0;        // of those, constants the builder made (scalars, reduction rows, zeros)
+  int64_t quantized_nodes = 0;       // fully connected nodes on quantized weights (--quantize)
+};
+
+struct PayloadOptions {
+  // Linear layers (a product with a constant [N, K] or [K, N] weight) become
+  // ExecuTorch's dynamically quantized fully connected nodes: a convert of the
+  // input to int8 rows, and the weights quantized at lowering time. Layers whose
+  // input count the scheme does not divide stay fp32. (The tied LM head, a
+  // product with the constant on the left, stays fp32.)
+  QuantScheme quantize;
 };
 
 struct Payload {
@@ -93,7 +104,7 @@ struct Payload {
 // computed in the region and read outside it are region outputs, and that
 // inputs, outputs and constants are distinct. Throws kiln::Error naming the
 // node or value otherwise.
-Payload build_payload(const graph::Graph& graph, const Region& region);
+Payload build_payload(const graph::Graph& graph, const Region& region, const PayloadOptions& options = {});
 
 // Adds `blobs` to `program.named_data`, skipping keys already there (the
 // same weight is stored once however many payloads name it). Returns the

@@ -66,7 +66,7 @@ void put_le(std::vector<std::byte>& out, size_t at, uint64_t v, size_t n) {
 
 class PayloadBuilder {
  public:
-  PayloadBuilder(const graph::Graph& g, const Region& r) : g_(g), r_(r) {}
+  PayloadBuilder(const graph::Graph& g, const Region& r, const PayloadOptions& o) : g_(g), r_(r), opts_(o) {}
 
   Payload build() {
     index_region();
@@ -667,10 +667,12 @@ class PayloadBuilder {
     };
 
     if (auto w = weight_of_transpose_.find(b); w != weight_of_transpose_.end()) {
+      if (quantized_fc(a, w->second, false, out, fusable_bias, with_added_bias)) return;
       uint32_t x = read(a);  // b = W^T with W [N,K] a constant: W is the filter as is
       return fc_with_bias(x, read(w->second), 0);
     }
     if (constants_.contains(b)) {
+      if (quantized_fc(a, b, true, out, fusable_bias, with_added_bias)) return;
       uint32_t x = read(a);  // b a constant [K,N]: the filter, transposed by XNNPACK when it packs it
       return fc_with_bias(x, read(b), kFlagTransposeWeights);
     }
@@ -698,6 +700,74 @@ class PayloadBuilder {
     }
     uint32_t x = read(a), y = read(b);
     with_added_bias([&](uint32_t into) { binary(XType::XNNBatchMatrixMultiply, x, y, into); });
+  }
+
+  // a @ W as ExecuTorch's dynamically quantized fully connected (PayloadOptions):
+  // XNNConvert of a to int8 rows (qdint8, one set of parameters per row), then
+  // a fully connected node on W quantized now (qbint4 with bf16 group scales, or
+  // qcint8 with fp32 channel scales, both named data). W is [N, K] (or [K, N]
+  // when kn). False, emitting nothing, when the scheme does not apply.
+  template <class FusableBias, class WithAddedBias>
+  bool quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, graph::ValueId out, const FusableBias& fusable_bias,
+                    const WithAddedBias& with_added_bias) {
+    using Kind = QuantScheme::Kind;
+    const QuantScheme& q = opts_.quantize;
+    if (q.kind == Kind::None || !constants_.contains(wv)) return false;
+    const auto& meta = g_.value(wv).meta;
+    if (meta.sizes.size() != 2 || meta.dtype != ScalarType::Float) return false;
+    const int64_t n = kn ? meta.sizes[1] : meta.sizes[0], k = kn ? meta.sizes[0] : meta.sizes[1];
+    if (q.kind == Kind::Int4Groups && (k % q.group != 0 || k % 2 != 0)) return false;
+    std::vector<std::byte> raw = collect(*constants_.at(wv));
+    std::vector<float> w(static_cast<size_t>(n * k));
+    const auto* src = reinterpret_cast<const float*>(raw.data());
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < k; ++i) w[static_cast<size_t>(j * k + i)] = kn ? src[i * n + j] : src[j * k + i];
+    QuantizedWeights qw = quantize_weights(w.data(), n, k, q);
+    const std::string scales_key = content_key(qw.scales), data_key = content_key(qw.data);
+    const uint32_t scales_index = named_constant(scales_key, pte::DataBlob::from_bytes(std::move(qw.scales)));
+    const uint32_t data_index = named_constant(data_key, pte::DataBlob::from_bytes(std::move(qw.data)));
+    flatbuffers::Offset<void> params;
+    fbx::XNNQuantParams ptype;
+    fbx::XNNDatatype dtype;
+    if (q.kind == Kind::Int4Groups) {
+      fbx::PerChannelGroupQuantBuilder pb(fb_);
+      pb.add_channel_dim(0);
+      pb.add_group_size(static_cast<int32_t>(q.group));
+      pb.add_scale_buffer_idx(scales_index);
+      pb.add_num_scales(static_cast<uint32_t>(n * (k / q.group)));
+      params = pb.Finish().Union();
+      ptype = fbx::XNNQuantParams::PerChannelGroupQuant;
+      dtype = fbx::XNNDatatype::xnn_datatype_qbint4;
+    } else {
+      fbx::PerChannelQuantBuilder pb(fb_);
+      pb.add_channel_dim(0);
+      pb.add_scale_buffer_idx(scales_index);
+      pb.add_num_scales(static_cast<uint32_t>(n));
+      params = pb.Finish().Union();
+      ptype = fbx::XNNQuantParams::PerChannelQuant;
+      dtype = fbx::XNNDatatype::xnn_datatype_qcint8;
+    }
+    const uint32_t filter = add_quantized_value({static_cast<uint32_t>(n), static_cast<uint32_t>(k)}, dtype, ptype, params, data_index);
+    const uint32_t x = read(a);
+    const uint32_t xq = add_quantized_value(dims(a), fbx::XNNDatatype::xnn_datatype_qdint8,
+                                            fbx::XNNQuantParams::PerTokenDynamicQuant,
+                                            fbx::CreatePerTokenDynamicQuant(fb_, 1).Union(), 0);
+    unary(XType::XNNConvert, x, xq);
+    if (auto fused = fusable_bias()) fully_connected(xq, filter, *fused, write(out), 0);
+    else with_added_bias([&](uint32_t into) { fully_connected(xq, filter, kInvalidValueId, into, 0); });
+    ++stats_.quantized_nodes;
+    return true;
+  }
+
+  uint32_t add_quantized_value(const Dims& d, fbx::XNNDatatype dtype, fbx::XNNQuantParams ptype,
+                               flatbuffers::Offset<void> params, uint32_t constant_index) {
+    auto id = static_cast<uint32_t>(xvalues_.size());
+    auto dims_vec = fb_.CreateVector(d);
+    auto tv = fbx::CreateXNNTensorValue(fb_, dtype, static_cast<uint32_t>(d.size()), dims_vec, constant_index,
+                                        kInvalidValueId, 0, id);
+    auto qv = fbx::CreateXNNQuantizedTensorValue(fb_, tv, ptype, params);
+    xvalues_.push_back(fbx::CreateXValue(fb_, fbx::XValueUnion::XNNQuantizedTensorValue, qv.Union()));
+    return id;
   }
 
   // out = sum (or mean) of x over its last `count` dims, shaped as out.
@@ -879,12 +949,13 @@ class PayloadBuilder {
   std::set<graph::ValueId> available_;
   int32_t node_index_ = 0;
   PayloadStats stats_;
+  PayloadOptions opts_;
 };
 
 }  // namespace
 
-Payload build_payload(const graph::Graph& graph, const Region& region) {
-  return PayloadBuilder(graph, region).build();
+Payload build_payload(const graph::Graph& graph, const Region& region, const PayloadOptions& options) {
+  return PayloadBuilder(graph, region, options).build();
 }
 
 size_t add_named_data(pte::Program& program, const std::vector<pte::NamedBlob>& blobs) {
