@@ -46,10 +46,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "src/partition/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/", "kiln/backends/xnnpack/payload.h",
                                "kiln/backends/xnnpack/support.h"),
     "include/kiln/partition/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/"),
+    # the XNNPACK partitioner passes the payload builder's options through
+    "include/kiln/partition/xnnpack_partitioner.h": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/",
+                                                             "kiln/backends/xnnpack/payload.h"),
     "src/backends/xnnpack/aot/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/backends/xnnpack/payload.h",
-                                          "kiln/backends/xnnpack/support.h", "kiln/fb/"),
+                                          "kiln/backends/xnnpack/support.h", "kiln/backends/xnnpack/quantize.h",
+                                          "kiln/fb/"),
     "include/kiln/backends/xnnpack/payload.h": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/backends/xnnpack/"),
     "include/kiln/backends/xnnpack/support.h": FRONT + ("kiln/passes/", "kiln/backends/xnnpack/"),
+    "include/kiln/backends/xnnpack/quantize.h": FRONT,
     "include/kiln/backends/xnnpack/runtime.h": RUNTIME_API,
     # the XNNPACK backend: the runtime's API, the compute layer, its payload schema
     "src/backends/xnnpack/runtime/": RUNTIME_API + ("kiln/cpu/", "kiln/backends/xnnpack/runtime.h", "kiln/fb/"),
