@@ -22,5 +22,7 @@ void add_bench_command(CLI::App& app, std::function<int()>& run);
 void add_run_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln lower`.
 void add_lower_command(CLI::App& app, std::function<int()>& run);
+// Adds `kiln tokenize`.
+void add_tokenize_command(CLI::App& app, std::function<int()>& run);
 
 }  // namespace kiln::cli

@@ -1,0 +1,72 @@
+// kiln tokenize: a tokenizer.json's ids for a text, or the text of ids.
+#include "commands.h"
+#include "kiln/core/error.h"
+#include "kiln/tokenizer/tokenizer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+
+namespace kiln::cli {
+namespace {
+
+struct TokenizeOptions {
+  std::string tokenizer, text, file, decode;
+  bool no_special = false, json = false;
+};
+
+int run_tokenize(const TokenizeOptions& o) {
+  std::string error;
+  auto tok = tok::Tokenizer::load(o.tokenizer, &error);
+  check(tok != nullptr, "{}", error);
+  if (!o.decode.empty()) {
+    std::vector<int32_t> ids;
+    std::stringstream ss(o.decode);
+    for (std::string item; std::getline(ss, item, ',');) {
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      check(end != item.c_str() && *end == '\0' && v >= 0 && v < tok->vocab_size(),
+            "--decode: '{}' is not a token id (0 .. {})", item, tok->vocab_size() - 1);
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    const std::string text = tok->decode(ids, o.no_special);
+    if (o.json) fmt::print("{}\n", nlohmann::json({{"text", text}}).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    else fmt::print("{}\n", text);
+    return 0;
+  }
+  std::string text = o.text;
+  if (!o.file.empty()) {
+    std::ifstream in(o.file, std::ios::binary);
+    check(static_cast<bool>(in), "{}: cannot open", o.file);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::vector<int32_t> ids;
+  check(tok->encode(text, &ids, &error, !o.no_special), "{}", error);
+  if (o.json) {
+    fmt::print("{}\n", nlohmann::json({{"ids", ids}}).dump());
+  } else {
+    for (size_t i = 0; i < ids.size(); ++i) fmt::print("{}{}", i ? " " : "", ids[i]);
+    fmt::print("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app, std::function<int()>& run) {
+  auto o = std::make_shared<TokenizeOptions>();
+  CLI::App* cmd = app.add_subcommand("tokenize", "Token ids of a text (or the text of ids) with a tokenizer.json");
+  cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face tokenizer.json (byte-level BPE)")->required();
+  auto* text = cmd->add_option("--text", o->text, "the text to encode");
+  auto* file = cmd->add_option("--file", o->file, "a UTF-8 file to encode")->excludes(text);
+  cmd->add_option("--decode", o->decode, "comma-separated ids to decode instead")->excludes(text)->excludes(file);
+  cmd->add_flag("--no-special", o->no_special, "encode: special tokens in the text are plain text; decode: drop them");
+  cmd->add_flag("--json", o->json, "print JSON ({\"ids\": [...]} or {\"text\": ...})");
+  cmd->callback([o, &run] { run = [o] { return run_tokenize(*o); }; });
+}
+
+}  // namespace kiln::cli
