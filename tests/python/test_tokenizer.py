@@ -91,3 +91,94 @@ def test_bad_input_is_one_clear_line(smollm2_tokenizer, tmp_path):
     notjson.write_text("{not json")
     proc = run_kiln("tokenize", "--tokenizer", notjson, "--text", "x", check=False)
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# ---- chat templates: kiln's Jinja subset against transformers' apply_chat_template (jinja2)
+
+LLAMA3 = """{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+QWEN = """{%- if messages[0]['role'] == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- else %}
+{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+GEMMA = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+         "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+         "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+         "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+         "{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+         "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+
+KITCHEN_SINK = """{# every construct kiln's engine knows #}
+{% set ns = namespace(count=0, names=[]) %}
+{% for m in messages if m.role != 'tool' %}
+  {% set ns.count = ns.count + 1 %}
+  {% set ns.names = ns.names + [m.role | upper] %}
+  [{{ loop.index }}/{{ loop.length }}{{ ' first' if loop.first }}{{ ' last' if loop.last else '' }}] {{ m['content'][:12] }}
+  {%- if m.content is string and 'lo' in m.content %} has-lo{% elif m.content.startswith('W') %} W!{% else %} none{% endif %}
+{% endfor %}
+count={{ ns.count }} names={{ ns.names | join(',') }} len={{ messages | length }}
+json={{ {'a': [1, 2.5, true, none], 'b': 'x"y'} | tojson }}
+math={{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ 2 * 3 + 1 }} {{ 1 / 4 }} {{ 'ab' ~ 3 }}
+{{ undefined_var | default('dflt') }} {{ 'x' if undefined_var is defined else 'y' }} {{ (messages | last).role }}
+{% for k, v in {'p': 1, 'q': 2}.items() %}{{ k }}={{ v }};{% endfor %} {{ range(3) | list }} {{ '  pad  ' | trim }}|
+{{ 'a,b,,c'.split(',') }} {{ 'Hello World'.lower() }} {{ 'x-y'.replace('-', '+') }} {{ messages[-1]['content'].rstrip('!?') }}
+{%- if add_generation_prompt %}
+GEN
+{%- endif %}
+"""
+
+MESSAGES = [
+    [{"role": "user", "content": "What is 12+30?"}],
+    [{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "Hello there!"},
+     {"role": "assistant", "content": "Hi. How can I help?"}, {"role": "user", "content": "Write a haiku\nabout tokens?!"}],
+]
+
+
+@pytest.mark.parametrize("name,template", [("smollm2", None), ("llama3", LLAMA3), ("qwen", QWEN), ("gemma", GEMMA),
+                                           ("kitchen_sink", KITCHEN_SINK)])
+@pytest.mark.parametrize("which", [0, 1])
+def test_chat_template_matches_transformers(smollm2_tokenizer, name, template, which, tmp_path):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(smollm2_tokenizer.parent)
+    msgs = MESSAGES[which]
+    (tmp_path / "m.json").write_text(json.dumps(msgs))
+    args = ["tokenize", "--tokenizer", smollm2_tokenizer, "--messages", tmp_path / "m.json", "--print-prompt"]
+    if template is not None:
+        (tmp_path / "t.jinja").write_text(template)
+        args += ["--chat-template", tmp_path / "t.jinja"]
+    try:
+        ref = hf.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # the template's own raise_exception: kiln must refuse too, with its message
+        proc = run_kiln(*args, check=False)
+        assert proc.returncode != 0 and str(e).split(":")[-1].strip()[:20] in proc.stderr, (proc.stderr, e)
+        return
+    got = run_kiln(*args).stdout
+    assert got == ref, f"\n--- kiln\n{got!r}\n--- transformers\n{ref!r}"
