@@ -770,6 +770,8 @@ class Lowerer {
   bool lower_attention(const Node& n);  // SDPA, norms, activations
   bool lower_conv(const Node& n);       // convolutions, pooling, resizing, batch norm
   bool lower_sequence(const Node& n);   // RNNs, einsum, sort/topk, scatter/gather, index ops
+  void lower_rnn(const Node& n, int cell);  // (rewrites_sequence.cpp)
+  void lower_einsum(const Node& n);
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
 
   const pt2::ExportedProgram& ep_;
