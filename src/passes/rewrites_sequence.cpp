@@ -38,12 +38,26 @@ bool Lowerer::lower_sequence(const Node& n) {
                  out_meta(n)));
     return true;
   }
-  if (t == "aten.sort.stable") {  // kiln's sort is stable
+  if (t == "aten.sort.default" || t == "aten.sort.stable") {
+    // topk of every element, in order: one kernel both runtimes have (ExecuTorch's
+    // portable library has no sort). kiln's topk orders ties by index (a stable sort).
     ValueId x = tensor_in(n, "self");
-    auto outs = emit_raw("aten.sort.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(int_in(n, "dim", -1))),
-                                               NA("descending", bool_arg(int_in(n, "descending", 0) != 0))},
-                         {out_meta(n, 0), out_meta(n, 1)});
+    const auto& xm = meta_of(x);
+    int64_t dim = wrap_dim(int_in(n, "dim", -1), xm.sizes.size());
+    int64_t k = xm.sizes.empty() ? 1 : xm.sizes[static_cast<size_t>(dim)];
+    auto outs = emit_raw("aten.topk.default", {NA("self", tensor_arg(x)), NA("k", int_arg(k)), NA("dim", int_arg(dim)),
+                                               NA("largest", bool_arg(int_in(n, "descending", 0) != 0)),
+                                               NA("sorted", bool_arg(true))},
+                         {out_meta(n, 0), out_meta(n, 1)}, "topk");
     bind_all(n, outs);
+    return true;
+  }
+  if (t == "aten.floor_divide.default") {  // a Python number as `other`: a 0-d tensor (both runtimes' kernels take a Tensor)
+    const Argument& other = arg(n, "other");
+    if (other.kind == Argument::Kind::Tensor) return false;
+    TensorMeta m = out_meta(n);
+    bind(n, emit("aten.floor_divide.default", {NA("self", tensor_arg(tensor_in(n, "self"))),
+                                               NA("other", tensor_arg(scalar_tensor(other, m.dtype)))}, m));
     return true;
   }
   if (t == "aten.masked_fill.Tensor") {  // a 0-d value tensor: where(mask, value, self)

@@ -129,7 +129,37 @@ class Rnn(torch.nn.Module):
         return z, h
 
 
+class Indexing(torch.nn.Module):
+    """einsum (batched contraction, a vector contraction, an outer product), topk, sort,
+    scatter / scatter_add, max.dim, argmin, amin, clamp (Scalar and Tensor bounds),
+    remainder, floor_divide, roll, flip, masked_fill, where, cumsum, gather, index_select."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.v = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, x):  # [2, 5, 8]
+        a = torch.einsum("bij,bkj->bik", x, self.proj(x))  # [2, 5, 5]
+        m = torch.einsum("bik,k->bi", a, self.v)
+        outer = torch.einsum("bi,j->bij", m, self.v)
+        top, ti = torch.topk(a, 3, dim=-1)
+        srt, si = torch.sort(x, dim=1, descending=True)
+        sc = torch.zeros_like(a).scatter(-1, ti, top)
+        sa = torch.zeros(2, 5, 8).scatter_add(1, si, x)
+        mx, mi = torch.max(a, dim=-1)
+        lo = torch.amin(x, dim=-1, keepdim=True)
+        c = torch.clamp(x, min=-0.5, max=0.5) + torch.clamp(x, min=lo * 0.5)
+        r = torch.remainder(x, 0.7) + torch.floor_divide(x, 0.3)
+        rolled = torch.roll(x, shifts=2, dims=1) + torch.flip(x, dims=[2])
+        masked = x.masked_fill(x > 1.0, -1.0) + torch.where(x < 0, x, 0.5 * x)
+        g = torch.gather(x, 2, torch.argmin(x, dim=2, keepdim=True)) + torch.index_select(x, 1, mi[0])
+        y = c + r + rolled + masked + g + torch.cumsum(srt, dim=2) + sa
+        return y, sc + outer, mi, si
+
+
 MODELS = {
+    "indexing": lambda: (Indexing(), (torch.randn(2, 5, 8),)),
     "lstm_gru": lambda: (LstmGru(), (torch.randint(0, 20, (2, 4)), torch.randn(4, 2, 24), torch.randn(4, 2, 24))),
     "rnn_tanh": lambda: (Rnn(), (torch.randn(4, 3, 12),)),
 }
