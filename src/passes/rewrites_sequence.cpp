@@ -52,6 +52,16 @@ bool Lowerer::lower_sequence(const Node& n) {
     bind_all(n, outs);
     return true;
   }
+  if (t == "aten.clamp_min.default" || t == "aten.clamp_max.default") {  // clamp with one bound (both runtimes have it)
+    bool lo = t == "aten.clamp_min.default";
+    bind(n, emit("aten.clamp.default", {NA("self", tensor_arg(tensor_in(n, "self"))),
+                                        NA(lo ? "min" : "max", arg(n, lo ? "min" : "max"))}, out_meta(n)));
+    return true;
+  }
+  if (t == "aten.detach_.default") {  // in-place detach of a lifted constant: no-op in inference
+    bind(n, tensor_in(n, "self"));
+    return true;
+  }
   if (t == "aten.floor_divide.default") {  // a Python number as `other`: a 0-d tensor (both runtimes' kernels take a Tensor)
     const Argument& other = arg(n, "other");
     if (other.kind == Argument::Kind::Tensor) return false;

@@ -160,7 +160,7 @@ class Indexing(torch.nn.Module):
 
 MODELS = {
     "indexing": lambda: (Indexing(), (torch.randn(2, 5, 8),)),
-    "lstm_gru": lambda: (LstmGru(), (torch.randint(0, 20, (2, 4)), torch.randn(4, 2, 24), torch.randn(4, 2, 24))),
+    "lstm_gru": lambda: (LstmGru(), (torch.randint(0, 20, (2, 3)), torch.randn(4, 2, 24), torch.randn(4, 2, 24))),
     "rnn_tanh": lambda: (Rnn(), (torch.randn(4, 3, 12),)),
 }
 
@@ -180,7 +180,9 @@ def test_kiln_lowering_runs_in_both_runtimes(model_spec, backend, tmp_path):
     compare(kiln_run(pte, ins, tmp_path, len(refs)), refs, f"kiln {backend} .pte in kiln's runtime")
     if backend == "xnnpack":
         # The unrolled cells are mm/addmm/sigmoid/tanh/mul/add/slice/cat: all delegated, few regions.
-        assert 1 <= delegate_calls(pte) <= 2
+        assert delegate_calls(pte) >= 1
+        if model_spec.parent.name.startswith(("lstm", "rnn")):
+            assert delegate_calls(pte) <= 2
 
 
 @pytest.mark.parametrize("backend", ["portable", "xnnpack"])
@@ -188,3 +190,87 @@ def test_kiln_runs_executorch_lowering(model_spec, backend, tmp_path):
     ins, refs = io_of(model_spec)
     pte = et_lower(model_spec, backend)
     compare(kiln_run(pte, ins, tmp_path, len(refs)), refs, f"ExecuTorch's {backend} .pte in kiln's runtime")
+
+
+# ---------------------------------------------------------------------------
+# One-operator programs: the forms the models above do not meet
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+_G = torch.Generator().manual_seed(0)
+X = torch.randn(3, 6, generator=_G)
+IDX = torch.randint(0, 3, (2, 6), generator=_G)
+ONE_OPS = {
+    "einsum_transpose_sum": (lambda a: torch.einsum("ij->j", a) + torch.einsum("ij->ji", a).sum(1).sum(), (X,)),
+    "einsum_dot_implicit": (lambda a, b: torch.einsum("ij,jk", a, b).sum() + torch.einsum("i,i->", a[0], a[1]),
+                            (X, torch.randn(6, 2, generator=_G))),
+    "einsum_batch_reduce": (lambda a, b: torch.einsum("bhqd,bhkd->bhq", a, b),
+                            (torch.randn(2, 2, 3, 4, generator=_G), torch.randn(2, 2, 5, 4, generator=_G))),
+    "min_max_forms": (lambda a: (torch.min(a, 1)[0] + torch.max(a) + torch.min(a), torch.min(a, 0)[1]), (X,)),
+    "scatter_value_reduce": (lambda a, i: (a.scatter(0, i, 2.5) + a.scatter_reduce(0, i, a[:2] * 3, "amax"),
+                                           a.scatter_reduce(0, i, a[:2], "sum", include_self=False)), (X, IDX)),
+    "index_put_masked": (lambda a, i: (a.index_put((i[0, :2],), a[:2], accumulate=True),
+                                       a.masked_fill(a > 0, torch.tensor(0.25))), (X, IDX)),
+    "sort_stable_unfold": (lambda a: (torch.sort(a, dim=0, stable=True)[0], a.unfold(1, 3, 2)), (X,)),
+    "bucketize": (lambda a, b: (torch.bucketize(a, b), torch.bucketize(a, b, right=True, out_int32=True)),
+                  (X, torch.tensor([-1.0, 0.0, 0.5]))),
+    "clamp_fmod": (lambda a: torch.clamp_min(a, -0.2) + torch.clamp_max(a, 0.3) + torch.fmod(a, 0.4), (X,)),
+    "rnn_relu_gru_bidir": (None, (torch.randn(3, 2, 4, generator=_G),)),
+}
+
+
+class RnnMix(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.GRU(4, 6, num_layers=2, bidirectional=True, bias=False)
+        self.b = torch.nn.RNN(12, 5, nonlinearity="relu", batch_first=True)
+
+    def forward(self, x):
+        y, h = self.a(x)
+        z, g = self.b(y)
+        return z, h, g
+
+
+# kernels kiln's lowering may emit that ExecuTorch's portable library does not register
+NOT_IN_EXECUTORCH = {"aten::scatter_reduce.two_out", "aten::bucketize.Tensor_out"}
+
+
+# programs ExecuTorch's own lowering rejects (what its error names)
+EXECUTORCH_CANNOT_LOWER = {"sort_stable_unfold": "sort.stable is not in Core ATen",
+                           "bucketize": "bucketize.Tensor is not in Core ATen"}
+
+
+def kernel_names(pte: Path) -> set[str]:
+    plan = json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]
+    return set(plan["kernel_calls"])
+
+
+@pytest.mark.parametrize("name", sorted(ONE_OPS))
+def test_one_op_programs(name, tmp_path):
+    torch.manual_seed(0)
+    fn, inputs = ONE_OPS[name]
+    module = RnnMix() if fn is None else Fn(fn)
+    spec = export_inline(module, inputs, tmp_path / name, name)
+    ins, refs = io_of(spec)
+    pte = kiln_lower(spec, "portable")
+    compare(kiln_run(pte, ins, tmp_path, len(refs)), refs, f"{name}: kiln's .pte in kiln's runtime")
+    from executorch.extension.pybindings import portable_lib
+
+    missing = kernel_names(pte) - set(portable_lib._get_operator_names())
+    assert missing <= NOT_IN_EXECUTORCH, missing
+    if not missing:
+        compare(et_execute(pte, ins), refs, f"{name}: kiln's .pte in ExecuTorch's runtime")
+    if name in EXECUTORCH_CANNOT_LOWER:
+        with pytest.raises(Exception, match=EXECUTORCH_CANNOT_LOWER[name]):
+            et_lower(spec, "portable")
+        return
+    et = et_lower(spec, "portable")
+    compare(kiln_run(et, ins, tmp_path, len(refs)), refs, f"{name}: ExecuTorch's .pte in kiln's runtime")
