@@ -251,7 +251,6 @@ void Lowerer::lower_einsum(const Node& n) {
   if (ops_arg.kind != Argument::Kind::Tensors) unsupported(n, "einsum operands are not a tensor list");
   std::vector<ValueId> ops;
   for (ValueId v : std::get<std::vector<ValueId>>(ops_arg.payload)) ops.push_back(mapped(v));
-  if (eq.find("...") != std::string::npos) unsupported(n, "einsum with '...' (ellipsis)");
   auto arrow = eq.find("->");
   std::string lhs = eq.substr(0, arrow);
   std::vector<std::string> terms;
@@ -263,13 +262,36 @@ void Lowerer::lower_einsum(const Node& n) {
   }
   if (terms.size() != ops.size() || ops.empty() || ops.size() > 2)
     unsupported(n, fmt::format("einsum with {} operands (kiln lowers one or two)", ops.size()));
+  // '...' becomes fresh labels, right-aligned across operands (broadcast like numpy)
+  std::string fresh;
+  for (char ch = 'A'; ch <= 'Z'; ++ch)
+    if (eq.find(ch) == std::string::npos) fresh += ch;
+  size_t ell_rank = 0;
+  std::vector<size_t> ell_of(terms.size(), 0);
+  for (size_t i = 0; i < terms.size(); ++i)
+    if (auto e = terms[i].find("..."); e != std::string::npos) {
+      size_t named = terms[i].size() - 3;
+      size_t rank = meta_of(ops[i]).sizes.size();
+      if (rank < named) unsupported(n, fmt::format("einsum term '{}' has more labels than its operand's rank", terms[i]));
+      ell_of[i] = rank - named;
+      ell_rank = std::max(ell_rank, ell_of[i]);
+    }
+  if (ell_rank > fresh.size()) unsupported(n, "einsum '...' covers too many dims");
+  const std::string ell = fresh.substr(0, ell_rank);
+  for (size_t i = 0; i < terms.size(); ++i)
+    if (auto e = terms[i].find("..."); e != std::string::npos)
+      terms[i] = terms[i].substr(0, e) + ell.substr(ell_rank - ell_of[i]) + terms[i].substr(e + 3);
   std::string out_labels;
   if (arrow != std::string::npos) {
     out_labels = eq.substr(arrow + 2);
-  } else {  // implicit: labels that appear once, sorted
+    if (auto e = out_labels.find("..."); e != std::string::npos)
+      out_labels = out_labels.substr(0, e) + ell + out_labels.substr(e + 3);
+  } else {  // implicit: the '...' dims, then labels that appear once, sorted
     std::map<char, int> count;
     for (const auto& tm : terms)
-      for (char ch : tm) ++count[ch];
+      for (char ch : tm)
+        if (ell.find(ch) == std::string::npos) ++count[ch];
+    out_labels = ell;
     for (auto [ch, k] : count)
       if (k == 1) out_labels += ch;
   }
@@ -282,8 +304,8 @@ void Lowerer::lower_einsum(const Node& n) {
     for (size_t k = 0; k < s.size(); ++k) {
       char ch = terms[i][k];
       if (!std::isalpha(static_cast<unsigned char>(ch))) unsupported(n, "einsum label is not a letter");
-      auto [it, fresh] = size_of.emplace(ch, s[k]);
-      if (!fresh && it->second != s[k]) {
+      auto [it, added] = size_of.emplace(ch, s[k]);
+      if (!added && it->second != s[k]) {
         if (it->second == 1) it->second = s[k];
         else if (s[k] != 1) unsupported(n, fmt::format("einsum label '{}' has sizes {} and {}", ch, it->second, s[k]));
       }

@@ -214,6 +214,8 @@ ONE_OPS = {
                             (X, torch.randn(6, 2, generator=_G))),
     "einsum_batch_reduce": (lambda a, b: torch.einsum("bhqd,bhkd->bhq", a, b),
                             (torch.randn(2, 2, 3, 4, generator=_G), torch.randn(2, 2, 5, 4, generator=_G))),
+    "einsum_ellipsis": (lambda a, b: torch.einsum("...ij,...jk->...ik", a, b) + torch.einsum("b...,b...", a, a).sum(),
+                        (torch.randn(2, 3, 4, generator=_G), torch.randn(1, 4, 3, generator=_G))),
     "min_max_forms": (lambda a: (torch.min(a, 1)[0] + torch.max(a) + torch.min(a), torch.min(a, 0)[1]), (X,)),
     "scatter_value_reduce": (lambda a, i: (a.scatter(0, i, 2.5) + a.scatter_reduce(0, i, a[:2] * 3, "amax"),
                                            a.scatter_reduce(0, i, a[:2], "sum", include_self=False)), (X, IDX)),
