@@ -8,6 +8,7 @@ PyTorch (DESIGN's fp32 tolerance, 1e-4 x max|ref|).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -276,3 +277,33 @@ def test_one_op_programs(name, tmp_path):
         return
     et = et_lower(spec, "portable")
     compare(kiln_run(et, ins, tmp_path, len(refs)), refs, f"{name}: ExecuTorch's .pte in kiln's runtime")
+
+
+# ---------------------------------------------------------------------------
+# What kiln cannot lower fails with the operator, the node, the source line and why; nothing is written
+
+
+class ProjLstm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(4, 6, proj_size=3)
+
+    def forward(self, x):
+        return self.lstm(x)[0]
+
+
+@pytest.mark.parametrize("name,module,inputs,why", [
+    ("lstm_proj", ProjLstm(), (torch.randn(2, 1, 4),), "proj_size is not supported"),
+    ("einsum_diagonal", Fn(lambda a: torch.einsum("ii->i", a)), (torch.randn(3, 3),), "repeated label"),
+    ("einsum_three", Fn(lambda a: torch.einsum("ij,jk,kl->il", a, a, a)), (torch.randn(3, 3),), "three"),
+])
+def test_unsupported_forms_fail_clearly(name, module, inputs, why, tmp_path):
+    spec = export_inline(module, inputs, tmp_path / name, name)
+    out = tmp_path / "out.pte"
+    proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "--out", out, "-q", check=False)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert re.search(r"cannot lower node '\w+' \(aten\.\w+\.\w+\) at \S+\.py:\d+: ", lines[0]), lines[0]
+    assert why in lines[0] or (why == "three" and "3 operands" in lines[0]), lines[0]
+    assert not out.exists()
