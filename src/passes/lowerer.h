@@ -191,6 +191,9 @@ class Lowerer {
     if (schema == nullptr) fail("internal: kiln emitted '{}' which has no out-variant schema", target);
     Node node;
     node.name = fresh_name(hint);
+    // a multi-output node names its values name_0, name_1, ...: those must be fresh too
+    for (std::string base = node.name; metas.size() > 1 && out_.graph.find_value(node.name + "_0");)
+      node.name = fmt::format("{}_{}", base, ++name_counter_);
     node.target = std::string(target);
     node.inputs = std::move(args);
     if (current_) node.stack_trace = current_->stack_trace;
@@ -770,6 +773,8 @@ class Lowerer {
   bool lower_attention(const Node& n);  // SDPA, norms, activations
   bool lower_conv(const Node& n);       // convolutions, pooling, resizing, batch norm
   bool lower_sequence(const Node& n);   // RNNs, einsum, sort/topk, scatter/gather, index ops
+  void lower_rnn(const Node& n, int cell);  // (rewrites_sequence.cpp)
+  void lower_einsum(const Node& n);
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
 
   const pt2::ExportedProgram& ep_;

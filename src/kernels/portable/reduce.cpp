@@ -202,6 +202,67 @@ void any_all(KernelContext& ctx, const Tensor& in, Tensor& out) {
   any_impl(ctx, in, out, {}, true, false, "aten::any.all_out");
 }
 
+// ---------------------------------------------------------------------------
+// max.dim_max / min.dim_min (values and the first index of the extreme),
+// max/min.unary_out (over everything), argmin.out. NaN is the extreme, as torch.
+
+template <bool kMax>
+void extreme_dim(KernelContext& ctx, const Tensor& in, int64_t dim, bool keepdim, Tensor& values, Tensor& indices) {
+  const char* name = kMax ? "aten::max.dim_max" : "aten::min.dim_min";
+  if (!check_out_dtype(ctx, values, in.dtype, name) || !check_out_dtype(ctx, indices, ScalarType::Long, name)) return;
+  ReducePlan p;
+  if (!plan_reduction(ctx, in, IntArrayRef(&dim, 1), true, keepdim, true, values, name, &p)) return;
+  if (!resize_out(ctx, indices, p.out_sizes(), name) || values.numel == 0) return;
+  dispatch<kRealTypes | kBoolTypes>(in.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* v = values.data_as<T>();
+    int64_t* ix = indices.data_as<int64_t>();
+    scan_extremes<kMax, T>(in, p, [&](int64_t k, compute_t<T> best, int64_t index) {
+      v[k] = convert<T>(best);
+      ix[k] = index;
+    });
+  });
+}
+
+template <bool kMax>
+void extreme_all(KernelContext& ctx, const Tensor& in, Tensor& out) {
+  const char* name = kMax ? "aten::max.unary_out" : "aten::min.unary_out";
+  if (!check_out_dtype(ctx, out, in.dtype, name)) return;
+  ReducePlan p;
+  if (!plan_reduction(ctx, in, {}, true, false, true, out, name, &p)) return;
+  if (out.numel == 0) return;
+  dispatch(in.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = out.data_as<T>();
+    scan_extremes<kMax, T>(in, p, [&](int64_t k, compute_t<T> best, int64_t) { o[k] = convert<T>(best); });
+  });
+}
+
+void argmin(KernelContext& ctx, const Tensor& in, std::optional<int64_t> dim, bool keepdim, Tensor& out) {
+  const char* name = "aten::argmin.out";
+  if (!check_out_dtype(ctx, out, ScalarType::Long, name)) return;
+  if (in.dtype == ScalarType::Bool) {
+    ctx.fail(Status::InvalidArgument, "%s: does not support bool input", name);
+    return;
+  }
+  ReducePlan p;
+  if (!dim) {
+    bool mask[kMaxDims];
+    for (int32_t d = 0; d < kMaxDims; ++d) mask[d] = true;
+    p = make_reduce_plan(in, mask, keepdim);
+    if (!keepdim) p.out_dim = 0;
+    if (!shape_reduction_out(ctx, p, true, out, name)) return;
+  } else if (!plan_reduction(ctx, in, IntArrayRef(&*dim, 1), true, keepdim, true, out, name, &p)) {
+    return;
+  }
+  if (out.numel == 0) return;
+  dispatch<kRealTypes>(in.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    int64_t* o = out.data_as<int64_t>();
+    scan_extremes<false, T>(in, p, [&](int64_t k, compute_t<T>, int64_t index) { o[k] = index; });
+  });
+}
+
 }  // namespace
 
 KILN_KERNEL(sum_IntList_out, sum_mean<false>);
@@ -212,5 +273,10 @@ KILN_KERNEL(argmax_out, argmax);
 KILN_KERNEL(any_out, any_dim);
 KILN_KERNEL(any_dims_out, any_dims);
 KILN_KERNEL(any_all_out, any_all);
+KILN_KERNEL(max_dim_max, extreme_dim<true>);
+KILN_KERNEL(min_dim_min, extreme_dim<false>);
+KILN_KERNEL(max_unary_out, extreme_all<true>);
+KILN_KERNEL(min_unary_out, extreme_all<false>);
+KILN_KERNEL(argmin_out, argmin);
 
 }  // namespace kiln::rt::kernels

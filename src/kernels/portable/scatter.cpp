@@ -1,0 +1,173 @@
+// Scatters along one dim: scatter.src_out / scatter.value_out (assignment),
+// scatter_add.out and scatter_reduce.two_out (sum, prod, mean, amax, amin).
+//
+// out starts as a copy of self; index position p (index's shape) writes src[p]
+// (or the value) to out at p with its `dim` coordinate replaced by index[p].
+// Every index is checked before anything is written.
+#include "util/register.h"
+#include "util/shape_checks.h"
+
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+namespace kiln::rt::kernels {
+namespace {
+
+enum class Reduce { None, Sum, Prod, Mean, Max, Min };
+
+bool check_scatter(KernelContext& ctx, const char* op, const Tensor& self, int64_t* dim, const Tensor& index,
+                   const Tensor* src, Tensor& out) {
+  if (!normalize_dim(ctx, op, *dim, self.dim, dim) || !check_index_dtype(ctx, op, "index", index) ||
+      !check_out_dtype(ctx, out, self.dtype, op))
+    return false;
+  if (src && src->dtype != self.dtype) {
+    ctx.fail(Status::InvalidArgument, "%s: self (%s) and src (%s) must have the same dtype", op, dtype_str(self.dtype),
+             dtype_str(src->dtype));
+    return false;
+  }
+  const int srank = self.dim == 0 ? 1 : self.dim, irank = index.dim == 0 ? 1 : index.dim;
+  if (index.numel > 0 && srank != irank) {
+    ctx.fail(Status::InvalidArgument, "%s: index must have the same number of dimensions as self", op);
+    return false;
+  }
+  if (src && index.numel > 0 && (src->dim == 0 ? 1 : src->dim) != irank) {
+    ctx.fail(Status::InvalidArgument, "%s: index must have the same number of dimensions as src", op);
+    return false;
+  }
+  for (int d = 0; d < index.dim && index.numel > 0; ++d) {
+    if ((d != *dim && self.dim > 0 && index.sizes[d] > self.sizes[d]) || (src && src->dim > 0 && index.sizes[d] > src->sizes[d])) {
+      ctx.fail(Status::InvalidArgument, "%s: index %s is larger than self %s (apart from dim %lld) or src", op,
+               ShapeText(index.shape()).buf, ShapeText(self.shape()).buf, static_cast<long long>(*dim));
+      return false;
+    }
+  }
+  const int64_t size = self.dim == 0 ? 1 : self.sizes[*dim];
+  if (auto bad = index_outside(index, 0, size)) {
+    ctx.fail(Status::OutOfRange, "%s: index %lld is out of bounds for dimension %lld with size %lld", op,
+             static_cast<long long>(*bad), static_cast<long long>(*dim), static_cast<long long>(size));
+    return false;
+  }
+  if (!prepare_out(ctx, op, out, self.shape()) || !check_no_overlap(ctx, op, out, index, "index")) return false;
+  if (src && !check_no_overlap(ctx, op, out, *src, "src")) return false;
+  return true;
+}
+
+// Calls f(out_offset, src_offset) for each index position, in order.
+template <typename F>
+void for_each_scatter(const Tensor& out, const Tensor& index, const Tensor* src, int64_t dim, F&& f) {
+  int64_t ost[kMaxDims], sst[kMaxDims];
+  contiguous_strides(out.dim, out.sizes, ost);
+  if (src) contiguous_strides(src->dim, src->sizes, sst);
+  const int rank = index.dim;
+  int64_t idx[kMaxDims] = {};
+  for (int64_t i = 0; i < index.numel; ++i) {
+    int64_t o = 0, s = 0;
+    for (int d = 0; d < rank; ++d) {
+      o += (d == dim ? read_index(index, i) : idx[d]) * ost[d];
+      if (src) s += idx[d] * sst[d];
+    }
+    if (rank == 0) o = read_index(index, i) * (out.dim == 0 ? 0 : ost[0]);
+    f(o, s);
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++idx[d] < index.sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+void scatter_impl(KernelContext& ctx, const char* op, const Tensor& self, int64_t dim, const Tensor& index,
+                  const Tensor* src, const Scalar* value, Reduce reduce, bool include_self, Tensor& out) {
+  if (!check_scatter(ctx, op, self, &dim, index, src, out)) return;
+  if (out.data != self.data) std::memcpy(out.data, self.data, static_cast<size_t>(self.nbytes()));
+  if (index.numel == 0) return;
+  dispatch<kRealTypes | kBoolTypes>(self.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    T* o = out.data_as<T>();
+    const T* s = src ? src->data_as<const T>() : nullptr;
+    const T v = value ? value->as<T>() : T{};
+    auto src_at = [&](int64_t off) { return s ? s[off] : v; };
+    if (reduce == Reduce::None) {
+      for_each_scatter(out, index, src, dim, [&](int64_t oo, int64_t so) { o[oo] = src_at(so); });
+      return;
+    }
+    if constexpr (std::is_same_v<T, bool>) {
+      return;  // rejected by the caller
+    } else {
+      // Without include_self, the first write to an element replaces self's value:
+      // mark written elements by a pass that resets them to the reduction's identity.
+      if (!include_self) {
+        C id{};
+        if (reduce == Reduce::Prod) id = C(1);
+        if (reduce == Reduce::Max) id = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
+                                                                               : std::numeric_limits<C>::lowest();
+        if (reduce == Reduce::Min) id = std::numeric_limits<C>::has_infinity ? std::numeric_limits<C>::infinity()
+                                                                               : std::numeric_limits<C>::max();
+        for_each_scatter(out, index, src, dim, [&](int64_t oo, int64_t) { o[oo] = convert<T>(id); });
+      }
+      for_each_scatter(out, index, src, dim, [&](int64_t oo, int64_t so) {
+        const C a = convert<C>(o[oo]), b = convert<C>(src_at(so));
+        C r = a;
+        switch (reduce) {
+          case Reduce::Sum: case Reduce::Mean: r = static_cast<C>(a + b); break;
+          case Reduce::Prod: r = static_cast<C>(a * b); break;
+          case Reduce::Max: r = (b != b || b > a) ? b : a; break;
+          case Reduce::Min: r = (b != b || b < a) ? b : a; break;
+          case Reduce::None: break;
+        }
+        o[oo] = convert<T>(r);
+      });
+    }
+  });
+}
+
+void scatter_src_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
+                     Tensor& out) {
+  scatter_impl(ctx, "aten::scatter.src_out", self, dim, index, &src, nullptr, Reduce::None, true, out);
+}
+
+void scatter_value_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tensor& index, Scalar value,
+                       Tensor& out) {
+  scatter_impl(ctx, "aten::scatter.value_out", self, dim, index, nullptr, &value, Reduce::None, true, out);
+}
+
+void scatter_add_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
+                     Tensor& out) {
+  if (self.dtype == ScalarType::Bool) {
+    ctx.fail(Status::NotSupported, "aten::scatter_add.out: bool tensors are not supported");
+    return;
+  }
+  scatter_impl(ctx, "aten::scatter_add.out", self, dim, index, &src, nullptr, Reduce::Sum, true, out);
+}
+
+void scatter_reduce_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
+                        std::string_view reduce, bool include_self, Tensor& out) {
+  const char* op = "aten::scatter_reduce.two_out";
+  Reduce r;
+  if (reduce == "sum") r = Reduce::Sum;
+  else if (reduce == "prod") r = Reduce::Prod;
+  else if (reduce == "amax") r = Reduce::Max;
+  else if (reduce == "amin") r = Reduce::Min;
+  else if (reduce == "mean") {
+    ctx.fail(Status::NotSupported, "%s: reduce='mean' is not supported", op);
+    return;
+  } else {
+    ctx.fail(Status::InvalidArgument, "%s: reduce must be one of sum, prod, mean, amax, amin", op);
+    return;
+  }
+  if (self.dtype == ScalarType::Bool) {
+    ctx.fail(Status::NotSupported, "%s: bool tensors are not supported", op);
+    return;
+  }
+  scatter_impl(ctx, op, self, dim, index, &src, nullptr, r, include_self, out);
+}
+
+}  // namespace
+
+KILN_KERNEL(scatter_src_out, scatter_src_out);
+KILN_KERNEL(scatter_value_out, scatter_value_out);
+KILN_KERNEL(scatter_add_out, scatter_add_out);
+KILN_KERNEL(scatter_reduce_two_out, scatter_reduce_out);
+
+}  // namespace kiln::rt::kernels
