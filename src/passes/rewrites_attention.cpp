@@ -273,10 +273,77 @@ std::optional<ValueId> safe_softmax(const Lowerer& L, const Node& n) {
   return L.mapped(std::get<ValueId>(L.opt(n, "other")->payload));
 }
 
+// rms_norm(x, shape, w, eps) = x * rsqrt(mean(x^2 over the trailing dims) + eps) (* w)
+ValueId lower_rms_norm(Lowerer& L, const Node& n) {
+  ValueId x = L.tensor_in(n, "input");
+  const auto& xm = L.meta_of(x);
+  std::vector<int64_t> shape = L.ints_in(n, "normalized_shape");
+  size_t r = xm.sizes.size();
+  if (shape.empty() || shape.size() > r || !std::equal(shape.begin(), shape.end(), xm.sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
+    L.unsupported(n, "rms_norm whose normalized_shape is not the input's trailing dims");
+  if (xm.dtype != ScalarType::Float) L.unsupported(n, "rms_norm of a tensor that is not float32");
+  double eps = float_value(L, n, "eps", static_cast<double>(std::numeric_limits<float>::epsilon()));
+  std::vector<int64_t> dims, stat = xm.sizes;
+  for (size_t i = r - shape.size(); i < r; ++i) dims.push_back(static_cast<int64_t>(i)), stat[i] = 1;
+  TensorMeta m = contiguous(xm), sm = contiguous(xm.dtype, stat);
+  ValueId sq = L.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(x)), NA("exponent", int_arg(2))}, m, "square");
+  ValueId ms = L.emit("aten.mean.dim", {NA("self", tensor_arg(sq)), NA("dim", ints_arg(dims)), NA("keepdim", bool_arg(true))},
+                      sm, "mean_square");
+  ValueId shifted = L.emit("aten.add.Scalar", {NA("self", tensor_arg(ms)), NA("other", float_arg(eps))}, sm, "eps");
+  ValueId inv = L.emit("aten.rsqrt.default", {NA("self", tensor_arg(shifted))}, sm, "rstd");
+  ValueId y = L.emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(inv))}, m, "normed");
+  if (auto w = L.opt_tensor_in(n, "weight"))
+    y = L.emit("aten.mul.Tensor", {NA("self", tensor_arg(y)), NA("other", tensor_arg(*w))}, L.out_meta(n), "scaled");
+  return y;
+}
+
+// hardsigmoid(x) = clamp(x + 3, 0, 6) / 6; hardswish(x) = x * clamp(x + 3, 0, 6) / 6;
+// mish(x) = x * tanh(log(1 + e^x)) (e^x overflowing to inf still gives x).
+ValueId lower_hard_activation(Lowerer& L, const Node& n) {
+  const std::string& t = n.target;
+  ValueId x = L.tensor_in(n, "self");
+  TensorMeta m = L.out_meta(n);
+  if (m.dtype != ScalarType::Float) L.unsupported(n, "activation of a tensor that is not float32");
+  auto op = [&](std::string_view target, std::vector<NamedArgument> args, std::string_view hint) {
+    return L.emit(target, std::move(args), m, hint);
+  };
+  if (t == "aten.mish.default") {
+    ValueId e = op("aten.exp.default", {NA("self", tensor_arg(x))}, "exp");
+    ValueId p = op("aten.add.Scalar", {NA("self", tensor_arg(e)), NA("other", float_arg(1.0))}, "one_plus");
+    ValueId sp = op("aten.log.default", {NA("self", tensor_arg(p))}, "softplus");
+    ValueId th = op("aten.tanh.default", {NA("self", tensor_arg(sp))}, "tanh");
+    return op("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(th))}, "mish");
+  }
+  ValueId s = op("aten.add.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(3.0))}, "plus3");
+  ValueId c = op("aten.clamp.default", {NA("self", tensor_arg(s)), NA("min", float_arg(0.0)), NA("max", float_arg(6.0))},
+                 "relu6");
+  if (t == "aten.hardswish.default") c = op("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(c))}, "gated");
+  return op("aten.div.Scalar", {NA("self", tensor_arg(c)), NA("other", float_arg(6.0))}, "sixth");
+}
+
 }  // namespace
 
 bool Lowerer::lower_attention(const Node& n) {
   const std::string& t = n.target;
+  if (t == "aten.rms_norm.default") {
+    bind(n, lower_rms_norm(*this, n));
+    return true;
+  }
+  // hardswish, hardsigmoid, mish: elementwise ops both ExecuTorch's portable library and
+  // XNNPACK have (neither runs these three as one kernel in a portable program).
+  if (t == "aten.hardswish.default" || t == "aten.hardsigmoid.default" || t == "aten.mish.default") {
+    bind(n, lower_hard_activation(*this, n));
+    return true;
+  }
+  // hardtanh / relu6: a clamp (the partitioner delegates it as XNNClamp).
+  if (t == "aten.hardtanh.default" || t == "aten.relu6.default") {
+    Argument lo = float_arg(t == "aten.relu6.default" ? 0.0 : -1.0), hi = float_arg(t == "aten.relu6.default" ? 6.0 : 1.0);
+    if (const Argument* a = opt(n, "min_val")) lo = *a;
+    if (const Argument* a = opt(n, "max_val")) hi = *a;
+    bind(n, emit("aten.clamp.default", {NA("self", tensor_arg(tensor_in(n, "self"))), NA("min", lo), NA("max", hi)},
+                 out_meta(n)));
+    return true;
+  }
   if (t == "aten.scaled_dot_product_attention.default") {
     bind(n, lower_sdpa(*this, n, attention_args(*this, n), out_meta(n)));
     return true;
