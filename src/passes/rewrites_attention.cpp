@@ -15,6 +15,10 @@
 // The decomposed form's "safe softmax" (where(all(x == -inf, dim), 0, softmax(x)))
 // becomes a plain softmax when no row of x can be entirely -inf: x is a matmul
 // result, or one plus a constant mask with a finite entry in every row.
+//
+// Norms and activations: rms_norm becomes pow/mean/add/rsqrt/mul; hardswish,
+// hardsigmoid and mish become elementwise ops (ExecuTorch's portable library
+// has no kernel for them, XNNPACK runs the pieces); hardtanh and relu6 a clamp.
 #include "lowerer.h"
 
 #include <cmath>

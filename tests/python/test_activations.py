@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close, et_execute, et_lower, kiln_lower, reference_io
+from conftest import assert_close, et_execute, kiln_lower, reference_io
 from kernel_harness import Double, T
 from test_kernels_math import FLOATS, compare, ids, rand
-from test_models_transformers import export_program
+from test_models_transformers import et_lower, export_program
 from test_xnnpack_runtime import kiln_run
 
 

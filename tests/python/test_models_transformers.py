@@ -20,10 +20,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close, et_execute, et_lower, kiln_lower, reference_io, run_kiln, spec_of
+from conftest import REPO, assert_close, et_execute, kiln_lower, reference_io, run_kiln, spec_of
 from test_xnnpack_runtime import kiln_run
 
 SEQ = 16
+_REFERENCE = None
+
+
+def et_lower(spec_path: Path, backend: str) -> Path:
+    """ExecuTorch's own lowering (bench/reference/lower_with_executorch.py), run in this
+    process: the test already imports torch and executorch, a subprocess per file would again."""
+    global _REFERENCE
+    if _REFERENCE is None:
+        import importlib.util
+
+        loader = importlib.util.spec_from_file_location(
+            "lower_with_executorch", REPO / "bench" / "reference" / "lower_with_executorch.py")
+        _REFERENCE = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(_REFERENCE)
+    meta = _REFERENCE.lower(Path(spec_path), backend, None)
+    return Path(meta["pte"])
 
 
 class _FirstOutput(torch.nn.Module):
@@ -146,7 +162,7 @@ class Attn(torch.nn.Module):
         return y.transpose(1, 2).reshape(b, t, 32)
 
 
-def _variant(tmp_path, module, *inputs):
+def _variant(tmp_path, module, *inputs, executorch_pte=False):
     torch.manual_seed(0)
     spec = export_program(module.eval(), inputs, tmp_path / "m", "attn")
     ins, refs = reference_io(spec)
@@ -154,7 +170,10 @@ def _variant(tmp_path, module, *inputs):
         pte = kiln_lower(spec, backend)
         assert_close(et_execute(pte, ins)[0], refs[0], f"{backend} in ExecuTorch's runtime")
         assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"{backend} in kiln's runtime")
-    return _delegation(pte)
+        if executorch_pte:
+            assert_close(kiln_run(et_lower(spec, backend), ins, tmp_path)[0], refs[0],
+                         f"ExecuTorch's {backend} .pte in kiln's runtime")
+    return _delegation(kiln_lower(spec, "xnnpack"))
 
 
 def _x(b=2, t=SEQ):
@@ -163,7 +182,7 @@ def _x(b=2, t=SEQ):
 
 def test_causal_scale_and_gqa(tmp_path):
     torch.manual_seed(0)
-    d = _variant(tmp_path, Attn(kv_heads=2, causal=True, scale=0.3, gqa=True), _x())
+    d = _variant(tmp_path, Attn(kv_heads=2, causal=True, scale=0.3, gqa=True), _x(), executorch_pte=True)
     assert d["delegate_call_sites"] == 1 and d["fallback_count"] == 0, d
 
 
