@@ -214,3 +214,34 @@ def test_dropout_is_a_clear_error(tmp_path):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "scaled_dot_product_attention" in err[0] and "dropout_p=0.5" in err[0], err
     assert not (tmp_path / "drop_portable.pte").exists()
+
+
+class _WithMask(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+
+
+def test_bert_with_a_padding_mask_input(tmp_path):
+    """BERT given attention_mask (a program input, padding in the second row): the boolean
+    SDPA mask is computed at run time, ahead of the one delegate region."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.BertModel(tf.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       intermediate_size=128, max_position_embeddings=256)).eval()
+    ids = torch.randint(0, 1000, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, SEQ, dtype=torch.int64)
+    mask[1, 10:] = 0
+    spec = export_program(_WithMask(model).eval(), (ids, mask), tmp_path / "m", "bert_mask")
+    ins, refs = reference_io(spec)
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        assert_close(et_execute(pte, ins)[0], refs[0], f"{backend} in ExecuTorch's runtime")
+        assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"{backend} in kiln's runtime")
+    d = _delegation(pte)
+    assert d["delegate_call_sites"] == 1, d
+    assert "aten.embedding.default" in d["fallback_ops"] and "aten.bmm.default" not in d["fallback_ops"], d
