@@ -16,11 +16,12 @@ def _parse(argv):
         description="Export a model with torch.export into a .pt2 archive and a "
         "model_spec.json that `kiln lower` and `kiln inspect` read.",
     )
-    p.add_argument("model", choices=["gpt2", "bert", "llama"],
-                   help="model family to export (transformers GPT2LMHeadModel, BertModel, LlamaForCausalLM)")
+    p.add_argument("model", choices=["gpt2", "bert", "llama", "qwen3", "gemma3"],
+                   help="model family to export (transformers GPT2LMHeadModel, BertModel, LlamaForCausalLM, "
+                   "Qwen3ForCausalLM, Gemma3ForCausalLM; all but GPT-2 with their default SDPA attention)")
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--config", default="small", choices=["small", "tiny"],
-                   help="small = the full-size configuration (GPT-2 124M, BERT base, a 12-layer Llama); "
+                   help="small = the full-size configuration (GPT-2 124M, BERT base, 12-layer Llama/Qwen3/Gemma3); "
                    "tiny = 2 layers, width 64 (default: small)")
     p.add_argument("--seq-len", type=int, default=128, help="static sequence length (default: 128)")
     p.add_argument("--seed", type=int, default=0, help="weight and input seed (default: 0)")

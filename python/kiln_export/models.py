@@ -72,7 +72,8 @@ class _FirstOutput(torch.nn.Module):
 
 
 def _seeded(cls, cfg, seed, checkpoint):
-    cfg._attn_implementation = "eager"
+    # transformers' default attention (SDPA): the graph users export. (GPT-2 keeps
+    # eager attention above so its exported program, and kiln's .pte of it, stay as they were.)
     if checkpoint:
         return cls.from_pretrained(checkpoint, config=cfg, local_files_only=True).eval()
     torch.manual_seed(seed)
@@ -125,4 +126,39 @@ def build_llama(config: str, seq_len: int, seed: int, checkpoint: str | None):
         "model_id": checkpoint or model_id, "config": config, "vocab_size": cfg.vocab_size}
 
 
-BUILDERS = {"gpt2": build_gpt2, "bert": build_bert, "llama": build_llama}
+def _decoder(family: str, config: str, seq_len: int, seed: int, checkpoint: str | None):
+    """Qwen3 / Gemma3 decoders (no KV cache): forward(input_ids) -> logits."""
+    import transformers as tf
+
+    cls, cfg_cls = {"qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
+                    "gemma3": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig)}[family]
+    if config == "small":
+        model_id, cfg = f"kiln/{family}-small", cfg_cls(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            num_attention_heads=12, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048)
+    elif config == "tiny":
+        model_id, cfg = f"kiln/{family}-tiny", cfg_cls(
+            vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    else:
+        raise ValueError(f"unknown {family} config '{config}' (expected small or tiny)")
+    if family == "gemma3" and config == "tiny":
+        cfg.sliding_window = 8  # below the usual test lengths: the local layers' masks are bands
+    if seq_len < 1 or seq_len > cfg.max_position_embeddings:
+        raise ValueError(f"--seq-len {seq_len} outside 1..{cfg.max_position_embeddings} for {family} {config}")
+    cfg.use_cache = False
+    model = _seeded(cls, cfg, seed, checkpoint)
+    return _LogitsOnly(model).eval(), (_ids(cfg.vocab_size, seq_len, seed),), {
+        "model_id": checkpoint or model_id, "config": config, "vocab_size": cfg.vocab_size}
+
+
+def build_qwen3(config: str, seq_len: int, seed: int, checkpoint: str | None):
+    return _decoder("qwen3", config, seq_len, seed, checkpoint)
+
+
+def build_gemma3(config: str, seq_len: int, seed: int, checkpoint: str | None):
+    return _decoder("gemma3", config, seq_len, seed, checkpoint)
+
+
+BUILDERS = {"gpt2": build_gpt2, "bert": build_bert, "llama": build_llama, "qwen3": build_qwen3,
+            "gemma3": build_gemma3}

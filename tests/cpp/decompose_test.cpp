@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -420,6 +421,115 @@ TEST(Decompose, InputReturnedAsItIsIsCopiedOut) {
   EXPECT_EQ(copy.target, "dim_order_ops._clone_dim_order.default");
   EXPECT_EQ(tensor(copy, "self"), p.graph.inputs.at(0));
   EXPECT_EQ(producer_of(p, output(p, 1)).target, "aten.relu.default");
+}
+
+// --- attention (rewrites_attention.cpp) ---------------------------------------
+
+TEST(Decompose, SdpaWithGqaAndCausalIsBmmSoftmaxBmmWithoutRepeatingKv) {
+  // q [1, 4, 3, 2], k/v [1, 2, 3, 2]: each K/V head serves two query heads.
+  Source s;
+  ValueId q = s.input({1, 4, 3, 2}), k = s.input({1, 2, 3, 2}), v = s.input({1, 2, 3, 2});
+  s.output(s.call1("aten.scaled_dot_product_attention.default",
+                   {T("query", q), T("key", k), T("value", v), B("is_causal", true), F("scale", 0.5),
+                    B("enable_gqa", true)},
+                   meta({1, 4, 3, 2})));
+  EdgeProgram p = to_edge(s.finish());
+
+  EXPECT_EQ(targets(p), (std::vector<std::string>{
+                            "aten.view_copy.default", "aten.view_copy.default", "aten.view_copy.default",
+                            "aten.permute_copy.default", "aten.bmm.default", "aten.view_copy.default",
+                            "aten.mul.Scalar", "aten.add.Tensor", "aten._softmax.default", "aten.view_copy.default",
+                            "aten.bmm.default", "aten.view_copy.default"}));
+  // q's two heads per group become the rows of one bmm against their K/V head.
+  const auto& scores = p.graph.nodes[4];
+  EXPECT_EQ(p.graph.value(tensor(scores, "self")).meta.sizes, (std::vector<int64_t>{2, 6, 2}));
+  EXPECT_EQ(p.graph.value(tensor(scores, "mat2")).meta.sizes, (std::vector<int64_t>{2, 2, 3}));
+  EXPECT_EQ(std::get<double>(arg(p.graph.nodes[6], "other").payload), 0.5);
+  // The causal mask is one folded constant [3, 3]: 0 on and below the diagonal, -inf above.
+  ValueId mask = tensor(p.graph.nodes[7], "other");
+  ASSERT_TRUE(p.is_constant(mask));
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(floats_of(p, mask), (std::vector<float>{0, -inf, -inf, 0, 0, -inf, 0, 0, 0}));
+  EXPECT_EQ(p.graph.value(tensor(p.graph.nodes[7], "self")).meta.sizes, (std::vector<int64_t>{1, 2, 2, 3, 3}));
+}
+
+TEST(Decompose, SdpaBooleanConstantMaskFoldsToAnAdditiveOne) {
+  Source s;
+  ValueId q = s.input({1, 1, 2, 4});
+  ValueId w = s.param({2, 2}, {1, -1, 1, 1});
+  ValueId keep = s.call1("aten.ge.Scalar", {T("self", w), F("other", 0.0)}, meta({2, 2}, ScalarType::Bool));
+  s.output(s.call1("aten.scaled_dot_product_attention.default",
+                   {T("query", q), T("key", q), T("value", q), T("attn_mask", keep)}, meta({1, 1, 2, 4})));
+  EdgeProgram p = to_edge(s.finish());
+
+  std::vector<std::string> ts = targets(p);
+  ASSERT_EQ(std::count(ts.begin(), ts.end(), "aten.where.self"), 0);
+  const graph::Node* add = nullptr;
+  for (const auto& n : p.graph.nodes)
+    if (n.target == "aten.add.Tensor") add = &n;
+  ASSERT_NE(add, nullptr);
+  ValueId mask = tensor(*add, "other");
+  ASSERT_TRUE(p.is_constant(mask));
+  EXPECT_EQ(floats_of(p, mask), (std::vector<float>{0, -std::numeric_limits<float>::infinity(), 0, 0}));
+  // default scale 1/sqrt(E)
+  for (const auto& n : p.graph.nodes) {
+    if (n.target == "aten.mul.Scalar") {
+      EXPECT_EQ(std::get<double>(arg(n, "other").payload), 0.5);
+    }
+  }
+}
+
+TEST(Decompose, SafeSoftmaxOverAFiniteMaskIsASoftmax) {
+  // SDPA's decomposition: where(!any(!(x == -inf), -1), zeros, softmax(x)) with
+  // x = bmm + a constant causal mask (no row all -inf): the softmax alone.
+  Source s;
+  ValueId a = s.input({1, 2, 2}), b = s.input({1, 2, 2});
+  ValueId mm = s.call1("aten.bmm.default", {T("self", a), T("mat2", b)}, meta({1, 2, 2}));
+  ValueId c = s.param({2, 2}, {0, -std::numeric_limits<float>::infinity(), 0, 0});
+  ValueId x = s.call1("aten.add.Tensor", {T("self", mm), T("other", c)}, meta({1, 2, 2}));
+  ValueId sm = s.call1("aten._softmax.default", {T("self", x), I("dim", -1), B("half_to_float", false)}, meta({1, 2, 2}));
+  ValueId eq = s.call1("aten.eq.Scalar", {T("self", x), F("other", -std::numeric_limits<double>::infinity())},
+                       meta({1, 2, 2}, ScalarType::Bool));
+  ValueId n0 = s.call1("aten.logical_not.default", {T("self", eq)}, meta({1, 2, 2}, ScalarType::Bool));
+  ValueId any = s.call1("aten.any.dim", {T("self", n0), I("dim", -1), B("keepdim", true)}, meta({1, 2, 1}, ScalarType::Bool));
+  ValueId n1 = s.call1("aten.logical_not.default", {T("self", any)}, meta({1, 2, 1}, ScalarType::Bool));
+  ValueId z = s.call1("aten.full_like.default", {T("self", sm), I("fill_value", 0)}, meta({1, 2, 2}));
+  s.output(s.call1("aten.where.self", {T("condition", n1), T("self", z), T("other", sm)}, meta({1, 2, 2})));
+  EdgeProgram p = to_edge(s.finish());
+  EXPECT_EQ(targets(p), (std::vector<std::string>{"aten.bmm.default", "aten.add.Tensor", "aten._softmax.default"}));
+
+  // With a mask row that is all -inf the where stays (eager gives 0 there, not NaN).
+  Source s2;
+  ValueId a2 = s2.input({1, 2, 2}), b2 = s2.input({1, 2, 2});
+  ValueId mm2 = s2.call1("aten.bmm.default", {T("self", a2), T("mat2", b2)}, meta({1, 2, 2}));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  ValueId c2 = s2.param({2, 2}, {ninf, ninf, 0, 0});
+  ValueId x2 = s2.call1("aten.add.Tensor", {T("self", mm2), T("other", c2)}, meta({1, 2, 2}));
+  ValueId sm2 = s2.call1("aten._softmax.default", {T("self", x2), I("dim", -1), B("half_to_float", false)}, meta({1, 2, 2}));
+  ValueId eq2 = s2.call1("aten.eq.Scalar", {T("self", x2), F("other", -std::numeric_limits<double>::infinity())},
+                         meta({1, 2, 2}, ScalarType::Bool));
+  ValueId n02 = s2.call1("aten.logical_not.default", {T("self", eq2)}, meta({1, 2, 2}, ScalarType::Bool));
+  ValueId any2 = s2.call1("aten.any.dim", {T("self", n02), I("dim", -1), B("keepdim", true)}, meta({1, 2, 1}, ScalarType::Bool));
+  ValueId n12 = s2.call1("aten.logical_not.default", {T("self", any2)}, meta({1, 2, 1}, ScalarType::Bool));
+  ValueId z2 = s2.call1("aten.full_like.default", {T("self", sm2), I("fill_value", 0)}, meta({1, 2, 2}));
+  s2.output(s2.call1("aten.where.self", {T("condition", n12), T("self", z2), T("other", sm2)}, meta({1, 2, 2})));
+  EdgeProgram p2 = to_edge(s2.finish());
+  EXPECT_EQ(targets(p2).back(), "aten.where.self");
+}
+
+TEST(Decompose, SdpaWithDropoutIsRefused) {
+  Source s;
+  ValueId q = s.input({1, 2, 4});
+  s.output(s.call1("aten.scaled_dot_product_attention.default",
+                   {T("query", q), T("key", q), T("value", q), F("dropout_p", 0.1)}, meta({1, 2, 4})));
+  try {
+    to_edge(s.finish());
+    FAIL() << "lowered attention with dropout";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("dropout_p=0.1"), std::string::npos) << what;
+    EXPECT_NE(what.find("model.py:7"), std::string::npos) << what;
+  }
 }
 
 // --- refusals -----------------------------------------------------------------

@@ -465,6 +465,8 @@ class PayloadBuilder {
       }
       return;
     }
+    if (t == "aten.elu.default" || t == "aten.leaky_relu.default")
+      return lower_activation(t, args, in(0), outs[0]);
     if (t == "aten.addmm.default") return lower_matmul(in(1), in(2), in(0), outs[0]);
     if (t == "aten.mm.default") return lower_matmul(in(0), in(1), std::nullopt, outs[0]);
     if (t == "aten.bmm.default") {
@@ -624,6 +626,17 @@ class PayloadBuilder {
     uint32_t sq = temp(dims(x));  // e == 3
     unary(XType::XNNSquare, xi, sq);
     binary(XType::XNNMultiply, sq, xi, write(out));
+  }
+
+  // elu (scale = input_scale = 1) and leaky_relu: one node each
+  void lower_activation(const std::string& t, const std::vector<Argument>& args, graph::ValueId x, graph::ValueId out) {
+    uint32_t xi = read(x);
+    if (t == "aten.elu.default") {
+      auto alpha = static_cast<float>(*scalar_of(args[1]));
+      return add_node(XType::XNNELU, fbx::CreateXNNELU(fb_, alpha, xi, write(out), 0).Union());
+    }
+    auto slope = static_cast<float>(*scalar_of(args[1]));
+    add_node(XType::XNNLeakyReLU, fbx::CreateXNNLeakyReLU(fb_, slope, xi, write(out), 0).Union());
   }
 
   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))

@@ -73,6 +73,9 @@ constexpr std::array kRules{
     SupportRule{"aten.cat.default", "XNNConcatenate2..5 (chained past 5 inputs; XNNCopy for one)",
                 "inputs of equal rank"},
     SupportRule{"aten.constant_pad_nd.default", "XNNStaticConstantPad", "no negative padding"},
+    // activations
+    SupportRule{"aten.elu.default", "XNNELU", "scale = input_scale = 1"},
+    SupportRule{"aten.leaky_relu.default", "XNNLeakyReLU", "negative_slope a number"},
 };
 
 bool is_binary(std::string_view t) {
@@ -244,6 +247,16 @@ std::optional<std::string> check_arguments(const graph::Graph& g, const graph::N
     for (auto v : ts)
       if (sizes_of(g, v).size() != r) return "cat of tensors of different ranks";
     if (!wrap_dim(int_of(args[1], n.name), r)) return "cat dim out of range";
+    return std::nullopt;
+  }
+  if (t == "aten.elu.default") {
+    auto alpha = scalar_of(args[1]), scale = scalar_of(args[2]), input_scale = scalar_of(args[3]);
+    if (!alpha || !scale || !input_scale) return "elu parameters are not numbers";
+    if (*scale != 1 || *input_scale != 1) return "elu with scale or input_scale other than 1";
+    return std::nullopt;
+  }
+  if (t == "aten.leaky_relu.default") {
+    if (!scalar_of(args[1])) return "negative_slope is not a number";
     return std::nullopt;
   }
   if (t == "aten.constant_pad_nd.default") {
