@@ -34,6 +34,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "src/io/": CORE + ("kiln/io/",),
     # the tokenizer: its own header only (no runtime or compiler dependency)
     "src/tokenizer/": ("kiln/tokenizer/",),
+    "src/llm/": ("kiln/llm/", "kiln/tokenizer/", "kiln/runtime/"),
+    "include/kiln/llm/": ("kiln/llm/", "kiln/tokenizer/", "kiln/runtime/"),
     "include/kiln/tokenizer/": (),
     "include/kiln/io/": CORE + ("kiln/io/",),
     # passes fold constants with kiln's kernels through the runtime's kernel API
