@@ -22,6 +22,8 @@ void add_bench_command(CLI::App& app, std::function<int()>& run);
 void add_run_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln lower`.
 void add_lower_command(CLI::App& app, std::function<int()>& run);
+// Adds `kiln generate`.
+void add_generate_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln tokenize`.
 void add_tokenize_command(CLI::App& app, std::function<int()>& run);
 

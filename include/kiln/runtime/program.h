@@ -59,6 +59,8 @@ class Method {
   // The input slot's tensor (dtype, shape; data is the planned buffer or null).
   const Tensor& input(size_t i) const { return *values_[static_cast<size_t>(inputs_[i])].scalar.t; }
   const Tensor& output(size_t i) const { return *values_[static_cast<size_t>(outputs_[i])].scalar.t; }
+  // Output i as a value of any kind (constant methods return Int, Bool, Double).
+  const EValue& output_value(size_t i) const { return values_[static_cast<size_t>(outputs_[i])]; }
 
   // Copies `bytes` of row-major data into input i (its planned memory), or,
   // for an input the program did not plan, points the input at `data`, which

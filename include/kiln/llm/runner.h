@@ -1,0 +1,52 @@
+// Running an LLM program (forward(tokens[1, T], input_pos[T]) -> logits, its
+// KV cache kept in the method's mutable buffers between calls), kiln's or
+// ExecuTorch's: the metadata its constant methods carry (get_max_seq_len,
+// get_vocab_size, get_bos_id, get_eos_ids / get_eos_id, ...), prefill and
+// one-token steps.
+#pragma once
+
+#include "kiln/runtime/program.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kiln::llm {
+
+struct Metadata {
+  int64_t max_seq_len = 0;
+  int64_t vocab_size = 0;          // 0: unknown (the logits' width is used)
+  std::optional<int64_t> bos;
+  std::vector<int64_t> eos;
+};
+
+class Runner {
+ public:
+  // Loads `pte` and prepares "forward"; null and *error (one line) if it is
+  // not an LLM program kiln can drive.
+  static std::unique_ptr<Runner> load(const std::string& pte, const rt::MethodOptions& options, std::string* error);
+
+  const Metadata& metadata() const { return meta_; }
+  int64_t position() const { return pos_; }  // tokens the cache holds
+  int64_t vocab() const { return vocab_; }   // logits per position
+
+  // Feeds `tokens` at the next positions (one call per token when the program
+  // takes one); *logits points at the last position's row. False and *error
+  // when the cache would overflow or the program fails; the state is then the
+  // one before the call's failing token.
+  bool feed(std::span<const int32_t> tokens, std::span<const float>* logits, std::string* error);
+
+ private:
+  Runner() = default;
+  std::unique_ptr<rt::Program> program_;
+  std::unique_ptr<rt::Method> method_;
+  Metadata meta_;
+  int64_t pos_ = 0, step_tokens_ = 1, vocab_ = 0;
+  bool pos_is_vector_ = true;
+  std::vector<int64_t> tok_buf_, pos_buf_;
+};
+
+}  // namespace kiln::llm
