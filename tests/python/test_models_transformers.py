@@ -245,3 +245,27 @@ def test_bert_with_a_padding_mask_input(tmp_path):
     d = _delegation(pte)
     assert d["delegate_call_sites"] == 1, d
     assert "aten.embedding.default" in d["fallback_ops"] and "aten.bmm.default" not in d["fallback_ops"], d
+
+
+class _FlashForCpu(torch.nn.Module):
+    """The CPU kernel's overload, as a decomposition may leave it (two results; only the output used)."""
+
+    def forward(self, q, k, v, mask):
+        y = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=0.4)
+        return y[0]
+
+
+def test_flash_attention_for_cpu_overload(tmp_path):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, SEQ, 8, generator=g) for _ in range(3))
+    mask = torch.randn(1, 1, SEQ, SEQ, generator=g)
+    spec = export_program(_FlashForCpu(), (q, k, v, mask), tmp_path / "m", "flash")
+    ops = json.loads(run_kiln("inspect", spec, "--json").stdout)["operators"]
+    assert ops.get("aten._scaled_dot_product_flash_attention_for_cpu.default") == 1, ops
+    ins, refs = reference_io(spec)
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        assert_close(et_execute(pte, ins)[0], refs[0], f"{backend} in ExecuTorch's runtime")
+        assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"{backend} in kiln's runtime")
+    d = _delegation(pte)
+    assert d["delegate_call_sites"] == 1 and d["fallback_count"] == 0, d
