@@ -69,9 +69,9 @@ struct Attention {
 
 // out [..., L, Ev] = softmax(q k^T * scale + mask) v, shapes as SDPA broadcasts them.
 ValueId lower_sdpa(Lowerer& L, const Node& n, const Attention& a, const TensorMeta& out) {
-  const auto& qm = L.meta_of(a.q);
-  const auto& km = L.meta_of(a.k);
-  const auto& vm = L.meta_of(a.v);
+  const TensorMeta qm = L.meta_of(a.q);
+  const TensorMeta km = L.meta_of(a.k);
+  const TensorMeta vm = L.meta_of(a.v);
   size_t r = qm.sizes.size();
   if (r < 2 || km.sizes.size() != r || vm.sizes.size() != r || out.sizes.size() != r)
     L.unsupported(n, "attention with query, key, value and output of different ranks or rank < 2");
@@ -113,7 +113,7 @@ ValueId lower_sdpa(Lowerer& L, const Node& n, const Attention& a, const TensorMe
   if (a.causal) add = causal_mask(L, dt, Lq, S);
   if (a.mask) {
     ValueId m = *a.mask;
-    const auto& mm = L.meta_of(m);
+    const TensorMeta mm = L.meta_of(m);
     if (mm.sizes.size() > r) L.unsupported(n, "attention mask of higher rank than the query");
     if (mm.dtype == ScalarType::Bool) {
       ValueId zero = L.scalar_tensor(float_arg(0.0), dt);
@@ -280,7 +280,7 @@ std::optional<ValueId> safe_softmax(const Lowerer& L, const Node& n) {
 // rms_norm(x, shape, w, eps) = x * rsqrt(mean(x^2 over the trailing dims) + eps) (* w)
 ValueId lower_rms_norm(Lowerer& L, const Node& n) {
   ValueId x = L.tensor_in(n, "input");
-  const auto& xm = L.meta_of(x);
+  const TensorMeta xm = L.meta_of(x);
   std::vector<int64_t> shape = L.ints_in(n, "normalized_shape");
   size_t r = xm.sizes.size();
   if (shape.empty() || shape.size() > r || !std::equal(shape.begin(), shape.end(), xm.sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
@@ -365,6 +365,34 @@ bool Lowerer::lower_attention(const Node& n) {
     if (t == "aten._scaled_dot_product_attention_math.default" && opt_tensor_in(n, "dropout_mask"))
       unsupported(n, "attention with a dropout mask");
     bind(n, lower_sdpa(*this, n, a, out_meta(n, 0)));
+    return true;
+  }
+  if (t == "aten._safe_softmax.default") {
+    // softmax, with 0 for rows that are all -inf (a plain softmax when none can be)
+    ValueId x = tensor_in(n, "self");
+    if (auto dt = dtype_in(n)) x = convert(x, *dt);
+    const TensorMeta xm = meta_of(x);
+    int64_t dim = wrap_dim(int_in(n, "dim"), xm.sizes.size());
+    TensorMeta m = out_meta(n);
+    ValueId sm = emit("aten._softmax.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(dim)),
+                                                NA("half_to_float", bool_arg(false))}, m, "softmax");
+    if (dim + 1 == static_cast<int64_t>(xm.sizes.size()) && no_row_all_neg_inf(*this, x)) {
+      bind(n, sm);
+      return true;
+    }
+    TensorMeta bm = contiguous(ScalarType::Bool, xm.sizes);
+    std::vector<int64_t> row = xm.sizes;
+    row[static_cast<size_t>(dim)] = 1;
+    TensorMeta rm = contiguous(ScalarType::Bool, row);
+    ValueId inf = emit("aten.eq.Scalar", {NA("self", tensor_arg(x)),
+                                          NA("other", float_arg(-std::numeric_limits<double>::infinity()))}, bm, "is_ninf");
+    ValueId fin = emit("aten.logical_not.default", {NA("self", tensor_arg(inf))}, bm, "finite");
+    ValueId any = emit("aten.any.dim", {NA("self", tensor_arg(fin)), NA("dim", int_arg(dim)), NA("keepdim", bool_arg(true))},
+                       rm, "row_finite");
+    ValueId dead = emit("aten.logical_not.default", {NA("self", tensor_arg(any))}, rm, "row_masked");
+    ValueId zero = scalar_tensor(float_arg(0.0), m.dtype);
+    bind(n, emit("aten.where.self", {NA("condition", tensor_arg(dead)), NA("self", tensor_arg(zero)),
+                                     NA("other", tensor_arg(sm))}, m));
     return true;
   }
   if (t == "aten.where.self") {

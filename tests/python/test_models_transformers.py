@@ -269,3 +269,28 @@ def test_flash_attention_for_cpu_overload(tmp_path):
         assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"{backend} in kiln's runtime")
     d = _delegation(pte)
     assert d["delegate_call_sites"] == 1 and d["fallback_count"] == 0, d
+
+
+class _SafeSoftmax(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.ops.aten._safe_softmax(x, -1) + torch.ops.aten._safe_softmax(torch.bmm(y, y.transpose(1, 2)), -1)
+
+
+def test_safe_softmax(tmp_path):
+    """aten._safe_softmax: rows that are all -inf give 0 (x, an input, has one); over a matmul
+    result no row can be, and it is a plain softmax inside the delegate."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 4, generator=g)
+    x[1, 2] = float("-inf")
+    x[0, 1, :2] = float("-inf")
+    y = torch.randn(2, 4, 3, generator=g)
+    spec = export_program(_SafeSoftmax(), (x, y), tmp_path / "m", "safe")
+    ops = json.loads(run_kiln("inspect", spec, "--json").stdout)["operators"]
+    assert ops.get("aten._safe_softmax.default") == 2, ops
+    ins, refs = reference_io(spec)
+    assert torch.all(torch.ops.aten._safe_softmax(x, -1)[1, 2] == 0) and np.isfinite(refs[0]).all()
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        assert_close(et_execute(pte, ins)[0], refs[0], f"{backend} in ExecuTorch's runtime")
+        assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"{backend} in kiln's runtime")
+    assert _delegation(pte)["fallback_ops"].get("aten.where.self") == 1
