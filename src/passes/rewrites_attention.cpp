@@ -67,11 +67,13 @@ struct Attention {
   bool gqa = false;
 };
 
+bool rows_have_finite_entry(const Lowerer& L, ValueId v);
+
 // out [..., L, Ev] = softmax(q k^T * scale + mask) v, shapes as SDPA broadcasts them.
 ValueId lower_sdpa(Lowerer& L, const Node& n, const Attention& a, const TensorMeta& out) {
-  const auto& qm = L.meta_of(a.q);
-  const auto& km = L.meta_of(a.k);
-  const auto& vm = L.meta_of(a.v);
+  const TensorMeta qm = L.meta_of(a.q);
+  const TensorMeta km = L.meta_of(a.k);
+  const TensorMeta vm = L.meta_of(a.v);
   size_t r = qm.sizes.size();
   if (r < 2 || km.sizes.size() != r || vm.sizes.size() != r || out.sizes.size() != r)
     L.unsupported(n, "attention with query, key, value and output of different ranks or rank < 2");
@@ -109,19 +111,49 @@ ValueId lower_sdpa(Lowerer& L, const Node& n, const Attention& a, const TensorMe
     s = L.emit("aten.mul.Scalar", {NA("self", tensor_arg(s)), NA("other", float_arg(scale))}, contiguous(dt, full),
                "scaled");
 
-  std::optional<ValueId> add;
+  std::optional<ValueId> add, keep;
   if (a.causal) add = causal_mask(L, dt, Lq, S);
   if (a.mask) {
     ValueId m = *a.mask;
-    const auto& mm = L.meta_of(m);
+    const TensorMeta mm = L.meta_of(m);
     if (mm.sizes.size() > r) L.unsupported(n, "attention mask of higher rank than the query");
+    // Rows with no key left: eager SDPA gives 0 there, a softmax over -inf NaN. Unless the
+    // mask is a constant with a finite entry in every row, masked entries get the lowest
+    // finite value instead of -inf (same probabilities elsewhere) and `keep` (0 for such
+    // rows, 1 otherwise; from the mask alone, so computed ahead of any delegate) zeroes them.
+    const double lowest = -static_cast<double>(std::numeric_limits<float>::max());
+    auto rows_kept = [&](ValueId any_of) {  // [..., L', S'] bool -> [..., L', 1] float
+      std::vector<int64_t> rs = mm.sizes;
+      if (rs.empty()) return any_of;
+      rs.back() = 1;
+      ValueId any = L.emit("aten.any.dim", {NA("self", tensor_arg(any_of)), NA("dim", int_arg(-1)),
+                                            NA("keepdim", bool_arg(true))}, contiguous(ScalarType::Bool, rs), "row_kept");
+      return L.convert(any, dt);
+    };
     if (mm.dtype == ScalarType::Bool) {
       ValueId zero = L.scalar_tensor(float_arg(0.0), dt);
       ValueId ninf = L.scalar_tensor(float_arg(-std::numeric_limits<double>::infinity()), dt);
-      m = L.emit("aten.where.self", {NA("condition", tensor_arg(m)), NA("self", tensor_arg(zero)),
-                                     NA("other", tensor_arg(ninf))}, contiguous(dt, mm.sizes), "additive_mask");
-    } else if (mm.dtype != dt) {
-      m = L.convert(m, dt);
+      ValueId additive = L.emit("aten.where.self", {NA("condition", tensor_arg(m)), NA("self", tensor_arg(zero)),
+                                                    NA("other", tensor_arg(ninf))}, contiguous(dt, mm.sizes), "additive_mask");
+      if (!L.out_.is_constant(additive) || !rows_have_finite_entry(L, additive)) {
+        ValueId low = L.scalar_tensor(float_arg(lowest), dt);
+        additive = L.emit("aten.where.self", {NA("condition", tensor_arg(m)), NA("self", tensor_arg(zero)),
+                                              NA("other", tensor_arg(low))}, contiguous(dt, mm.sizes), "additive_mask");
+        if (!mm.sizes.empty()) keep = rows_kept(m);
+      }
+      m = additive;
+    } else {
+      if (mm.dtype != dt) m = L.convert(m, dt);
+      if (!L.out_.is_constant(m) || !rows_have_finite_entry(L, m)) {
+        ValueId masked = L.emit("aten.eq.Scalar", {NA("self", tensor_arg(m)),
+                                                   NA("other", float_arg(-std::numeric_limits<double>::infinity()))},
+                                contiguous(ScalarType::Bool, mm.sizes), "masked_out");
+        ValueId open = L.emit("aten.logical_not.default", {NA("self", tensor_arg(masked))},
+                              contiguous(ScalarType::Bool, mm.sizes), "open");
+        if (!mm.sizes.empty()) keep = rows_kept(open);
+        m = L.emit("aten.clamp.default", {NA("self", tensor_arg(m)), NA("min", float_arg(lowest)),
+                                          NA("max", Argument{})}, contiguous(dt, mm.sizes), "finite_mask");
+      }
     }
     if (G > 1) {
       // [..., Hm, L', S'] with Hm in {1, Hq}: split the head dim like the scores'.
@@ -145,7 +177,10 @@ ValueId lower_sdpa(Lowerer& L, const Node& n, const Attention& a, const TensorMe
                      contiguous(dt, full), "probs");
   ValueId y = L.emit("aten.bmm.default", {NA("self", tensor_arg(L.view(p, {B, G * Lq, S}))), NA("mat2", tensor_arg(v3))},
                      contiguous(dt, {B, G * Lq, Ev}), "attn");
-  return L.view(y, out.sizes);
+  y = L.view(y, out.sizes);
+  if (keep) y = L.emit("aten.mul.Tensor", {NA("self", tensor_arg(y)), NA("other", tensor_arg(*keep))}, contiguous(out),
+                       "rows_kept");
+  return y;
 }
 
 double float_value(const Lowerer& L, const Node& n, const char* name, double dflt) {
@@ -280,7 +315,7 @@ std::optional<ValueId> safe_softmax(const Lowerer& L, const Node& n) {
 // rms_norm(x, shape, w, eps) = x * rsqrt(mean(x^2 over the trailing dims) + eps) (* w)
 ValueId lower_rms_norm(Lowerer& L, const Node& n) {
   ValueId x = L.tensor_in(n, "input");
-  const auto& xm = L.meta_of(x);
+  const TensorMeta xm = L.meta_of(x);
   std::vector<int64_t> shape = L.ints_in(n, "normalized_shape");
   size_t r = xm.sizes.size();
   if (shape.empty() || shape.size() > r || !std::equal(shape.begin(), shape.end(), xm.sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
@@ -365,6 +400,34 @@ bool Lowerer::lower_attention(const Node& n) {
     if (t == "aten._scaled_dot_product_attention_math.default" && opt_tensor_in(n, "dropout_mask"))
       unsupported(n, "attention with a dropout mask");
     bind(n, lower_sdpa(*this, n, a, out_meta(n, 0)));
+    return true;
+  }
+  if (t == "aten._safe_softmax.default") {
+    // softmax, with 0 for rows that are all -inf (a plain softmax when none can be)
+    ValueId x = tensor_in(n, "self");
+    if (auto dt = dtype_in(n)) x = convert(x, *dt);
+    const TensorMeta xm = meta_of(x);
+    int64_t dim = wrap_dim(int_in(n, "dim"), xm.sizes.size());
+    TensorMeta m = out_meta(n);
+    ValueId sm = emit("aten._softmax.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(dim)),
+                                                NA("half_to_float", bool_arg(false))}, m, "softmax");
+    if (dim + 1 == static_cast<int64_t>(xm.sizes.size()) && no_row_all_neg_inf(*this, x)) {
+      bind(n, sm);
+      return true;
+    }
+    TensorMeta bm = contiguous(ScalarType::Bool, xm.sizes);
+    std::vector<int64_t> row = xm.sizes;
+    row[static_cast<size_t>(dim)] = 1;
+    TensorMeta rm = contiguous(ScalarType::Bool, row);
+    ValueId inf = emit("aten.eq.Scalar", {NA("self", tensor_arg(x)),
+                                          NA("other", float_arg(-std::numeric_limits<double>::infinity()))}, bm, "is_ninf");
+    ValueId fin = emit("aten.logical_not.default", {NA("self", tensor_arg(inf))}, bm, "finite");
+    ValueId any = emit("aten.any.dim", {NA("self", tensor_arg(fin)), NA("dim", int_arg(dim)), NA("keepdim", bool_arg(true))},
+                       rm, "row_finite");
+    ValueId dead = emit("aten.logical_not.default", {NA("self", tensor_arg(any))}, rm, "row_masked");
+    ValueId zero = scalar_tensor(float_arg(0.0), m.dtype);
+    bind(n, emit("aten.where.self", {NA("condition", tensor_arg(dead)), NA("self", tensor_arg(zero)),
+                                     NA("other", tensor_arg(sm))}, m));
     return true;
   }
   if (t == "aten.where.self") {

@@ -193,14 +193,21 @@ def test_constant_additive_mask_broadcast(tmp_path):
     assert d["delegate_call_sites"] == 1 and d["fallback_count"] == 0, d
 
 
-def test_boolean_mask_input(tmp_path):
-    """A run-time boolean mask becomes an additive one ahead of the delegate: still one region."""
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_mask_input(tmp_path, kind):
+    """A run-time mask: made additive (and finite) ahead of the delegate, still one region. Two
+    query rows have no key left; eager SDPA gives 0 there, and so must kiln (not NaN)."""
     torch.manual_seed(0)
     mask = torch.rand(2, 1, SEQ, SEQ, generator=torch.Generator().manual_seed(3)) > 0.3
-    mask[..., 0] = True  # no row fully masked (eager gives NaN there)
+    mask[0, 0, 3] = False
+    mask[1, 0, 7] = False
+    if kind == "float":
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    y = Attn()(_x(), mask)
+    assert torch.isfinite(y).all() and (y[0, 3] == 0).all()  # the oracle's behaviour, checked
     d = _variant(tmp_path, Attn(), _x(), mask)
     assert d["delegate_call_sites"] == 1, d
-    assert set(d["fallback_ops"]) == {"aten.where.self"}, d
+    assert "aten.bmm.default" not in d["fallback_ops"] and "aten._softmax.default" not in d["fallback_ops"], d
 
 
 def test_dropout_is_a_clear_error(tmp_path):
@@ -245,3 +252,55 @@ def test_bert_with_a_padding_mask_input(tmp_path):
     d = _delegation(pte)
     assert d["delegate_call_sites"] == 1, d
     assert "aten.embedding.default" in d["fallback_ops"] and "aten.bmm.default" not in d["fallback_ops"], d
+
+
+class _FlashForCpu(torch.nn.Module):
+    """The CPU kernel's overload, as a decomposition may leave it (two results; only the output used)."""
+
+    def forward(self, q, k, v, mask):
+        y = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=0.4)
+        return y[0]
+
+
+def test_flash_attention_for_cpu_overload(tmp_path):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, SEQ, 8, generator=g) for _ in range(3))
+    mask = torch.randn(1, 1, SEQ, SEQ, generator=g)
+    spec = export_program(_FlashForCpu(), (q, k, v, mask), tmp_path / "m", "flash")
+    ops = json.loads(run_kiln("inspect", spec, "--json").stdout)["operators"]
+    assert ops.get("aten._scaled_dot_product_flash_attention_for_cpu.default") == 1, ops
+    ins, refs = reference_io(spec)
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        assert_close(et_execute(pte, ins)[0], refs[0], f"{backend} in ExecuTorch's runtime")
+        assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"{backend} in kiln's runtime")
+    d = _delegation(pte)
+    # the run-time mask's row test (any key left?) runs ahead of the one region
+    assert d["delegate_call_sites"] == 1, d
+    assert set(d["fallback_ops"]) <= {"aten.eq.Scalar", "aten.logical_not.default", "aten.any.dim",
+                                      "dim_order_ops._to_dim_order_copy.default"}, d
+
+
+class _SafeSoftmax(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.ops.aten._safe_softmax(x, -1) + torch.ops.aten._safe_softmax(torch.bmm(y, y.transpose(1, 2)), -1)
+
+
+def test_safe_softmax(tmp_path):
+    """aten._safe_softmax: rows that are all -inf give 0 (x, an input, has one); over a matmul
+    result no row can be, and it is a plain softmax inside the delegate."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 4, generator=g)
+    x[1, 2] = float("-inf")
+    x[0, 1, :2] = float("-inf")
+    y = torch.randn(2, 4, 3, generator=g)
+    spec = export_program(_SafeSoftmax(), (x, y), tmp_path / "m", "safe")
+    ops = json.loads(run_kiln("inspect", spec, "--json").stdout)["operators"]
+    assert ops.get("aten._safe_softmax.default") == 2, ops
+    ins, refs = reference_io(spec)
+    assert torch.all(torch.ops.aten._safe_softmax(x, -1)[1, 2] == 0) and np.isfinite(refs[0]).all()
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        assert_close(et_execute(pte, ins)[0], refs[0], f"{backend} in ExecuTorch's runtime")
+        assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"{backend} in kiln's runtime")
+    assert _delegation(pte)["fallback_ops"].get("aten.where.self") == 1

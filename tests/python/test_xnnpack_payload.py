@@ -707,6 +707,8 @@ CASES = {
     "cat_1": _cat(1), "cat_2": _cat(2), "cat_5": _cat(5), "cat_7": _cat(7),
     "constant_pad": _pad, "expand": _expand, "expand_noop": _expand_noop,
     "constants_in_chain": _chain_with_constants, "gpt2_mlp": _gpt2_mlp,
+    "elu": _unary("aten.elu.default", -3.0, 3.0, alpha=0.7, scale=1, input_scale=1),
+    "leaky_relu": _unary("aten.leaky_relu.default", -3.0, 3.0, negative_slope=0.2),
 }
 
 
