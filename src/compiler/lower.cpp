@@ -84,6 +84,8 @@ std::string metadata(const LowerResult& r) {
                      {"values", report.values},
                      {"aliased_views", report.aliased_views}};
   meta["memory"] = {{"planned_bytes", report.planned_bytes}, {"naive_bytes", report.naive_bytes}};
+  if (report.mutable_buffers > 0)  // state kept across calls (planned, in place)
+    meta["state"] = {{"mutable_buffers", report.mutable_buffers}, {"bytes", report.mutable_buffer_bytes}};
   meta["constants"] = {{"buffers", report.constants},
                        {"bytes", report.constant_bytes},
                        {"deduplicated_values", report.deduplicated_constants}};

@@ -505,7 +505,7 @@ class Emitter {
       }
       plan_.instructions.push_back(std::move(call));
       ++report_->kernel_calls;
-      ++report_->operators[fmt::format("{}.{}", s->kernel, s->overload)];
+      ++report_->operators[s->overload.empty() ? std::string(s->kernel) : fmt::format("{}.{}", s->kernel, s->overload)];
     }
   }
 

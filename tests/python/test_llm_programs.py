@@ -1,0 +1,144 @@
+"""LLM programs with a static KV cache: kiln keeps the cache (mutable buffers) across calls.
+
+A tiny decoder (random seeded weights) exported by `python -m kiln_export llm` as
+forward(tokens[1, 1], input_pos[1]) -> logits, its KV cache as registered buffers that
+the program updates (index_copy_): kiln lowers it (portable and xnnpack), and both
+kiln's runtime (`kiln run --steps`, one method over many calls) and ExecuTorch's
+runtime (one Method, execute per step) run prefill (token by token) and greedy
+decode. The oracle is transformers' own greedy loop (`generate`, do_sample=False) on
+the same weights: every step's argmax must be the next token it produced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, assert_close, run_kiln
+
+MAX_SEQ = 24
+PROMPT = [3, 17, 42, 5, 99]
+NEW_TOKENS = 10
+
+
+def _export_llm(out: Path, arch: str) -> Path:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", arch, "--config", "tiny", "--max-seq-len",
+           str(MAX_SEQ), "--seed", "0", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise AssertionError(f"export failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    return out / "model_spec.json"
+
+
+def _reference(arch: str):
+    """transformers' greedy tokens after PROMPT, and eager per-step logits of the exported wrapper."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    class Args:
+        config = "tiny"
+        gguf = None
+        seed = 0
+
+    Args.arch = arch
+    model, _, _ = llm.build_model(Args)
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+    tokens = ids[0].tolist()
+    module = llm.make_module(model, MAX_SEQ, False)
+    logits = []
+    with torch.no_grad():
+        for i, t in enumerate(tokens[:-1]):
+            logits.append(module(torch.tensor([[t]]), torch.tensor([i])).numpy())
+    return tokens, logits
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def tiny_llm(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"llm_{request.param}")
+    spec = _export_llm(out, request.param)
+    tokens, logits = _reference(request.param)
+    return request.param, spec, tokens, logits
+
+
+def _kiln_steps(pte: Path, tokens, work: Path):
+    """kiln run --steps: one call per token (teacher forcing with the reference tokens); logits per step."""
+    args = []
+    for i, t in enumerate(tokens):
+        np.save(work / f"t{i}.npy", np.array([[t]], dtype=np.int64))
+        np.save(work / f"p{i}.npy", np.array([i], dtype=np.int64))
+        args += ["-i", work / f"t{i}.npy", "-i", work / f"p{i}.npy", "-o", work / f"o{i}.npy"]
+    run_kiln("run", pte, "--steps", len(tokens), *args)
+    return [np.load(work / f"o{i}.npy") for i in range(len(tokens))]
+
+
+def _et_steps(pte: Path, tokens):
+    import torch
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    return [method.execute([torch.tensor([[t]]), torch.tensor([i])])[0].numpy() for i, t in enumerate(tokens)]
+
+
+def _check_greedy(step_logits, tokens, ref_logits, what):
+    # every position from the last prompt token on predicts the next generated token
+    got = [int(step_logits[i][0, -1].argmax()) for i in range(len(PROMPT) - 1, len(tokens) - 1)]
+    assert got == tokens[len(PROMPT):], f"{what}: greedy tokens {got} != transformers {tokens[len(PROMPT):]}"
+    for i in (0, len(tokens) - 2):
+        assert_close(step_logits[i], ref_logits[i], f"{what} step {i}")
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_prefill_decode_both_runtimes(tiny_llm, backend, tmp_path):
+    arch, spec, tokens, ref_logits = tiny_llm
+    pte = tmp_path / f"{arch}_{backend}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "-q")
+    meta = json.loads(pte.with_suffix(".json").read_text())
+    # KV cache (2 per layer) and the cache's position counter (1 per layer) are state
+    assert meta["state"]["mutable_buffers"] == 6
+    # the cache rows are written in place: one index_put_ per cache, no write-back copy of a cache
+    ops = meta["program"]["operators"]
+    assert ops.get("aten::index_put_") == 4 and ops.get("aten::copy_", 0) == 2, ops
+    feed = tokens[:-1]
+    _check_greedy(_kiln_steps(pte, feed, tmp_path), tokens, ref_logits, f"kiln runtime ({backend})")
+    _check_greedy(_et_steps(pte, feed), tokens, ref_logits, f"ExecuTorch runtime ({backend})")
+
+
+def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
+    """A second load starts from the initial cache; within one load the cache carries over."""
+    import torch
+    from executorch.runtime import Runtime
+
+    arch, spec, tokens, ref_logits = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "--out", pte, "-q")
+    program = Runtime.get().load_program(str(pte))
+    a = program.load_method("forward")
+    a.execute([torch.tensor([[tokens[0]]]), torch.tensor([0])])
+    second = a.execute([torch.tensor([[tokens[1]]]), torch.tensor([1])])[0].numpy()
+    assert_close(second, ref_logits[1], "second call after the first")
+    # the same token at position 1 without position 0 in the cache gives other logits
+    fresh = Runtime.get().load_program(str(pte)).load_method("forward")
+    alone = fresh.execute([torch.tensor([[tokens[1]]]), torch.tensor([1])])[0].numpy()
+    assert float(np.abs(alone - ref_logits[1]).max()) > 1e-3
+
+
+def test_position_past_the_cache_is_one_clear_error(tiny_llm, tmp_path):
+    arch, spec, tokens, _ = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "--out", pte, "-q")
+    np.save(tmp_path / "t.npy", np.array([[tokens[0]]], dtype=np.int64))
+    np.save(tmp_path / "p.npy", np.array([MAX_SEQ], dtype=np.int64))
+    proc = run_kiln("run", pte, "-i", tmp_path / "t.npy", "-i", tmp_path / "p.npy", check=False)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "outside" in lines[0] and str(MAX_SEQ) in lines[0], proc.stderr
