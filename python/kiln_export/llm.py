@@ -61,7 +61,8 @@ def tiny_config(arch: str, config: str):
     common = dict(vocab_size=32000 if small else 256, hidden_size=768 if small else 64,
                   intermediate_size=2048 if small else 128, num_hidden_layers=12 if small else 2,
                   num_attention_heads=12 if small else 4, num_key_value_heads=4 if small else 2,
-                  max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False)
+                  max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=0)
     if arch == "llama":
         return LlamaConfig(**common)
     if arch == "qwen3":
@@ -214,6 +215,17 @@ def main(argv=None) -> int:
             "last_logits_only": args.last_logits_only,
             "attn_implementation": ATTN_IMPLEMENTATION,
             "tokenizer": files,
+        },
+        # ExecuTorch's LLM runner conventions (extension/llm/runner): constant methods of the .pte
+        "constant_methods": {
+            "get_max_seq_len": args.max_seq_len,
+            "get_max_context_len": args.max_seq_len,
+            "get_vocab_size": cfg.vocab_size,
+            "get_bos_id": cfg.bos_token_id if cfg.bos_token_id is not None else 0,
+            "get_eos_ids": eos if isinstance(eos, list) else [eos],
+            "use_kv_cache": True,
+            "enable_dynamic_shape": args.dynamic,
+            "get_n_layers": cfg.num_hidden_layers,
         },
         "export_seconds": round(time.perf_counter() - t0, 2),
     }

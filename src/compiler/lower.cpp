@@ -175,6 +175,17 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     progress(fmt::format("emitting {} kernel calls, planning memory", edge.graph.nodes.size()));
     program = emit::emit_program(edge, &r.report);
   }
+  // Constant methods: no inputs, no instructions, every value an output (ExecuTorch's form).
+  for (const auto& cm : spec.constant_methods) {
+    check(cm.name != "forward", "{}: a constant method cannot be called 'forward'", spec.path);
+    pte::ExecutionPlan plan;
+    plan.name = cm.name;
+    for (const auto& v : cm.values) {
+      std::visit([&](const auto& x) { plan.values.emplace_back(x); }, v);
+      plan.outputs.push_back(static_cast<int32_t>(plan.values.size() - 1));
+    }
+    program.plans.push_back(std::move(plan));
+  }
   const double t_emit = seconds_since(t0);
 
   progress(fmt::format("writing {} ({:.1f} MB of constants, {:.1f} MB of named data)", out,

@@ -132,6 +132,28 @@ def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
     assert float(np.abs(alone - ref_logits[1]).max()) > 1e-3
 
 
+def test_constant_methods_for_executorch_llm_runner(tiny_llm, tmp_path):
+    """The methods ExecuTorch's LLM runner reads, with the values of the model's config."""
+    from executorch.runtime import Runtime
+    from transformers import AutoConfig
+
+    arch, spec, _, _ = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    cfg = llm.tiny_config(arch, "tiny")
+    program = Runtime.get().load_program(str(pte))
+    got = {name: list(program.load_method(name).execute([])) for name in program.method_names if name != "forward"}
+    assert got["get_max_seq_len"] == [MAX_SEQ]
+    assert got["get_vocab_size"] == [cfg.vocab_size]
+    assert got["get_bos_id"] == [cfg.bos_token_id]
+    assert got["get_eos_ids"] == [cfg.eos_token_id]
+    assert got["use_kv_cache"] == [True] and got["enable_dynamic_shape"] == [False]
+    assert got["get_n_layers"] == [cfg.num_hidden_layers]
+
+
 def test_position_past_the_cache_is_one_clear_error(tiny_llm, tmp_path):
     arch, spec, tokens, _ = tiny_llm
     pte = tmp_path / f"{arch}.pte"
@@ -188,3 +210,16 @@ def test_smollm2_64_greedy_tokens_match_transformers(backend, tmp_path):
     assert got_kiln == want, f"kiln runtime: {tok.decode(got_kiln)!r} != {tok.decode(want)!r}"
     got_et = [int(l[0, -1].argmax()) for l in _et_steps(pte, feed)[len(prompt) - 1:]]
     assert got_et == want, f"ExecuTorch runtime: {tok.decode(got_et)!r} != {tok.decode(want)!r}"
+
+    # ExecuTorch's LLM runner (constant methods, forward(tokens, start_pos), token-by-token prefill) on kiln's
+    # .pte: greedy until the end-of-turn token, as transformers generates it
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    eos = list(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])
+    end = next(i for i, t in enumerate(want) if t in eos)
+    pieces = []
+    runner = TextLLMRunner(str(pte), str(out / "tokenizer.json"))
+    runner.generate(text, GenerationConfig(echo=False, max_new_tokens=SMOL_NEW, temperature=0.0),
+                    token_callback=pieces.append)
+    assert "".join(pieces) == tok.decode(want[:end + 1]), ("".join(pieces), tok.decode(want[:end + 1]))
