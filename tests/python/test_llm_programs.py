@@ -97,11 +97,12 @@ def _check_greedy(step_logits, tokens, ref_logits, what):
         assert_close(step_logits[i], ref_logits[i], f"{what} step {i}")
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "xnnpack-per-op"])
 def test_prefill_decode_both_runtimes(tiny_llm, backend, tmp_path):
     arch, spec, tokens, ref_logits = tiny_llm
     pte = tmp_path / f"{arch}_{backend}.pte"
-    run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "-q")
+    extra = ["--per-op"] if backend.endswith("per-op") else []
+    run_kiln("lower", "--spec", spec, "--backend", backend.split("-")[0], *extra, "--out", pte, "-q")
     meta = json.loads(pte.with_suffix(".json").read_text())
     # KV cache (2 per layer) and the cache's position counter (1 per layer) are state
     assert meta["state"]["mutable_buffers"] == 6
