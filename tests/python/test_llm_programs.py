@@ -114,6 +114,25 @@ def test_prefill_decode_both_runtimes(tiny_llm, backend, tmp_path):
     _check_greedy(_et_steps(pte, feed), tokens, ref_logits, f"ExecuTorch runtime ({backend})")
 
 
+@pytest.mark.parametrize("tiny_llm", ["llama"], indirect=True)
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_kiln_runtime_runs_executorchs_llm_pte(tiny_llm, backend, tmp_path):
+    """ExecuTorch's own lowering of the same .pt2 (its mutable buffers, index_put + copy_ write-back) in kiln's runtime."""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    arch, spec, tokens, ref_logits = tiny_llm
+    ep = torch.export.load(str(Path(spec).parent / json.loads(Path(spec).read_text())["exported_program"]))
+    parts = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        parts = [XnnpackPartitioner()]
+    pte = tmp_path / f"{arch}_{backend}_et.pte"
+    pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=parts).to_executorch().buffer)
+    _check_greedy(_kiln_steps(pte, tokens[:-1], tmp_path), tokens, ref_logits, f"kiln runtime on ExecuTorch's {backend}")
+
+
 def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
     """A second load starts from the initial cache; within one load the cache carries over."""
     import torch
