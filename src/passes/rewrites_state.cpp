@@ -99,6 +99,7 @@ bool Lowerer::lower_state(const Node& n) {
       for (ValueId v : o.tensor_ids()) in_place = in_place && v != src_self;
   }
   const TensorMeta& sm = meta_of(self);
+  if (buffer == nullptr && !is_copy) return false;  // an update of an ordinary tensor: another family's
 
   if (is_copy) {
     ValueId src = tensor_in(n, "src");
@@ -177,11 +178,9 @@ bool Lowerer::lower_state(const Node& n) {
                  contiguous(sm)));
     return true;
   }
-  if (buffer != nullptr)
-    unsupported(n, "this update of mutable buffer '" + buffer->name +
-                       "' cannot run in place (kiln writes buffers in place when one node updates rows along one "
-                       "dimension and nothing reads the old buffer afterwards)");
-  return false;  // an index_copy/index_put/slice_scatter of ordinary tensors: another family's
+  unsupported(n, "this update of mutable buffer '" + buffer->name +
+                    "' cannot run in place (kiln writes buffers in place when one node updates rows along one "
+                    "dimension and nothing reads the old buffer afterwards)");
 }
 
 }  // namespace kiln::passes::detail
