@@ -133,6 +133,22 @@ def test_kiln_runtime_runs_executorchs_llm_pte(tiny_llm, backend, tmp_path):
     _check_greedy(_kiln_steps(pte, tokens[:-1], tmp_path), tokens, ref_logits, f"kiln runtime on ExecuTorch's {backend}")
 
 
+@pytest.mark.parametrize("tiny_llm", ["llama"], indirect=True)
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_decode_step_allocates_nothing(tiny_llm, backend, tmp_path):
+    """A call that reads and updates the KV cache (token 0 at position 0, after a warm-up call) makes no allocation."""
+    arch, spec, _, _ = tiny_llm
+    alloc_check = REPO / "build" / "kiln_alloc_check"
+    if not alloc_check.is_file():
+        raise RuntimeError(f"{alloc_check} not built")
+    pte = tmp_path / f"{arch}_{backend}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "-q")
+    proc = subprocess.run([str(alloc_check), str(pte)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["hook_counted"] >= 1 and result["allocations_during_execute"] == 0, result
+
+
 def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
     """A second load starts from the initial cache; within one load the cache carries over."""
     import torch
