@@ -190,6 +190,23 @@ def test_constant_methods_for_executorch_llm_runner(tiny_llm, tmp_path):
     assert got["get_n_layers"] == [cfg.num_hidden_layers]
 
 
+@pytest.mark.parametrize("tiny_llm", ["llama"], indirect=True)
+def test_rejected_call_leaves_the_cache_intact(tiny_llm, tmp_path):
+    """ExecuTorch's runtime on kiln's file: a position past the cache fails, and the next call sees the old state."""
+    import torch
+    from executorch.runtime import Runtime
+
+    arch, spec, tokens, ref_logits = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    method.execute([torch.tensor([[tokens[0]]]), torch.tensor([0])])
+    with pytest.raises(Exception):
+        method.execute([torch.tensor([[tokens[5]]]), torch.tensor([MAX_SEQ])])
+    got = method.execute([torch.tensor([[tokens[1]]]), torch.tensor([1])])[0].numpy()
+    assert_close(got, ref_logits[1], "call after a rejected call")
+
+
 def test_position_past_the_cache_is_one_clear_error(tiny_llm, tmp_path):
     arch, spec, tokens, _ = tiny_llm
     pte = tmp_path / f"{arch}.pte"
