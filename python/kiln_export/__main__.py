@@ -33,6 +33,11 @@ def _parse(argv):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["llm"]:  # decoders with a KV cache: kiln_export/llm.py
+        from .llm import main as llm_main
+
+        return llm_main(argv[1:])
     args = _parse(argv)
     import numpy as np
     import torch

@@ -26,6 +26,7 @@ struct RunOptions {
   std::vector<std::string> compare;
   int threads = 1;
   std::string engine = "kiln";
+  int steps = 1;  // input sets run one after another in one method (its state kept between them)
 };
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -60,35 +61,54 @@ int run_run(const RunOptions& o) {
   double load_ms = ms_since(t0);
   rt::Method& m = method.value();
 
-  check(o.inputs.size() == m.num_inputs(), "{}: method '{}' takes {} input(s), {} given with --input", o.file, o.method,
-        m.num_inputs(), o.inputs.size());
+  check(o.steps >= 1, "--steps must be >= 1");
+  const auto steps = static_cast<size_t>(o.steps);
+  check(o.inputs.size() == m.num_inputs() * steps, "{}: method '{}' takes {} input(s), {} given with --input for {} step(s)",
+        o.file, o.method, m.num_inputs(), o.inputs.size(), steps);
+  check(o.outputs.size() <= m.num_outputs() * steps, "{}: {} --output given for {} output(s) x {} step(s)", o.file,
+        o.outputs.size(), m.num_outputs(), steps);
   std::vector<io::NpyArray> inputs;
-  for (size_t i = 0; i < o.inputs.size(); ++i) {
-    inputs.push_back(io::read_npy(o.inputs[i]));
-    const auto& a = inputs.back();
-    const rt::Tensor& t = m.input(i);
-    check(a.dtype == t.dtype && t.same_shape(a.shape), "--input {}: {}{} given, input {} expects {}{}", o.inputs[i],
-          dtype_name(a.dtype), shape_str(a.shape), i, dtype_name(t.dtype), shape_str(t.shape()));
-    if (m.set_input(i, a.data.data(), a.data.size(), &err) != rt::Status::Ok) fail("--input {}: {}", o.inputs[i], err.c_str());
+  for (const auto& f : o.inputs) inputs.push_back(io::read_npy(f));
+  double exec_ms = 0;
+  // Steps before the last: run, write their outputs (--output lists them step by step), keep the state.
+  for (size_t k = 0; k < steps; ++k) {
+    for (size_t i = 0; i < m.num_inputs(); ++i) {
+      const size_t f = k * m.num_inputs() + i;
+      const auto& a = inputs[f];
+      const rt::Tensor& t = m.input(i);
+      check(a.dtype == t.dtype && t.same_shape(a.shape), "--input {}: {}{} given, input {} expects {}{}", o.inputs[f],
+            dtype_name(a.dtype), shape_str(a.shape), i, dtype_name(t.dtype), shape_str(t.shape()));
+      if (m.set_input(i, a.data.data(), a.data.size(), &err) != rt::Status::Ok)
+        fail("--input {}: {}", o.inputs[f], err.c_str());
+    }
+    auto t1 = Clock::now();
+    if (m.execute(&err) != rt::Status::Ok)
+      fail("{}: execution failed{}: {}", o.file, steps > 1 ? fmt::format(" at step {}", k) : "", err.c_str());
+    exec_ms += ms_since(t1);
+    if (k + 1 == steps) break;
+    for (size_t i = 0; i < m.num_outputs(); ++i) {
+      const size_t f = k * m.num_outputs() + i;
+      if (f >= o.outputs.size()) continue;
+      const rt::Tensor& t = m.output(i);
+      io::write_npy(o.outputs[f], t.dtype, t.shape(),
+                    std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes()));
+    }
   }
-  auto t1 = Clock::now();
-  if (m.execute(&err) != rt::Status::Ok) fail("{}: execution failed: {}", o.file, err.c_str());
-  double exec_ms = ms_since(t1);
+  std::vector<std::string> last_outputs;
+  for (size_t f = (steps - 1) * m.num_outputs(); f < o.outputs.size(); ++f) last_outputs.push_back(o.outputs[f]);
 
   fmt::print("{}: loaded in {:.1f} ms ({:.1f} MB planned memory), executed in {:.1f} ms\n", o.file, load_ms,
              static_cast<double>(m.planned_bytes()) / 1e6, exec_ms);
-  check(o.outputs.size() <= m.num_outputs(), "{}: {} --output given for {} output(s)", o.file, o.outputs.size(),
-        m.num_outputs());
   check(o.compare.size() <= m.num_outputs(), "{}: {} --compare given for {} output(s)", o.file, o.compare.size(),
         m.num_outputs());
   int status = 0;
   for (size_t i = 0; i < m.num_outputs(); ++i) {
     const rt::Tensor& t = m.output(i);
     fmt::print("  output {}: {}{}\n", i, dtype_name(t.dtype), shape_str(t.shape()));
-    if (i < o.outputs.size()) {
-      io::write_npy(o.outputs[i], t.dtype, t.shape(),
+    if (i < last_outputs.size()) {
+      io::write_npy(last_outputs[i], t.dtype, t.shape(),
                     std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes()));
-      fmt::print("    wrote {}\n", o.outputs[i]);
+      fmt::print("    wrote {}\n", last_outputs[i]);
     }
     if (i < o.compare.size()) {
       io::NpyArray ref = io::read_npy(o.compare[i]);
@@ -123,6 +143,10 @@ void add_run_command(CLI::App& app, std::function<int()>& run) {
                   "elementwise rows) or xnnpack (Debian's XNNPACK for every node it has, weights packed at load)")
       ->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
+  cmd->add_option("--steps", opts->steps,
+                  "run N input sets one after another in the same method, keeping its state (a KV cache) between "
+                  "them: --input lists N x inputs in step order, --output N x outputs; --compare checks the last step")
+      ->capture_default_str();
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();
   cmd->callback([opts, &run] { run = [opts] { return run_run(*opts); }; });
 }

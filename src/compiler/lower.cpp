@@ -86,6 +86,8 @@ std::string metadata(const LowerResult& r) {
                      {"values", report.values},
                      {"aliased_views", report.aliased_views}};
   meta["memory"] = {{"planned_bytes", report.planned_bytes}, {"naive_bytes", report.naive_bytes}};
+  if (report.mutable_buffers > 0)  // state kept across calls (planned, in place)
+    meta["state"] = {{"mutable_buffers", report.mutable_buffers}, {"bytes", report.mutable_buffer_bytes}};
   meta["constants"] = {{"buffers", report.constants},
                        {"bytes", report.constant_bytes},
                        {"deduplicated_values", report.deduplicated_constants}};
@@ -184,6 +186,17 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   } else {
     progress(fmt::format("emitting {} kernel calls, planning memory", edge.graph.nodes.size()));
     program = emit::emit_program(edge, &r.report);
+  }
+  // Constant methods: no inputs, no instructions, every value an output (ExecuTorch's form).
+  for (const auto& cm : spec.constant_methods) {
+    check(cm.name != "forward", "{}: a constant method cannot be called 'forward'", spec.path);
+    pte::ExecutionPlan plan;
+    plan.name = cm.name;
+    for (const auto& v : cm.values) {
+      std::visit([&](const auto& x) { plan.values.emplace_back(x); }, v);
+      plan.outputs.push_back(static_cast<int32_t>(plan.values.size() - 1));
+    }
+    program.plans.push_back(std::move(plan));
   }
   const double t_emit = seconds_since(t0);
 

@@ -101,6 +101,23 @@ class Emitter {
           }
         }
     }
+    // An in-place write of a mutable buffer comes after every other reader of the buffer.
+    for (size_t w = 0; w < n; ++w) {
+      const passes::OpSchema* ws = passes::find_op_schema(g.nodes[w].target);
+      if (ws == nullptr || !ws->inplace) continue;
+      ValueId self = g.nodes[w].inputs.at(0).arg.tensor_ids().at(0);
+      for (size_t i = 0; i < n; ++i) {
+        if (i == w) continue;
+        bool reads = false;
+        for (const auto& in : g.nodes[i].inputs)
+          for (ValueId v : in.arg.tensor_ids()) reads = reads || v == self;
+        size_t a = unit_of(i), b = unit_of(w);
+        if (reads && a != b && edges.emplace(a, b).second) {
+          succs[a].push_back(b);
+          ++indegree[b];
+        }
+      }
+    }
     // A region's outputs must cover what is read outside it; its inputs what it reads.
     for (size_t r = 0; r < regions_.size(); ++r) {
       std::set<ValueId> ins(regions_[r].inputs.begin(), regions_[r].inputs.end());
@@ -173,6 +190,11 @@ class Emitter {
     // output; aliases point at their input's root. Values inside a region have none.
     int32_t next = 0;
     for (ValueId v : g.inputs) storage_of_[static_cast<size_t>(v)] = next++;
+    // Mutable buffers: storage of their own for the whole call (their contents outlive it).
+    for (const auto& b : p_.mutable_buffers) {
+      storage_of_[static_cast<size_t>(b.value)] = next++;
+      is_input[static_cast<size_t>(b.value)] = true;  // never the root of a shared view
+    }
     for (const Step& step : steps_) {
       if (step.region) {
         for (ValueId v : regions_[static_cast<size_t>(step.index)].outputs) storage_of_[static_cast<size_t>(v)] = next++;
@@ -191,6 +213,12 @@ class Emitter {
           ++report_->aliased_views;
           continue;
         }
+      }
+      if (const passes::OpSchema* s = passes::find_op_schema(n.target); s && s->inplace && outs.size() == 1) {
+        ValueId self = n.inputs.at(0).arg.tensor_ids().at(0);
+        storage_of_[static_cast<size_t>(outs[0])] = storage_of_[static_cast<size_t>(self)];
+        inplace_of_[outs[0]] = self;  // the same value: ExecuTorch's in-place calls return their self
+        continue;
       }
       for (ValueId v : outs) storage_of_[static_cast<size_t>(v)] = next++;
     }
@@ -310,6 +338,7 @@ class Emitter {
       r.bytes = std::max<uint64_t>(r.bytes, static_cast<uint64_t>(g.value(v).meta.nbytes()));
     };
     for (ValueId v : g.inputs) touch(v, -1);
+    for (const auto& b : p_.mutable_buffers) touch(b.value, -1);
     int32_t count = 0;
     for (const Step& step : steps_) {
       if (step.region) {
@@ -332,6 +361,7 @@ class Emitter {
     // without its inputs being set again.
     for (ValueId v : p_.outputs) touch(v, count);
     for (ValueId v : g.inputs) touch(v, count);
+    for (const auto& b : p_.mutable_buffers) touch(b.value, count);
     MemoryPlan plan = plan_memory(req);
     storage_offset_ = plan.offsets;
     plan_.non_const_buffer_sizes = {0, static_cast<int64_t>(plan.total_bytes)};
@@ -347,6 +377,7 @@ class Emitter {
 
   int32_t tensor_value(ValueId v) {
     if (auto it = tensor_index_.find(v); it != tensor_index_.end()) return it->second;
+    if (auto it = inplace_of_.find(v); it != inplace_of_.end()) return tensor_index_[v] = tensor_value(it->second);
     const auto& meta = p_.graph.value(v).meta;
     pte::TensorValue t;
     t.dtype = meta.dtype;
@@ -359,9 +390,30 @@ class Emitter {
       int32_t s = storage_of_.at(static_cast<size_t>(v));
       check(s >= 0, "internal: tensor '{}' has no storage", p_.graph.value(v).name);
       t.allocation = pte::Allocation{1, storage_offset_.at(static_cast<size_t>(s))};
+      if (const passes::MutableBuffer* b = p_.mutable_buffer(v)) t.mutable_index = initial_data(*b);
     }
     int32_t index = add_value(std::move(t));
     tensor_index_[v] = index;
+    return index;
+  }
+
+  // A mutable buffer's initial contents, in the program's mutable data (copied into its planned memory at load).
+  uint32_t initial_data(const passes::MutableBuffer& b) {
+    auto index = static_cast<uint32_t>(program_.mutable_data.size());
+    pte::DataBlob blob;
+    const uint64_t size = b.initial.bytes ? b.initial.bytes->size() : static_cast<uint64_t>(b.initial.source->meta.nbytes());
+    blob.size = size;
+    if (b.initial.source) {
+      const pt2::ConstantTensor* src = b.initial.source;
+      const pt2::ExportedProgram* ep = p_.exported;
+      blob.write = [ep, src](const std::function<void(std::span<const std::byte>)>& sink) { ep->stream_constant(*src, sink); };
+    } else {
+      auto data = b.initial.bytes;
+      blob.write = [data](const std::function<void(std::span<const std::byte>)>& sink) { sink(*data); };
+    }
+    program_.mutable_data.push_back(std::move(blob));
+    ++report_->mutable_buffers;
+    report_->mutable_buffer_bytes += size;
     return index;
   }
 
@@ -435,8 +487,10 @@ class Emitter {
       for (const auto& a : passes::ordered_arguments(*s, n)) call.args.push_back(argument_value(a));
       auto outs = n.output_ids();
       // Outs, then the return slot ExecuTorch's kernel calls carry: the out
-      // itself, the out list, or a list of the outs.
-      if (s->out_is_list) {
+      // itself, the out list, or a list of the outs (an in-place call: its self).
+      if (s->inplace) {
+        call.args.push_back(tensor_value(outs.at(0)));
+      } else if (s->out_is_list) {
         pte::TensorList l;
         for (ValueId v : outs) l.items.push_back(tensor_value(v));
         int32_t list = add_value(std::move(l));
@@ -451,7 +505,7 @@ class Emitter {
       }
       plan_.instructions.push_back(std::move(call));
       ++report_->kernel_calls;
-      ++report_->operators[fmt::format("{}.{}", s->kernel, s->overload)];
+      ++report_->operators[s->overload.empty() ? std::string(s->kernel) : fmt::format("{}.{}", s->kernel, s->overload)];
     }
   }
 
@@ -496,6 +550,7 @@ class Emitter {
   std::map<ValueId, uint32_t> constant_index_;
   std::map<uint32_t, ValueId> constant_value_;
   std::map<ValueId, int32_t> tensor_index_;
+  std::map<ValueId, ValueId> inplace_of_;  // output of an in-place node -> its self
   std::map<std::string, int32_t> operator_index_;
   int32_t none_index_ = -1;
 };

@@ -79,7 +79,7 @@ const char* check_op_table(OpId* bad) {
   for (size_t i = 0; i < kNumOps; ++i) {
     *bad = static_cast<OpId>(i);
     if (!p.ok[i]) return p.error[i].what;
-    if (p.schema[i].num_outs == 0) return "the schema has no out argument (only out variants run)";
+    if (p.schema[i].num_outs == 0 && !p.schema[i].inplace) return "the schema has no out argument (only out variants run)";
     for (size_t j = 0; j < i; ++j) {
       if (p.name[i] == p.name[j]) return "two lines name the same out variant";
       if (!kOps[i].target.empty() && kOps[i].target == kOps[j].target) return "two lines name the same target";

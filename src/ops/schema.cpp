@@ -237,7 +237,9 @@ bool parse_schema(std::string_view text, Schema* out, ParseError* err) {
       a.has_default = true;
       if (!parse_default(c, &a.default_value)) return false;
     }
-    if (a.is_out) {
+    if (a.is_out && out->num_args == 0 && out->name.ends_with('_') && a.type == Type::Tensor) {
+      out->inplace = true;  // an in-place form, "aten::index_put_(Tensor(a!) self, ...)": self is read and written
+    } else if (a.is_out) {
       ++out->num_outs;
       if (a.type == Type::TensorList) out->out_is_list = true;
       else if (a.type != Type::Tensor) return c.fail("an out argument must be Tensor(a!) or Tensor(a!)[]");

@@ -81,6 +81,7 @@ class Lowerer {
     }
     current_ = nullptr;
     bind_outputs();
+    if (!buffer_writes_.empty()) finish_state();
     remove_dead_code();
     if (stats_) {
       stats_->source_nodes = static_cast<int64_t>(ep_.graph.nodes.size());
@@ -119,7 +120,10 @@ class Lowerer {
       } else {
         const auto* c = ep_.find_constant(spec.target);
         check(c != nullptr, "{}: input '{}' has no constant data", ep_.path, spec.target);
-        out_.constants[v] = ConstantData{c, nullptr, c->name};
+        if (spec.kind == graph::InputSpec::Kind::Buffer && is_mutated_buffer(spec.target))
+          out_.mutable_buffers.push_back({v, ConstantData{c, nullptr, c->name}, spec.target});
+        else
+          out_.constants[v] = ConstantData{c, nullptr, c->name};
       }
     }
   }
@@ -127,6 +131,10 @@ class Lowerer {
   void bind_outputs() {
     std::set<ValueId> seen;
     for (size_t i = 0; i < ep_.graph.outputs.size(); ++i) {
+      if (ep_.signature.outputs[i].kind == graph::OutputSpec::Kind::BufferMutation) {
+        bind_buffer_mutation(ep_.signature.outputs[i], ep_.graph.outputs[i]);
+        continue;
+      }
       if (ep_.signature.outputs[i].kind != graph::OutputSpec::Kind::UserOutput)
         fail("{}: output {} is a {}; kiln lowers inference programs without mutated state", ep_.path, i,
              graph::output_kind_name(ep_.signature.outputs[i].kind));
@@ -156,7 +164,7 @@ class Lowerer {
     for (ValueId v : out_.outputs) live[static_cast<size_t>(v)] = true;
     std::vector<bool> keep(g.nodes.size(), false);
     for (size_t i = g.nodes.size(); i-- > 0;) {
-      bool needed = false;
+      bool needed = writes_state(g.nodes[i]);  // an update of a mutable buffer is the point of its node
       for (ValueId v : g.nodes[i].output_ids()) needed = needed || live[static_cast<size_t>(v)];
       if (!needed) continue;
       keep[i] = true;
@@ -728,7 +736,7 @@ class Lowerer {
       }
     }
     // Rewrite families kept in their own files (declared below).
-    if (lower_attention(n) || lower_conv(n) || lower_sequence(n) || lower_state(n)) return;
+    if (lower_state(n) || lower_attention(n) || lower_conv(n) || lower_sequence(n)) return;
     // Core ATen ops the op table knows run as they are.
     if (find_op_schema(t) != nullptr) {
       passthrough(t);
@@ -776,6 +784,17 @@ class Lowerer {
   void lower_rnn(const Node& n, int cell);  // (rewrites_sequence.cpp)
   void lower_einsum(const Node& n);
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
+  // Mutable state (rewrites_state.cpp): which buffers the program mutates, the
+  // value each holds at the end of a call, and the in-place write of that value.
+  bool is_mutated_buffer(const std::string& fqn) const;
+  void bind_buffer_mutation(const graph::OutputSpec& spec, const Argument& value);
+  void finish_state();
+  static bool writes_state(const Node& n);
+  struct BufferWrite {
+    ValueId buffer;  // edge value of the mutable buffer
+    ValueId value;   // edge value it must hold when the call returns
+  };
+  std::vector<BufferWrite> buffer_writes_;
 
   const pt2::ExportedProgram& ep_;
   LoweringStats* stats_;

@@ -71,10 +71,12 @@ std::vector<OpSchema> build_table() {
     if (info.target.empty()) continue;
     const ops::Schema& s = ops::op_schema(id);
     std::string_view name = ops::op_name(id);
-    OpSchema o{info.target, name.substr(0, name.size() - s.overload.size() - 1), s.overload, {}};
+    OpSchema o{info.target, name.substr(0, s.overload.empty() ? name.size() : name.size() - s.overload.size() - 1),
+               s.overload, {}};
     for (int k = 0; k < s.num_inputs(); ++k) o.args.push_back(arg_schema(s.args[k]));
     o.num_outs = s.num_outs;
     o.out_is_list = s.out_is_list;
+    o.inplace = s.inplace;
     o.op = static_cast<uint16_t>(id);
     t.push_back(std::move(o));
   }

@@ -79,6 +79,25 @@ ModelSpec read_model_spec(const std::string& path) {
     check(it->is_number_integer() && it->get<int64_t>() > 0, "{}: model spec 'seq_len' must be a positive integer", path);
     spec.seq_len = it->get<int64_t>();
   }
+  if (auto it = doc.find("constant_methods"); it != doc.end()) {
+    check(it->is_object(), "{}: 'constant_methods' must be an object of name: value", path);
+    for (const auto& [name, v] : it->items()) {
+      ConstantMethod m{name, {}};
+      auto add = [&](const json& x) {
+        if (x.is_boolean()) m.values.emplace_back(x.get<bool>());
+        else if (x.is_number_integer()) m.values.emplace_back(x.get<int64_t>());
+        else if (x.is_number()) m.values.emplace_back(x.get<double>());
+        else if (x.is_string()) m.values.emplace_back(x.get<std::string>());
+        else fail("{}: constant method '{}' must return ints, floats, bools or strings", path, name);
+      };
+      if (v.is_array()) {
+        for (const auto& x : v) add(x);
+      } else {
+        add(v);
+      }
+      spec.constant_methods.push_back(std::move(m));
+    }
+  }
   spec.inputs = tensors(doc, "inputs", dir, path);
   spec.outputs = tensors(doc, "outputs", dir, path);
   check(fs::is_regular_file(spec.exported_program, ec), "{}: exported program '{}' not found", path,

@@ -97,6 +97,11 @@ void check_program(const Program& program, const WriteOptions& opts) {
                                "{}: constant {} holds {} bytes, the tensor needs {}", where, t.constant_index,
                                program.constants[t.constant_index].size, nbytes);
                        }
+                       check(t.mutable_index == 0 || (t.allocation && t.constant_index == 0 &&
+                                                      t.mutable_index < program.mutable_data.size() &&
+                                                      program.mutable_data[t.mutable_index].size >= nbytes),
+                             "{}: mutable data {} is not a planned tensor's initial contents of {} bytes", where,
+                             t.mutable_index, nbytes);
                        if (t.allocation) {
                          const Allocation& a = *t.allocation;
                          check(a.memory_id >= 1 && a.memory_id < plan.non_const_buffer_sizes.size(),
@@ -183,7 +188,7 @@ void check_program(const Program& program, const WriteOptions& opts) {
 // Segment layout: computed from the declared blob sizes before any data moves.
 
 struct SegmentPlan {
-  enum class Kind { Constants, Delegate, Named } kind;
+  enum class Kind { Constants, Delegate, Named, Mutable } kind;
   size_t source = 0;  // payload or named-blob index
   uint64_t offset = 0;
   uint64_t size = 0;
@@ -198,6 +203,8 @@ struct Layout {
   std::vector<SegmentPlan> segments;
   std::optional<uint32_t> constant_segment;   // index into segments
   std::vector<uint64_t> constant_offsets;     // per constant, within the constant segment
+  std::optional<uint32_t> mutable_segment;    // initial contents of mutable buffers, when there are any
+  std::vector<uint64_t> mutable_offsets;      // per mutable data entry, within that segment
   std::vector<std::vector<DelegateRef>> delegate_refs;  // [plan][delegate]
   uint32_t inline_payload_count = 0;          // empty payloads kept inline, one per delegate
   std::vector<uint32_t> named_segment;        // per named blob
@@ -220,6 +227,15 @@ Layout plan_layout(const Program& program, const WriteOptions& opts) {
       if (i + 1 < program.constants.size()) offset = align_up(offset, opts.tensor_alignment);
     }
     L.constant_segment = add_segment(SegmentPlan::Kind::Constants, 0, offset);
+  }
+  if (program.mutable_data.size() > 1) {
+    uint64_t offset = 0;
+    for (size_t i = 0; i < program.mutable_data.size(); ++i) {
+      L.mutable_offsets.push_back(offset);
+      offset += program.mutable_data[i].size;
+      if (i + 1 < program.mutable_data.size()) offset = align_up(offset, opts.tensor_alignment);
+    }
+    L.mutable_segment = add_segment(SegmentPlan::Kind::Mutable, 0, offset);
   }
 
   std::vector<std::optional<uint32_t>> payload_segment(program.delegate_payloads.size());
@@ -259,7 +275,8 @@ Offset<fbs::Tensor> build_tensor(FlatBufferBuilder& b, const TensorValue& t) {
                                               static_cast<uint32_t>(t.allocation->offset & 0xffffffffu),
                                               static_cast<uint32_t>(t.allocation->offset >> 32));
   return fbs::CreateTensor(b, static_cast<fbs::ScalarType>(t.dtype), /*storage_offset=*/0, sizes, dim_order,
-                           /*requires_grad=*/false, t.constant_index, allocation, /*layout=*/0,
+                           /*requires_grad=*/false, t.constant_index > 0 ? t.constant_index : t.mutable_index,
+                           allocation, /*layout=*/0,
                            fbs::TensorShapeDynamism::STATIC);
 }
 
@@ -390,8 +407,12 @@ void build_program(FlatBufferBuilder& b, const Program& program, const Layout& L
     named_vec = b.CreateVector(named);
   }
 
+  Offset<flatbuffers::Vector<Offset<fbs::SubsegmentOffsets>>> mutable_segments = 0;
+  if (L.mutable_segment)
+    mutable_segments = b.CreateVector(std::vector<Offset<fbs::SubsegmentOffsets>>{
+        fbs::CreateSubsegmentOffsets(b, *L.mutable_segment, b.CreateVector(L.mutable_offsets))});
   auto root = fbs::CreateProgram(b, program.version, plans_vec, constant_buffer, inline_vec, segments_vec,
-                                 constant_segment, /*mutable_data_segments=*/0, named_vec);
+                                 constant_segment, mutable_segments, named_vec);
   fbs::FinishProgramBuffer(b, root);
 }
 
@@ -491,6 +512,12 @@ void write_file(const Program& program, const Layout& L, const flatbuffers::Flat
         for (size_t i = 0; i < program.constants.size(); ++i) {
           out.pad_to(eh.segment_base_offset + s.offset + L.constant_offsets[i]);
           stream_blob(out, program.constants[i], fmt::format("constant {}", i));
+        }
+        break;
+      case SegmentPlan::Kind::Mutable:
+        for (size_t i = 0; i < program.mutable_data.size(); ++i) {
+          out.pad_to(eh.segment_base_offset + s.offset + L.mutable_offsets[i]);
+          stream_blob(out, program.mutable_data[i], fmt::format("mutable data {}", i));
         }
         break;
       case SegmentPlan::Kind::Delegate:

@@ -282,7 +282,10 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
       t.data = m.buffers_[a->memory_id()] + offset;
       t.capacity_bytes = nbytes;
       if (ft->data_buffer_idx() > 0) {  // mutable tensor with an initial value
-        Result<std::span<const std::byte>> c = file_.constant(ft->data_buffer_idx(), error);
+        const fb::ExtraTensorInfo* extra = ft->extra_tensor_info();
+        Result<std::span<const std::byte>> c =
+            file_.mutable_data(extra ? static_cast<size_t>(extra->mutable_data_segments_idx()) : 0,
+                               ft->data_buffer_idx(), error);
         if (!c.ok()) return c.status();
         if (c.value().size() < nbytes) return failure(error, Status::InvalidProgram, "value %zu: initial data too short", i);
         std::memcpy(t.data, c.value().data(), nbytes);
@@ -407,7 +410,7 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
     if (fn == nullptr)
       return failure(error, Status::NotFound, "operator %s.%s has no kernel in kiln's runtime", opname, overload);
     kernels.push_back(fn);
-    m.operator_labels_.push_back(std::string(opname) + "." + overload);
+    m.operator_labels_.push_back(*overload ? std::string(opname) + "." + overload : std::string(opname));
   }
 
   // Delegates -> backends.

@@ -652,6 +652,26 @@ Result<std::span<const std::byte>> PteFile::constant(size_t index, ErrorMessage*
   return std::span<const std::byte>(reinterpret_cast<const std::byte*>(storage->data()), storage->size());
 }
 
+Result<std::span<const std::byte>> PteFile::mutable_data(size_t which, size_t index, ErrorMessage* error) const {
+  const auto* segs = program_->mutable_data_segments();
+  if (which >= length(segs))
+    return failure(error, Status::OutOfRange, "mutable data segment %zu out of range (the program has %u)", which,
+                   length(segs));
+  const fb::SubsegmentOffsets* seg = segs->Get(static_cast<uint32_t>(which));
+  const auto* offsets = seg->offsets();
+  if (index >= length(offsets))
+    return failure(error, Status::OutOfRange, "mutable data item %zu out of range (the segment has %u)", index,
+                   length(offsets));
+  Result<std::span<const std::byte>> bytes = segment(seg->segment_index(), error);
+  if (!bytes.ok()) return bytes.status();
+  const auto i = static_cast<uint32_t>(index);
+  U64 begin = offsets->Get(i);
+  U64 end = i + 1 < offsets->size() ? offsets->Get(i + 1) : bytes->size();
+  if (begin > end || end > bytes->size())
+    return failure(error, Status::InvalidProgram, "mutable data item %zu lies outside its segment", index);
+  return bytes->subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+}
+
 Result<std::span<const std::byte>> PteFile::delegate_payload(size_t plan_index, size_t delegate_index,
                                                              ErrorMessage* error) const {
   const auto* plans = program_->execution_plan();

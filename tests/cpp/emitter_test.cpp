@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 
@@ -119,6 +120,59 @@ TEST(Emitter, KernelArgumentsFollowTheOutVariantSchema) {
   EXPECT_TRUE(tensor_at(plan, k.args[3]).allocation.has_value());
   EXPECT_EQ(report.kernel_calls, 1);
   EXPECT_EQ(report.operators.at("aten::add.out"), 1);
+}
+
+// --- mutable state -------------------------------------------------------------
+
+TEST(Emitter, MutableBufferIsPlannedInitialisedAndWrittenInPlace) {
+  // cache [4, 2] (a mutable buffer): r = cache * 2 reads the old cache; index_put_(cache, [pos], v) writes rows;
+  // out = new_cache + r. The in-place call's output is the cache's own value and storage, its return slot is the
+  // cache, every reader of the old cache runs before it, and the cache's initial bytes are mutable data.
+  EdgeBuilder b;
+  ValueId pos = b.p.graph.add_value("pos", graph::TensorMeta{ScalarType::Long, {1}, {1}});
+  b.p.graph.inputs.push_back(pos);
+  ValueId v = b.input({1, 2});
+  ValueId cache = b.p.graph.add_value("cache", meta({4, 2}));
+  std::vector<float> init{1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<std::byte> bytes(init.size() * sizeof(float));
+  std::memcpy(bytes.data(), init.data(), bytes.size());
+  b.p.mutable_buffers.push_back(
+      {cache, passes::ConstantData{nullptr, std::make_shared<const std::vector<std::byte>>(bytes), "cache"}, "cache"});
+  ValueId two = b.constant({2.0f}, {1});
+  // the write comes first in graph order; the reader of the old cache must still be ordered before it
+  ValueId updated = b.node1("aten.index_put_.default",
+                            {T("self", cache),
+                             {"indices", {Argument::Kind::OptionalTensors, std::vector<std::optional<ValueId>>{pos}}, false},
+                             T("values", v)},
+                            {4, 2});
+  ValueId r = b.node1("aten.mul.Tensor", {T("self", cache), T("other", two)}, {4, 2});
+  b.output(b.node1("aten.add.Tensor", {T("self", updated), T("other", r)}, {4, 2}));
+  EmitReport report;
+  pte::Program program = emit_program(b.p, &report);
+  const auto& plan = program.plans.at(0);
+  ASSERT_EQ(plan.instructions.size(), 3u);
+  EXPECT_EQ(op_name(plan, kernel(plan, 0)), "aten::mul.out");  // the old cache is read first
+  const auto& w = kernel(plan, 1);
+  EXPECT_EQ(plan.operators.at(static_cast<size_t>(w.op_index)).name, "aten::index_put_");
+  EXPECT_EQ(plan.operators.at(static_cast<size_t>(w.op_index)).overload, "");
+  ASSERT_EQ(w.args.size(), 5u);  // self, indices, values, accumulate, return slot
+  EXPECT_EQ(w.args[4], w.args[0]);
+  EXPECT_EQ(kernel(plan, 0).args[0], w.args[0]);             // the same value as the cache the mul reads
+  EXPECT_EQ(kernel(plan, 2).args[0], w.args[0]);             // and as the updated cache the add reads
+  const auto& t = tensor_at(plan, w.args[0]);
+  ASSERT_TRUE(t.allocation.has_value());
+  EXPECT_EQ(t.constant_index, 0u);
+  ASSERT_GT(t.mutable_index, 0u);
+  EXPECT_EQ(blob_bytes(program.mutable_data.at(t.mutable_index)), bytes);
+  EXPECT_EQ(report.mutable_buffers, 1);
+  // no other planned tensor overlaps the cache's bytes (it lives across calls)
+  for (size_t i = 0; i < plan.values.size(); ++i) {
+    const auto* o = std::get_if<pte::TensorValue>(&plan.values[i]);
+    if (!o || !o->allocation || static_cast<int32_t>(i) == w.args[0]) continue;
+    bool overlaps = o->allocation->offset < t.allocation->offset + nbytes(t) &&
+                    t.allocation->offset < o->allocation->offset + nbytes(*o);
+    EXPECT_FALSE(overlaps) << "value " << i;
+  }
 }
 
 TEST(Emitter, MultipleOutsThenATensorListReturn) {

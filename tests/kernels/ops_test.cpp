@@ -125,7 +125,8 @@ TEST(OpTable, EveryLineParsesAndNamesAreUnique) {
     const ops::Schema& s = ops::op_schema(id);
     // the name the lookup uses is the schema's own, and finds the same row
     std::string qualified = std::string(s.ns) + "::" + std::string(s.name);
-    EXPECT_EQ(ops::op_name(id), qualified + "." + std::string(s.overload));
+    EXPECT_EQ(ops::op_name(id), s.overload.empty() ? qualified : qualified + "." + std::string(s.overload));
+    EXPECT_TRUE(!s.overload.empty() || s.inplace) << qualified << ": only in-place forms have no overload name";
     auto found = ops::find_op(qualified, s.overload);
     ASSERT_TRUE(found.has_value()) << qualified;
     EXPECT_EQ(*found, id);
@@ -134,6 +135,26 @@ TEST(OpTable, EveryLineParsesAndNamesAreUnique) {
   }
   EXPECT_FALSE(ops::find_op("aten::gelu", "default").has_value());
   EXPECT_FALSE(ops::find_op("aten::no_such_op", "out").has_value());
+}
+
+TEST(OpTable, InPlaceFormsWriteTheirSelf) {
+  // aten::index_put_: self is Tensor(a!) and read; no out arguments; the compiler appends only the return slot
+  ops::Schema s;
+  ASSERT_TRUE(ops::parse_schema(
+      "aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)", &s,
+      nullptr));
+  EXPECT_TRUE(s.inplace);
+  EXPECT_EQ(s.num_outs, 0);
+  EXPECT_EQ(s.num_inputs(), 4);
+  EXPECT_TRUE(s.args[0].is_out);
+  // a mutable first argument of an op whose name does not end in '_' is still an out-first schema error
+  EXPECT_FALSE(ops::parse_schema("aten::foo.out(Tensor(a!) out, Tensor self) -> Tensor(a!)", &s, nullptr));
+  const passes::OpSchema* ip = passes::find_op_schema("aten.index_put_.default");
+  ASSERT_NE(ip, nullptr);
+  EXPECT_TRUE(ip->inplace);
+  EXPECT_EQ(ip->kernel, "aten::index_put_");
+  EXPECT_EQ(ip->overload, "");
+  EXPECT_EQ(ip->args.size(), 4u);
 }
 
 TEST(OpTable, PassesTableIsDerivedFromIt) {

@@ -36,6 +36,8 @@ struct EmitReport {
   int64_t named_data = 0;                    // distinct named-data entries (by key)
   uint64_t named_data_bytes = 0;
   uint64_t delegate_payload_bytes = 0;
+  int64_t mutable_buffers = 0;               // buffers kept across calls (planned, initialised from mutable data)
+  uint64_t mutable_buffer_bytes = 0;
 };
 
 pte::Program emit_program(const passes::EdgeProgram& program, EmitReport* report = nullptr);

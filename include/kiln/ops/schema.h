@@ -76,6 +76,7 @@ struct Schema {
   int num_args = 0;
   int num_outs = 0;            // trailing out arguments
   bool out_is_list = false;    // a single Tensor(a!)[] out
+  bool inplace = false;        // an in-place form: args[0] is Tensor(a!) self, no out arguments
 
   int num_inputs() const { return num_args - num_outs; }
 };

@@ -24,12 +24,28 @@ struct ConstantData {
   std::string name;  // parameter FQN or a description of the folded expression
 };
 
+// A buffer the program mutates (a KV cache): planned memory that lives across
+// calls, starts as `initial` and is written in place by the one in-place node
+// (index_put_ or copy_, see rewrites_state.cpp) whose `self` it is.
+struct MutableBuffer {
+  graph::ValueId value = 0;  // the buffer as the program reads it
+  ConstantData initial;      // its contents before the first call
+  std::string name;          // its fully qualified name
+};
+
 struct EdgeProgram {
   const pt2::ExportedProgram* exported = nullptr;  // the .pt2 the constants stream from
   graph::Graph graph;                      // graph.inputs: user inputs only
   std::vector<graph::ValueId> outputs;     // user outputs, in order (tensors)
   std::map<graph::ValueId, ConstantData> constants;
   std::string inputs_spec, outputs_spec;   // pytree specs from the .pt2 (may be empty)
+  std::vector<MutableBuffer> mutable_buffers;  // empty for a stateless program
+
+  const MutableBuffer* mutable_buffer(graph::ValueId v) const {
+    for (const auto& b : mutable_buffers)
+      if (b.value == v) return &b;
+    return nullptr;
+  }
 
   bool is_constant(graph::ValueId v) const { return constants.contains(v); }
   // The constant's row-major bytes, read from the .pt2 or the folded buffer.

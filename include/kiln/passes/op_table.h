@@ -55,6 +55,7 @@ struct OpSchema {
   std::vector<ArgSchema> args;    // inputs of the out variant, in order (outs excluded)
   int num_outs = 1;               // out tensors appended after args
   bool out_is_list = false;       // one TensorList out (split_with_sizes_copy)
+  bool inplace = false;           // in-place form (num_outs 0): args[0] self is written; the node's output is self
   uint16_t op = 0;                // its row in the operator table (kiln::ops::OpId)
 };
 

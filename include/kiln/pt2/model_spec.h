@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace kiln::pt2 {
@@ -13,6 +14,13 @@ struct SpecTensor {
   std::string dtype;
   std::vector<int64_t> shape;
   std::string reference;  // absolute path of the reference .npy, if the spec names one
+};
+
+// A method that takes nothing and returns constants (ExecuTorch's LLM runner
+// reads get_max_seq_len, get_eos_ids, use_kv_cache ... this way).
+struct ConstantMethod {
+  std::string name;
+  std::vector<std::variant<int64_t, double, bool, std::string>> values;  // its outputs, in order
 };
 
 struct ModelSpec {
@@ -25,6 +33,7 @@ struct ModelSpec {
   std::string ir;                // "default" or "core_aten"
   std::vector<SpecTensor> inputs;
   std::vector<SpecTensor> outputs;
+  std::vector<ConstantMethod> constant_methods;  // "constant_methods": {name: value or [values]}
 };
 
 // Reads and checks `path`; throws kiln::Error naming the file and the field.

@@ -41,6 +41,7 @@ struct TensorValue {
   std::vector<uint8_t> dim_order;  // identity (0, 1, ..., n-1) for contiguous
   uint32_t constant_index = 0;     // > 0: Program::constants[constant_index]
   std::optional<Allocation> allocation;  // planned memory for non-constants; none for user inputs fed at run time
+  uint32_t mutable_index = 0;      // > 0 (with an allocation): initial contents in Program::mutable_data[mutable_index]
 };
 
 struct NoneValue {};
@@ -113,6 +114,7 @@ struct Program {
   std::vector<DataBlob> constants{DataBlob{}};  // [0] reserved placeholder
   std::vector<DataBlob> delegate_payloads;
   std::vector<NamedBlob> named_data;
+  std::vector<DataBlob> mutable_data{DataBlob{}};  // [0] reserved; initial contents of mutable buffers
 };
 
 }  // namespace kiln::pte

