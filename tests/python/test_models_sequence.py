@@ -223,10 +223,7 @@ def test_core_aten_flavor(name, tmp_path):
     ins, refs = io_of(spec)
     for backend in ("portable", "xnnpack"):
         pte = kiln_lower(spec, backend)
-        # Known bug (XNNPACK payload, regions mode): ExecuTorch's XNNPACK runtime crashes on kiln's region of a
-        # torch-unrolled RNN; --per-op runs. Until fixed, kiln's runtime alone checks that file.
-        if backend == "portable" or name == "indexing":
-            compare(et_execute(pte, ins), refs, f"kiln {backend} .pte (core ATen) in ExecuTorch's runtime")
+        compare(et_execute(pte, ins), refs, f"kiln {backend} .pte (core ATen) in ExecuTorch's runtime")
         compare(kiln_run(pte, ins, tmp_path, len(refs)), refs, f"kiln {backend} .pte (core ATen) in kiln's runtime")
 
 
