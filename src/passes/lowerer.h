@@ -251,10 +251,11 @@ class Lowerer {
     for (ValueId v : outs) out_bytes += out_.graph.value(v).meta.nbytes();
     if (!force_fold_) {
       if (out_bytes > kFoldLimitBytes) return false;
-      // A computed copy of a weight that stays in use would store it twice.
+      // A computed copy of a weight that stays in use would store it twice (a smaller result, e.g. the
+      // product of a tied weight and a constant vector, is folded).
       for (const auto& in : node.inputs)
         for (ValueId v : in.arg.tensor_ids())
-          if (is_shared_weight(v)) return false;
+          if (is_shared_weight(v) && out_bytes >= out_.graph.value(v).meta.nbytes()) return false;
     }
     std::string why;
     auto result = evaluate_constant_node(out_, node, schema, &why);

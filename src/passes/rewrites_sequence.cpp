@@ -52,6 +52,12 @@ bool Lowerer::lower_sequence(const Node& n) {
     bind_all(n, outs);
     return true;
   }
+  if (t == "aten.max.other" || t == "aten.min.other") {  // elementwise torch.max(a, b)
+    bind(n, emit(t == "aten.max.other" ? "aten.maximum.default" : "aten.minimum.default",
+                 {NA("self", tensor_arg(tensor_in(n, "self"))), NA("other", tensor_arg(tensor_in(n, "other")))},
+                 out_meta(n)));
+    return true;
+  }
   if (t == "aten.clamp_min.default" || t == "aten.clamp_max.default") {  // clamp with one bound (both runtimes have it)
     bool lo = t == "aten.clamp_min.default";
     bind(n, emit("aten.clamp.default", {NA("self", tensor_arg(tensor_in(n, "self"))),
@@ -62,12 +68,15 @@ bool Lowerer::lower_sequence(const Node& n) {
     bind(n, tensor_in(n, "self"));
     return true;
   }
-  if (t == "aten.floor_divide.default") {  // a Python number as `other`: a 0-d tensor (both runtimes' kernels take a Tensor)
+  if (t == "aten.floor_divide.default" || t == "aten.div.Tensor_mode") {
+    // a Python number as `other`: a 0-d tensor (both runtimes' kernels take a Tensor)
     const Argument& other = arg(n, "other");
     if (other.kind == Argument::Kind::Tensor) return false;
     TensorMeta m = out_meta(n);
-    bind(n, emit("aten.floor_divide.default", {NA("self", tensor_arg(tensor_in(n, "self"))),
-                                               NA("other", tensor_arg(scalar_tensor(other, m.dtype)))}, m));
+    std::vector<NamedArgument> args{NA("self", tensor_arg(tensor_in(n, "self"))),
+                                    NA("other", tensor_arg(scalar_tensor(other, m.dtype)))};
+    if (const Argument* mode = opt(n, "rounding_mode")) args.push_back(NA("rounding_mode", *mode));
+    bind(n, emit(t, std::move(args), m));
     return true;
   }
   if (t == "aten.masked_fill.Tensor") {  // a 0-d value tensor: where(mask, value, self)
@@ -163,10 +172,9 @@ void Lowerer::lower_rnn(const Node& n, int cell_kind) {
     return emit("aten.select_copy.int", {NA("self", tensor_arg(h)), NA("dim", int_arg(0)), NA("index", int_arg(k))},
                 contiguous(dt, {B, H}), "h0");
   };
-  // y = a @ w^T (+ bias)
-  auto linear = [&](ValueId a, ValueId w, std::optional<ValueId> bias, std::string_view hint) {
-    ValueId wt = transposed_weight(w);
-    TensorMeta m = contiguous(dt, {meta_of(a).sizes[0], meta_of(w).sizes[0]});
+  // y = a @ wt (+ bias), wt = w^T
+  auto linear = [&](ValueId a, ValueId wt, std::optional<ValueId> bias, std::string_view hint) {
+    TensorMeta m = contiguous(dt, {meta_of(a).sizes[0], meta_of(wt).sizes[1]});
     if (bias)
       return emit("aten.addmm.default", {NA("self", tensor_arg(*bias)), NA("mat1", tensor_arg(a)),
                                          NA("mat2", tensor_arg(wt))}, m, hint);
@@ -193,7 +201,8 @@ void Lowerer::lower_rnn(const Node& n, int cell_kind) {
         if (cell == Cell::Gru) hid_bias = b_hh;
         else proj_bias = add(*b_ih, *b_hh, "bias");
       }
-      ValueId proj = linear(x2, w_ih, proj_bias, "x_proj");  // [T*B, G*H]
+      ValueId proj = linear(x2, transposed_weight(w_ih), proj_bias, "x_proj");  // [T*B, G*H]
+      ValueId w_hh_t = transposed_weight(w_hh);
       const int64_t k = l * dirs + d;
       ValueId h = state_of(hx[0], k);
       ValueId c = cell == Cell::Lstm ? state_of(hx[1], k) : h;
@@ -201,7 +210,7 @@ void Lowerer::lower_rnn(const Node& n, int cell_kind) {
       for (int64_t s = 0; s < T; ++s) {
         const int64_t step = d == 0 ? s : T - 1 - s;
         ValueId xt = rows(proj, step * B, (step + 1) * B, "x_t");
-        ValueId hh = linear(h, w_hh, hid_bias, "h_proj");
+        ValueId hh = linear(h, w_hh_t, hid_bias, "h_proj");
         switch (cell) {
           case Cell::Lstm: {
             auto g = split(add(xt, hh, "gates"), 4, "gate");

@@ -40,11 +40,14 @@ def et_lower(spec_path: Path, backend: str) -> Path:
     return _ET[key]
 
 
-def export_inline(module: torch.nn.Module, inputs: tuple, out: Path, name: str) -> Path:
-    """torch.export of `module` on `inputs` (default IR), with the spec and eager reference I/O kiln's tools read."""
+def export_inline(module: torch.nn.Module, inputs: tuple, out: Path, name: str, decompose: bool = False) -> Path:
+    """torch.export of `module` on `inputs` (default IR, or core ATen with `decompose`), with the spec and
+    eager reference I/O kiln's tools read."""
     out.mkdir(parents=True, exist_ok=True)
     module.eval()
     ep = torch.export.export(module, inputs)
+    if decompose:
+        ep = ep.run_decompositions()
     torch.export.save(ep, out / f"{name}.pt2")
     with torch.no_grad():
         ys = module(*inputs)
@@ -59,7 +62,7 @@ def export_inline(module: torch.nn.Module, inputs: tuple, out: Path, name: str) 
         spec_out.append({"name": f"y{i}", "dtype": str(y.dtype).removeprefix("torch."), "shape": list(y.shape),
                          "reference": f"{name}_expected_output{i}.npy"})
     spec = {"name": name, "model_id": f"tests/{name}", "seq_len": int(inputs[0].shape[1 if inputs[0].dim() > 1 else 0]), "exported_program": f"{name}.pt2",
-            "ir": "default", "inputs": spec_in, "outputs": spec_out}
+            "ir": "core_aten" if decompose else "default", "inputs": spec_in, "outputs": spec_out}
     (out / "model_spec.json").write_text(json.dumps(spec))
     return out / "model_spec.json"
 
@@ -71,8 +74,8 @@ def io_of(spec_path: Path):
     return ins, outs
 
 
-def kiln_run(pte: Path, inputs, tmp: Path, n_out: int) -> list[np.ndarray]:
-    args = ["run", pte]
+def kiln_run(pte: Path, inputs, tmp: Path, n_out: int, *extra: str) -> list[np.ndarray]:
+    args = ["run", pte, *extra]
     for i, x in enumerate(inputs):
         np.save(tmp / f"in{i}.npy", x)
         args += ["--input", tmp / f"in{i}.npy"]
@@ -161,36 +164,79 @@ class Indexing(torch.nn.Module):
 
 MODELS = {
     "indexing": lambda: (Indexing(), (torch.randn(2, 5, 8),)),
-    "lstm_gru": lambda: (LstmGru(), (torch.randint(0, 20, (2, 3)), torch.randn(4, 2, 24), torch.randn(4, 2, 24))),
+    "lstm_gru": lambda: (LstmGru(), (torch.randint(0, 20, (2, 2)), torch.randn(4, 2, 24), torch.randn(4, 2, 24))),
     "rnn_tanh": lambda: (Rnn(), (torch.randn(4, 3, 12),)),
 }
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def model_spec(request, tmp_path_factory):
-    torch.manual_seed(0)
-    module, inputs = MODELS[request.param]()
-    return export_inline(module, inputs, tmp_path_factory.mktemp(request.param), request.param)
+# GEMMs of the unrolled RNNs: one input projection per layer and direction for all time
+# steps, one hidden-state product per step (folded away where the state is the zero h0).
+GEMMS = {
+    # LSTM 2 layers x 2 directions: 4 projections (addmm), 2 steps x 4 hidden mm (h0 is an input);
+    # GRU: 1 projection, b_hh stays with the hidden product: addmm for step 2; the linear head: 1
+    "lstm_gru": {"aten::addmm.out": 4 + 1 + 1 + 1, "aten::mm.out": 2 * 4},
+    # RNN 2 layers: 2 projections, 3 of 4 steps x 2 hidden mm; bias-free bidirectional RNN: 2 projections (mm),
+    # 3 of 4 steps x 2 directions
+    "rnn_tanh": {"aten::addmm.out": 2, "aten::mm.out": 3 * 2 + 2 + 3 * 2},
+}
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory):
+    """name -> the model's exported spec (each exported once per module)."""
+    cache: dict = {}
+
+    def get(name):
+        if name not in cache:
+            torch.manual_seed(0)
+            module, inputs = MODELS[name]()
+            cache[name] = export_inline(module, inputs, tmp_path_factory.mktemp(name), name)
+        return cache[name]
+
+    return get
 
 
 @pytest.mark.parametrize("backend", ["portable", "xnnpack"])
-def test_kiln_lowering_runs_in_both_runtimes(model_spec, backend, tmp_path):
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_kiln_lowering_runs_in_both_runtimes(specs, name, backend, tmp_path):
+    model_spec = specs(name)
     ins, refs = io_of(model_spec)
     pte = kiln_lower(model_spec, backend)
     compare(et_execute(pte, ins), refs, f"kiln {backend} .pte in ExecuTorch's runtime")
     compare(kiln_run(pte, ins, tmp_path, len(refs)), refs, f"kiln {backend} .pte in kiln's runtime")
+    if backend == "portable" and name in GEMMS:
+        plan = json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]
+        assert {k: v for k, v in plan["kernel_calls"].items() if k in GEMMS[name]} == GEMMS[name]
     if backend == "xnnpack":
         # The unrolled cells are mm/addmm/sigmoid/tanh/mul/add/slice/cat: all delegated, few regions.
         assert delegate_calls(pte) >= 1
-        if model_spec.parent.name.startswith(("lstm", "rnn")):
+        if name != "indexing":
             assert delegate_calls(pte) <= 2
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
-def test_kiln_runs_executorch_lowering(model_spec, backend, tmp_path):
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_core_aten_flavor(name, tmp_path):
+    """The same models after torch's core-ATen decompositions (torch unrolls the RNNs itself)."""
+    torch.manual_seed(0)
+    module, inputs = MODELS[name]()
+    spec = export_inline(module, inputs, tmp_path / name, name, decompose=True)
+    ins, refs = io_of(spec)
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        compare(et_execute(pte, ins), refs, f"kiln {backend} .pte (core ATen) in ExecuTorch's runtime")
+        compare(kiln_run(pte, ins, tmp_path, len(refs)), refs, f"kiln {backend} .pte (core ATen) in kiln's runtime")
+
+
+# ExecuTorch's XNNPACK lowering for the RNNs (the indexing model's delegable part is a bmm and adds)
+@pytest.mark.parametrize("name,backend", [("indexing", "portable"), ("lstm_gru", "portable"), ("lstm_gru", "xnnpack"),
+                                          ("rnn_tanh", "portable"), ("rnn_tanh", "xnnpack")])
+def test_kiln_runs_executorch_lowering(specs, name, backend, tmp_path):
+    model_spec = specs(name)
     ins, refs = io_of(model_spec)
     pte = et_lower(model_spec, backend)
-    compare(kiln_run(pte, ins, tmp_path, len(refs)), refs, f"ExecuTorch's {backend} .pte in kiln's runtime")
+    for engine in (["kiln", "xnnpack"] if backend == "xnnpack" else ["kiln"]):
+        compare(kiln_run(pte, ins, tmp_path, len(refs), "--engine", engine), refs,
+                f"ExecuTorch's {backend} .pte in kiln's runtime (--engine {engine})")
 
 
 # ---------------------------------------------------------------------------
@@ -217,7 +263,8 @@ ONE_OPS = {
                             (torch.randn(2, 2, 3, 4, generator=_G), torch.randn(2, 2, 5, 4, generator=_G))),
     "einsum_ellipsis": (lambda a, b: torch.einsum("...ij,...jk->...ik", a, b) + torch.einsum("b...,b...", a, a).sum(),
                         (torch.randn(2, 3, 4, generator=_G), torch.randn(1, 4, 3, generator=_G))),
-    "min_max_forms": (lambda a: (torch.min(a, 1)[0] + torch.max(a) + torch.min(a), torch.min(a, 0)[1]), (X,)),
+    "min_max_forms": (lambda a: (torch.min(a, 1)[0] + torch.max(a) + torch.min(a), torch.min(a, 0)[1],
+                                 torch.max(a, a.flip(0)) - torch.min(a, a[:1])), (X,)),
     "scatter_value_reduce": (lambda a, i: (a.scatter(0, i, 2.5) + a.scatter_reduce(0, i, a[:2] * 3, "amax"),
                                            a.scatter_reduce(0, i, a[:2], "sum", include_self=False)), (X, IDX)),
     "index_put_masked": (lambda a, i: (a.index_put((i[0, :2],), a[:2], accumulate=True),
