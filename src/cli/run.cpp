@@ -88,7 +88,7 @@ int run_run(const RunOptions& o) {
     if (k + 1 == steps) break;
     for (size_t i = 0; i < m.num_outputs(); ++i) {
       const size_t f = k * m.num_outputs() + i;
-      if (f >= o.outputs.size()) continue;
+      if (f >= o.outputs.size() || !m.output_is_tensor(i)) continue;
       const rt::Tensor& t = m.output(i);
       io::write_npy(o.outputs[f], t.dtype, t.shape(),
                     std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes()));
@@ -103,6 +103,15 @@ int run_run(const RunOptions& o) {
         m.num_outputs());
   int status = 0;
   for (size_t i = 0; i < m.num_outputs(); ++i) {
+    if (!m.output_is_tensor(i)) {  // a constant method's value
+      const rt::EValue& v = m.output_value(i);
+      check(i >= last_outputs.size() && i >= o.compare.size(), "output {} is a {} value, not a tensor (no --output or "
+            "--compare for it)", i, v.tag == rt::EValue::Tag::Int ? "an int" : v.tag == rt::EValue::Tag::Bool ? "a bool" : "a double");
+      if (v.tag == rt::EValue::Tag::Int) fmt::print("  output {}: int {}\n", i, v.to_int());
+      else if (v.tag == rt::EValue::Tag::Bool) fmt::print("  output {}: bool {}\n", i, v.to_bool() ? "true" : "false");
+      else fmt::print("  output {}: double {}\n", i, v.to_double());
+      continue;
+    }
     const rt::Tensor& t = m.output(i);
     fmt::print("  output {}: {}{}\n", i, dtype_name(t.dtype), shape_str(t.shape()));
     if (i < last_outputs.size()) {

@@ -104,6 +104,10 @@ Result<std::vector<TensorView>> Module::forward(std::span<const TensorView> inpu
   std::vector<TensorView> out;
   out.reserve(method.num_outputs());
   for (size_t i = 0; i < method.num_outputs(); ++i) {
+    if (!method.output_is_tensor(i)) {
+      m.error.set("output %zu is not a tensor (a constant method's value)", i);
+      return Status::InvalidArgument;
+    }
     const rt::Tensor& t = method.output(i);
     out.push_back(TensorView{t.dtype, t.shape(), t.data});
   }

@@ -120,6 +120,7 @@ Status Method::execute(ErrorMessage* error) {
     if (values_[static_cast<size_t>(in)].scalar.t->data == nullptr && values_[static_cast<size_t>(in)].scalar.t->numel > 0)
       return failure(error, Status::InvalidArgument, "an input was not set");
   for (size_t k = 0; k < outputs_.size(); ++k) {
+    if (!values_[static_cast<size_t>(outputs_[k])].is_tensor()) continue;  // a constant method's value
     const Tensor& t = *values_[static_cast<size_t>(outputs_[k])].scalar.t;
     if (t.data == nullptr && t.numel > 0)
       return failure(error, Status::NotSupported, "output %zu has no memory: the program did not plan it", k);
@@ -384,7 +385,12 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
   }
   for (size_t k = 0; k < len(plan.outputs()); ++k) {
     int32_t idx = plan.outputs()->Get(static_cast<flatbuffers::uoffset_t>(k));
-    if (Status s = tensor_slot(idx, "output", k); s != Status::Ok) return s;
+    // a constant method (ExecuTorch's LLM metadata) returns Int, Bool or Double values
+    const bool scalar = value_index_ok(idx) && (m.values_[static_cast<size_t>(idx)].tag == EValue::Tag::Int ||
+                                                m.values_[static_cast<size_t>(idx)].tag == EValue::Tag::Bool ||
+                                                m.values_[static_cast<size_t>(idx)].tag == EValue::Tag::Double);
+    if (!scalar)
+      if (Status s = tensor_slot(idx, "output", k); s != Status::Ok) return s;
     m.outputs_.push_back(idx);
   }
   // A tensor that is neither constant nor planned gets memory only as a method input

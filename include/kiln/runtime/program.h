@@ -58,7 +58,9 @@ class Method {
   size_t num_outputs() const { return outputs_.size(); }
   // The input slot's tensor (dtype, shape; data is the planned buffer or null).
   const Tensor& input(size_t i) const { return *values_[static_cast<size_t>(inputs_[i])].scalar.t; }
+  // Output i's tensor; only when output_is_tensor(i) (constant methods return scalars: output_value).
   const Tensor& output(size_t i) const { return *values_[static_cast<size_t>(outputs_[i])].scalar.t; }
+  bool output_is_tensor(size_t i) const { return values_[static_cast<size_t>(outputs_[i])].is_tensor(); }
   // Output i as a value of any kind (constant methods return Int, Bool, Double).
   const EValue& output_value(size_t i) const { return values_[static_cast<size_t>(outputs_[i])]; }
 
