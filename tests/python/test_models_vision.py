@@ -1,0 +1,232 @@
+"""Vision and speech model families, built inline with seeded random weights:
+a ResNet-style CNN, a MobileNet-style CNN, a ViT and a Whisper-style encoder.
+
+Each is exported with torch.export (the library defaults: BatchNorm trained for a
+few steps and then put in eval mode, SDPA attention in transformers) and
+
+  * lowered by kiln for both backends; kiln's .pte runs in ExecuTorch's runtime and in kiln's,
+  * lowered by ExecuTorch for both backends; its .pte runs in kiln's runtime,
+
+every run compared with eager PyTorch (DESIGN's fp32 tolerance, 1e-4 * max|ref|).
+
+KILN_TEST_EAGER_ATTN=1 builds the transformers models with attn_implementation='eager'
+(for checking the convolution paths on a tree without SDPA lowering).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from conftest import assert_close, et_execute, et_lower, kiln_lower, reference_io, run_kiln
+
+
+def export_spec(module: nn.Module, x: torch.Tensor, out: Path, name: str) -> Path:
+    """torch.export of `module` on `x`, written as the export front end writes a model."""
+    out.mkdir(parents=True, exist_ok=True)
+    module.eval()
+    with torch.no_grad():
+        ep = torch.export.export(module, (x,))
+        y = module(x)
+    torch.export.save(ep, out / f"{name}.pt2")
+    np.save(out / f"{name}_input0.npy", x.numpy())
+    np.save(out / f"{name}_expected_output0.npy", y.numpy())
+    spec = {"name": name, "model_id": f"tests/{name}", "seq_len": int(x.shape[-1]), "exported_program": f"{name}.pt2",
+            "ir": "default",
+            "inputs": [{"name": "x", "dtype": "float32", "shape": list(x.shape), "reference": f"{name}_input0.npy"}],
+            "outputs": [{"name": "y", "dtype": "float32", "shape": list(y.shape),
+                         "reference": f"{name}_expected_output0.npy"}]}
+    (out / "model_spec.json").write_text(json.dumps(spec))
+    return out / "model_spec.json"
+
+
+def kiln_run(pte: Path, inputs, tmp: Path) -> list[np.ndarray]:
+    args = ["run", pte]
+    for i, x in enumerate(inputs):
+        np.save(tmp / f"in{i}.npy", x)
+        args += ["--input", tmp / f"in{i}.npy"]
+    n_out = len(json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]["outputs"])
+    for i in range(n_out):
+        args += ["--output", tmp / f"out{i}.npy"]
+    run_kiln(*args)
+    return [np.load(tmp / f"out{i}.npy") for i in range(n_out)]
+
+
+def train_batch_norms(module: nn.Module, shape, steps: int = 3) -> None:
+    """A few train-mode forwards on random data, so BatchNorm's running statistics are not the defaults."""
+    module.train()
+    with torch.no_grad():
+        for _ in range(steps):
+            module(torch.randn(*shape) * 2 + 0.5)
+    module.eval()
+
+
+# ---------------------------------------------------------------------------
+# the models
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + (x if self.down is None else self.down(x)))
+
+
+class TinyResNet(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 5, 2, 2, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = BasicBlock(16, 16, 1)
+        self.layer2 = BasicBlock(16, 32, 2)
+        self.head_bn = nn.BatchNorm2d(32)  # a norm that follows an add: not foldable
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x):
+        y = self.pool(self.stem(x))
+        y = self.layer2(self.layer1(y))
+        y = F.adaptive_avg_pool2d(self.head_bn(y), 1).flatten(1)
+        return self.fc(y)
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, c, r=4):
+        super().__init__()
+        self.fc1 = nn.Conv2d(c, c // r, 1)
+        self.fc2 = nn.Conv2d(c // r, c, 1)
+
+    def forward(self, x):
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * F.hardsigmoid(self.fc2(F.relu(self.fc1(s))))
+
+
+class TinyMobileNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU6())
+        self.se = SqueezeExcite(16)
+        self.pw = nn.Sequential(nn.Conv2d(16, 32, 1, bias=False), nn.BatchNorm2d(32))
+        self.dw2 = nn.Conv2d(32, 64, 3, 2, padding=1, groups=32)  # depth multiplier 2
+        self.act = nn.Hardswish()
+        self.up = nn.ConvTranspose2d(64, 32, 2, stride=2)
+        self.gn = nn.GroupNorm(4, 32)
+        self.same = nn.Conv2d(32, 16, 4, padding="same", dilation=1)
+        self.head = nn.Conv2d(4, 8, 3, padding=1, padding_mode="reflect")
+
+    def forward(self, x):
+        y = self.stem(x)
+        y = self.se(self.dw(y))
+        y = self.pw(y)
+        y = self.act(self.dw2(y))
+        y = self.gn(self.up(y))
+        y = F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
+        y = F.avg_pool2d(y, 2)
+        y = self.same(y)
+        y = F.pixel_shuffle(y, 2)  # 16 -> 4 channels, 2x spatial
+        y = F.interpolate(y, size=(12, 12), mode="nearest")
+        return self.head(F.pad(y, (1, 1, 1, 1), mode="replicate"))
+
+
+def vit_model():
+    from transformers import ViTConfig, ViTModel
+
+    cfg = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=16,
+                    patch_size=4, num_channels=3)
+    if os.environ.get("KILN_TEST_EAGER_ATTN") == "1":
+        cfg._attn_implementation = "eager"
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = ViTModel(cfg, add_pooling_layer=False)
+
+        def forward(self, x):
+            return self.m(pixel_values=x).last_hidden_state
+
+    return Wrapped()
+
+
+def whisper_encoder():
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    cfg = WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2,
+                        encoder_ffn_dim=64, max_source_positions=16, decoder_layers=1, decoder_attention_heads=2,
+                        decoder_ffn_dim=64, vocab_size=64)
+    if os.environ.get("KILN_TEST_EAGER_ATTN") == "1":
+        cfg._attn_implementation = "eager"
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = WhisperEncoder(cfg)
+
+        def forward(self, x):
+            return self.m(input_features=x).last_hidden_state
+
+    return Wrapped()
+
+
+def build(name):
+    torch.manual_seed(0)
+    if name == "resnet":
+        m, x = TinyResNet(), torch.randn(1, 3, 32, 32)
+        train_batch_norms(m, (4, 3, 32, 32))
+    elif name == "mobilenet":
+        m, x = TinyMobileNet(), torch.randn(1, 3, 24, 24)
+        train_batch_norms(m, (4, 3, 24, 24))
+    elif name == "vit":
+        m, x = vit_model(), torch.randn(1, 3, 16, 16)
+    else:
+        m, x = whisper_encoder(), torch.randn(1, 16, 32)
+    return m.eval(), x
+
+
+FAMILIES = ["resnet", "mobilenet", "vit", "whisper"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    module, x = build(request.param)
+    return export_spec(module, x, tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_family_matches_eager(family, backend, tmp_path):
+    name = json.loads(family.read_text())["name"]
+    ins, refs = reference_io(family)
+    pte = kiln_lower(family, backend)
+    assert_close(et_execute(pte, ins)[0], refs[0], f"kiln's {backend} .pte of {name} in ExecuTorch's runtime")
+    assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"kiln's {backend} .pte of {name} in kiln's runtime")
+    et_pte = et_lower(family, backend)
+    assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's {backend} .pte of {name} in kiln's runtime")
+
+
+def test_batch_norm_is_folded_into_convolutions(tmp_path):
+    """ResNet's norms that follow a convolution disappear into its weights (as ExecuTorch folds
+    them); the one after the residual add stays a kernel."""
+    module, x = build("resnet")
+    spec = export_spec(module, x, tmp_path / "resnet", "resnet")
+    pte = kiln_lower(spec, "portable")
+    ops = json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]
+    names = json.dumps(ops)
+    assert names.count("_native_batch_norm_legit_no_training") >= 1, names[:2000]
+    kernels = [op for op in ops.get("operators", []) if "batch_norm" in json.dumps(op)]
+    assert len(kernels) == 1, kernels
