@@ -11,7 +11,7 @@
 //     _adaptive_avg_pool2d; adaptive_max_pool2d with divisible sizes -> max_pool2d_with_indices
 //   upsample_{nearest,bilinear}2d.default -> their .vec forms; pixel_unshuffle -> view/permute/view
 //   pad(mode=constant|reflect|replicate) -> constant_pad_nd / reflection_pad / replication_pad
-//   hardtanh (relu6) -> clamp
+//   hardtanh (relu6) -> clamp; hardswish, hardsigmoid -> add, clamp, (mul), div
 #include "lowerer.h"
 
 #include <cmath>
@@ -198,6 +198,18 @@ bool Lowerer::lower_conv(const Node& n) {
     bind_all(n, outs);
     return true;
   }
+  if (t == "aten.avg_pool2d.default") {  // int[2] arguments as lists (the schema's defaults are plain ints)
+    Argument divisor = Argument::none();
+    if (const Argument* a = opt(n, "divisor_override"); a && a->kind == Argument::Kind::Int) divisor = *a;
+    bind(n, emit("aten.avg_pool2d.default",
+                 {NA("self", tensor_arg(tensor_in(n, "self"))), NA("kernel_size", ints_arg(ints_in(n, "kernel_size"))),
+                  NA("stride", ints_arg(ints_or("stride", {}))), NA("padding", ints_arg(ints_or("padding", {0}))),
+                  NA("ceil_mode", bool_arg(int_in(n, "ceil_mode", 0) != 0)),
+                  NA("count_include_pad", bool_arg(int_in(n, "count_include_pad", 1) != 0)),
+                  NA("divisor_override", divisor)},
+                 out_meta(n)));
+    return true;
+  }
   if (t == "aten.adaptive_avg_pool2d.default" || t == "aten._adaptive_avg_pool2d.default") {
     ValueId x = tensor_in(n, "self");
     TensorMeta m = out_meta(n);
@@ -291,6 +303,18 @@ bool Lowerer::lower_conv(const Node& n) {
   }
 
   // ---- activations of CNNs
+  if (t == "aten.hardswish.default" || t == "aten.hardsigmoid.default") {
+    // relu6(x + 3) / 6 (times x): ops every runtime has (ExecuTorch's portable library has no
+    // hardswish/hardsigmoid kernels; the XNNPACK partitioner delegates the pieces)
+    ValueId x = tensor_in(n, "self");
+    TensorMeta m = out_meta(n);
+    ValueId s = emit("aten.add.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(3.0))}, m, "plus3");
+    s = emit("aten.clamp.default", {NA("self", tensor_arg(s)), NA("min", float_arg(0.0)), NA("max", float_arg(6.0))}, m,
+             "relu6");
+    if (t == "aten.hardswish.default") s = emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(s))}, m, "times_x");
+    bind(n, emit("aten.div.Scalar", {NA("self", tensor_arg(s)), NA("other", float_arg(6.0))}, m));
+    return true;
+  }
   if (t == "aten.hardtanh.default" || t == "aten.relu6.default") {
     ValueId x = tensor_in(n, "self");
     double lo = t == "aten.relu6.default" ? 0.0 : float_or("min_val", -1.0);

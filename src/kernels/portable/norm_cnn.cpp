@@ -1,7 +1,7 @@
 // Channel normalizations of CNNs and their activations, float32:
 // _native_batch_norm_legit_no_training.out (running statistics),
 // _native_batch_norm_legit.no_stats_out (batch statistics: instance norm's lowering),
-// native_group_norm.out, hardswish.out, hardsigmoid.out.
+// native_group_norm.out, hardswish.out, hardsigmoid.out, hardtanh.out.
 // Layout: [N, C, *] contiguous; statistics accumulate in double.
 #include "util/register.h"
 
@@ -189,8 +189,15 @@ void hardsigmoid_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
             [](float x) { return std::min(std::max(x + 3.0f, 0.0f), 6.0f) / 6.0f; });
 }
 
+// clamp(x, min_val, max_val) (relu6 in ExecuTorch's programs)
+void hardtanh_out(KernelContext& ctx, const Tensor& self, Scalar min_val, Scalar max_val, Tensor& out) {
+  const float lo = min_val.as<float>(), hi = max_val.as<float>();
+  float_map(ctx, "aten::hardtanh.out", self, out, [lo, hi](float x) { return x < lo ? lo : x > hi ? hi : x; });
+}
+
 }  // namespace
 
+KILN_KERNEL(hardtanh_out, hardtanh_out);
 KILN_KERNEL(_native_batch_norm_legit_no_training_out, batch_norm_no_training_out);
 KILN_KERNEL(_native_batch_norm_legit_no_stats_out, batch_norm_no_stats_out);
 KILN_KERNEL(native_group_norm_out, native_group_norm_out);

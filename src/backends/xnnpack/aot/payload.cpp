@@ -611,10 +611,6 @@ class PayloadBuilder {
       transpose({0, 3, 1, 2}, t2, write(outs[0]));
       return;
     }
-    if (t == "aten.hardswish.default") {
-      unary(XType::XNNHardswish, read(in(0)), write(outs[0]));
-      return;
-    }
     fail("internal: node '{}' ({}) passed the support check but has no lowering", n.name, t);
   }
 

@@ -81,7 +81,6 @@ constexpr std::array kRules{
                 "rank 4; no padding; ceil_mode false; no divisor_override"},
     SupportRule{"aten.upsample_bilinear2d.vec", "XNNStaticResizeBilinear2D",
                 "rank 4; output size given or an integral scale of the input"},
-    SupportRule{"aten.hardswish.default", "XNNHardswish", ""},
 };
 
 bool is_binary(std::string_view t) {
