@@ -770,6 +770,9 @@ class Lowerer {
   bool lower_conv(const Node& n);       // convolutions, pooling, resizing, batch norm
   bool try_fold_batch_norm(const Node& n, ValueId x, std::optional<ValueId> gamma, std::optional<ValueId> beta,
                            ValueId mean, ValueId var, double eps);  // rewrites_conv.cpp
+  std::optional<std::pair<ValueId, ValueId>> batch_norm_scale_shift(ValueId x, std::optional<ValueId> gamma,
+                                                                    std::optional<ValueId> beta, ValueId mean,
+                                                                    ValueId var, double eps);  // rewrites_conv.cpp
   bool lower_sequence(const Node& n);   // RNNs, einsum, sort/topk, scatter/gather, index ops
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
 

@@ -5,11 +5,12 @@
 //     convolution that produces its input when that convolution's output feeds only the
 //     norm and its weights are constants (w' = w * gamma / sqrt(var + eps), b' = (b - mean) *
 //     gamma / sqrt(var + eps) + beta, as ExecuTorch's fusion pass does); otherwise the
+//     x * scale + shift with per-channel constants (constant statistics), else the
 //     _native_batch_norm_legit_no_training kernel
 //   group_norm -> native_group_norm; instance_norm -> native_group_norm with one channel per group
 //   max_pool2d -> max_pool2d_with_indices; adaptive_avg_pool2d -> mean over H, W (global) or
 //     _adaptive_avg_pool2d; adaptive_max_pool2d with divisible sizes -> max_pool2d_with_indices
-//   upsample_{nearest,bilinear}2d.default -> their .vec forms; pixel_unshuffle -> view/permute/view
+//   upsample_{nearest,bilinear}2d.default -> their .vec forms; pixel_(un)shuffle -> view/permute/view
 //   pad(mode=constant|reflect|replicate) -> constant_pad_nd / reflection_pad / replication_pad
 //   hardtanh (relu6) -> clamp; hardswish, hardsigmoid -> add, clamp, (mul), div
 #include "lowerer.h"
@@ -139,6 +140,13 @@ bool Lowerer::lower_conv(const Node& n) {
     const double eps = float_or("eps", 1e-5);
     if (try_fold_batch_norm(n, x, gamma, beta, mean, var, eps)) return true;
     const auto& xm = meta_of(x);
+    if (auto ss = batch_norm_scale_shift(x, gamma, beta, mean, var, eps)) {  // x * scale + shift, per channel
+      ValueId y = emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(ss->first))},
+                       contiguous(xm), "bn_scale");
+      y = emit("aten.add.Tensor", {NA("self", tensor_arg(y)), NA("other", tensor_arg(ss->second))}, contiguous(xm));
+      bind(n, y);
+      return true;
+    }
     auto outs = emit_raw("aten._native_batch_norm_legit_no_training.default",
                          {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(gamma)),
                           NA("bias", opt_tensor_arg(beta)), NA("running_mean", tensor_arg(mean)),
@@ -266,6 +274,17 @@ bool Lowerer::lower_conv(const Node& n) {
     bind(n, emit(bilinear ? "aten.upsample_bilinear2d.vec" : "aten.upsample_nearest2d.vec", std::move(args), out_meta(n)));
     return true;
   }
+  if (t == "aten.pixel_shuffle.default") {  // view, permute, view (as ExecuTorch decomposes it)
+    ValueId x = tensor_in(n, "self");
+    const auto& xm = meta_of(x);
+    const int64_t r = int_in(n, "upscale_factor");
+    if (xm.sizes.size() != 4 || r < 1) unsupported(n, "pixel_shuffle of a tensor of rank other than 4");
+    const int64_t B = xm.sizes[0], C = xm.sizes[1], H = xm.sizes[2], W = xm.sizes[3];
+    ValueId v = view(x, {B, C / (r * r), r, r, H, W});
+    ValueId p = permute(v, {0, 1, 4, 2, 5, 3});
+    bind(n, view(p, out_meta(n).sizes));
+    return true;
+  }
   if (t == "aten.pixel_unshuffle.default") {
     ValueId x = tensor_in(n, "self");
     const auto& xm = meta_of(x);
@@ -324,6 +343,49 @@ bool Lowerer::lower_conv(const Node& n) {
     return true;
   }
   return false;
+}
+
+// A standalone batch norm with constant statistics as two per-channel constants shaped
+// [C, 1, ...] (broadcasting over the spatial dims): scale = gamma / sqrt(var + eps),
+// shift = beta - mean * scale. Nullopt unless every operand is a float32 constant.
+std::optional<std::pair<ValueId, ValueId>> Lowerer::batch_norm_scale_shift(ValueId x, std::optional<ValueId> gamma,
+                                                                          std::optional<ValueId> beta, ValueId mean,
+                                                                          ValueId var, double eps) {
+  const auto& xm = meta_of(x);
+  if (xm.dtype != ScalarType::Float || xm.sizes.size() < 2) return std::nullopt;
+  std::vector<ValueId> operands{mean, var};
+  for (auto v : {gamma, beta})
+    if (v) operands.push_back(*v);
+  for (ValueId v : operands)
+    if (!out_.is_constant(v) || meta_of(v).dtype != ScalarType::Float) return std::nullopt;
+  const int64_t c = xm.sizes[1];
+  auto floats = [&](std::optional<ValueId> v, float dflt) {
+    std::vector<float> f(static_cast<size_t>(c), dflt);
+    if (!v) return f;
+    auto bytes = out_.constant_bytes(*v);
+    if (bytes.size() != f.size() * sizeof(float)) return std::vector<float>{};
+    std::memcpy(f.data(), bytes.data(), bytes.size());
+    return f;
+  };
+  std::vector<float> M = floats(mean, 0), V = floats(var, 1), G = floats(gamma, 1), B = floats(beta, 0);
+  if (M.empty() || V.empty() || G.empty() || B.empty()) return std::nullopt;
+  auto scale = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(c) * sizeof(float));
+  auto shift = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(c) * sizeof(float));
+  auto* ps = reinterpret_cast<float*>(scale->data());
+  auto* pt = reinterpret_cast<float*>(shift->data());
+  for (int64_t i = 0; i < c; ++i) {
+    const double s = static_cast<double>(G[i]) / std::sqrt(static_cast<double>(V[i]) + eps);
+    ps[i] = static_cast<float>(s);
+    pt[i] = static_cast<float>(B[i] - M[i] * s);
+  }
+  std::vector<int64_t> shape(xm.sizes.size() - 1, 1);
+  shape[0] = c;
+  ValueId vs = out_.graph.add_value(fresh_name("bn_scale_const"), contiguous(ScalarType::Float, shape));
+  out_.constants[vs] = ConstantData{nullptr, scale, "batch norm scale (folded)"};
+  ValueId vt = out_.graph.add_value(fresh_name("bn_shift_const"), contiguous(ScalarType::Float, shape));
+  out_.constants[vt] = ConstantData{nullptr, shift, "batch norm shift (folded)"};
+  folded_ += 2;
+  return std::make_pair(vs, vt);
 }
 
 // Batch norm (eval) after a convolution whose output only it reads: the convolution's weight
