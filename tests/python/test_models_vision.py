@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import assert_close, et_execute, et_lower, kiln_lower, reference_io, run_kiln
+from conftest import assert_close, et_execute, kiln_lower, reference_io, run_kiln
 
 
 def export_spec(module: nn.Module, x: torch.Tensor, out: Path, name: str) -> Path:
@@ -44,6 +44,25 @@ def export_spec(module: nn.Module, x: torch.Tensor, out: Path, name: str) -> Pat
                          "reference": f"{name}_expected_output0.npy"}]}
     (out / "model_spec.json").write_text(json.dumps(spec))
     return out / "model_spec.json"
+
+
+def et_lower(spec: Path, backend: str) -> Path:
+    """ExecuTorch's own lowering of the spec's .pt2, as bench/reference/lower_with_executorch.py does it
+    (to_edge_transform_and_lower, XnnpackPartitioner for xnnpack, to_executorch), in this process:
+    the families need eight of them and a fresh interpreter per lowering costs most of their time."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    spec_d = json.loads(spec.read_text())
+    out = spec.parent / f"{spec_d['name']}_{backend}_et.pte"
+    if not out.exists():
+        partitioner = None
+        if backend == "xnnpack":
+            from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+            partitioner = [XnnpackPartitioner()]
+        ep = torch.export.load(str(spec.parent / spec_d["exported_program"]))
+        out.write_bytes(to_edge_transform_and_lower(ep, partitioner=partitioner).to_executorch().buffer)
+    return out
 
 
 def kiln_run(pte: Path, inputs, tmp: Path) -> list[np.ndarray]:
@@ -237,9 +256,10 @@ def operator_counts(pte: Path) -> dict:
 
 
 def test_batch_norm_is_folded(tmp_path):
-    """ResNet's norms that follow a convolution disappear into its weights (as ExecuTorch's
-    XNNPACK lowering folds them); the one after the residual add becomes a per-channel
-    multiply-add. No batch-norm kernel is left, and the numbers still match eager."""
+    """ResNet's six norms that follow a convolution disappear into its weights (as ExecuTorch's
+    XNNPACK lowering folds them; its portable lowering keeps seven kernels); the one after the
+    residual add becomes a per-channel multiply-add. No batch-norm kernel is left, and the
+    numbers still match eager."""
     module, x = build("resnet")
     spec = export_spec(module, x, tmp_path / "resnet", "resnet")
     ins, refs = reference_io(spec)
@@ -249,6 +269,88 @@ def test_batch_norm_is_folded(tmp_path):
     assert counts["aten::convolution.out"] == 6, counts
     assert counts["aten::mul.out"] == 1, counts  # the head norm's scale
     assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], "folded ResNet in kiln's runtime")
-    # ExecuTorch's portable lowering keeps a kernel per norm: the same model, another route
-    et_counts = operator_counts(et_lower(spec, "portable"))
-    assert et_counts.get("aten::_native_batch_norm_legit_no_training.out", 0) == 7, et_counts
+
+
+# ---------------------------------------------------------------------------
+# operator corners the families do not reach, a few chained per module
+
+
+class ConvCorners(nn.Module):  # grouped, strided, dilated transposed conv; grouped valid conv; ceil-mode pooling
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, dilation=2)
+        self.down = nn.Conv2d(6, 4, 3, stride=(2, 1), padding="valid", groups=2)
+
+    def forward(self, x):
+        y = self.down(torch.tanh(self.up(x)))
+        return F.max_pool2d(y, 3, stride=2, padding=1, dilation=2, ceil_mode=True)
+
+
+class Conv1dCorners(nn.Module):  # 'same' with an odd total, reflect padding_mode, transposed 1-D, replicate pad
+    def __init__(self):
+        super().__init__()
+        self.same = nn.Conv1d(4, 6, 4, padding="same", dilation=2)
+        self.refl = nn.Conv1d(6, 6, 3, padding=2, padding_mode="reflect")
+        self.up = nn.ConvTranspose1d(6, 3, 4, stride=2, padding=1)
+
+    def forward(self, x):
+        y = self.up(F.relu(self.refl(self.same(x))))
+        return F.pad(y, (2, 3), mode="replicate")
+
+
+class Conv3dNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv3d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.c(x)
+
+
+class PoolResizeCorners(nn.Module):
+    def forward(self, x):
+        y = F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+        y = F.adaptive_avg_pool2d(y, (3, 5))
+        y = F.interpolate(y, size=(7, 9), mode="bilinear", align_corners=True)
+        y = F.interpolate(y, scale_factor=1.5, mode="nearest")
+        return F.avg_pool2d(y, 2, divisor_override=3)
+
+
+class NormShuffleCorners(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inorm = nn.InstanceNorm2d(4, affine=True)
+        self.gn = nn.GroupNorm(2, 4)
+
+    def forward(self, x):
+        y = self.gn(self.inorm(x) * 2.0 + 1.0)
+        y = F.pixel_unshuffle(y, 2)
+        return F.adaptive_max_pool2d(y, (2, 2)) + F.pad(y, (1, 1, 1, 1), mode="reflect")[..., 1:3, 1:3]
+
+
+# name: (module, input shape, ExecuTorch's XNNPACK lowering too, ExecuTorch's runtime runs kiln's file)
+CORNERS = {
+    "conv2d_corners": (ConvCorners, (1, 4, 9, 11), True, True),
+    "conv1d_corners": (Conv1dCorners, (2, 4, 20), True, True),
+    "conv3d": (Conv3dNet, (1, 3, 6, 7, 8), False, False),  # ExecuTorch's portable convolution is 1-D/2-D only
+    "pool_resize": (PoolResizeCorners, (1, 3, 11, 13), False, True),
+    "norm_shuffle": (NormShuffleCorners, (2, 4, 8, 8), False, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CORNERS))
+def test_operator_corners(case, tmp_path):
+    """kiln's lowering (both backends) in both runtimes; ExecuTorch's XNNPACK lowering of the
+    convolution cases in kiln's runtime (XNNConvTranspose2d, 1-D as 2-D)."""
+    cls, shape, et_too, et_runs = CORNERS[case]
+    torch.manual_seed(1)
+    spec = export_spec(cls(), torch.randn(*shape), tmp_path / case, case)
+    ins, refs = reference_io(spec)
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        if et_runs:
+            assert_close(et_execute(pte, ins)[0], refs[0], f"kiln's {backend} .pte of {case} in ExecuTorch's runtime")
+        assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"kiln's {backend} .pte of {case} in kiln's runtime")
+    if et_too:
+        et_pte = et_lower(spec, "xnnpack")
+        assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's xnnpack .pte of {case} in kiln's runtime")
