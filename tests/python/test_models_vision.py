@@ -227,6 +227,24 @@ def family(request, tmp_path_factory):
     return export_spec(module, x, tmp_path_factory.mktemp(request.param), request.param)
 
 
+VISION_NODES = {"XNNConv2d", "XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNMaxPooling2d", "XNNAvgPooling2d",
+                "XNNGlobalAvgPooling2d", "XNNStaticResizeBilinear2D", "XNNStaticConstantPad"}
+
+
+def payload_node_types(pte: Path, tmp: Path) -> set:
+    """The XNNGraph node types of every XNNPACK payload in a .pte."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from test_xnnpack_payload import decode_graph, node_types
+
+    program = deserialize_pte_binary(pte.read_bytes()).program
+    types: set = set()
+    for i, d in enumerate(program.execution_plan[0].delegates):
+        assert d.id == "XnnpackBackend"
+        (tmp / f"payload{i}").mkdir(parents=True, exist_ok=True)
+        types |= set(node_types(decode_graph(program.backend_delegate_data[d.processed.index].data, tmp / f"payload{i}")))
+    return types
+
+
 @pytest.mark.parametrize("backend", ["portable", "xnnpack"])
 def test_family_matches_eager(family, backend, tmp_path):
     name = json.loads(family.read_text())["name"]
@@ -236,6 +254,17 @@ def test_family_matches_eager(family, backend, tmp_path):
     assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"kiln's {backend} .pte of {name} in kiln's runtime")
     et_pte = et_lower(family, backend)
     assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's {backend} .pte of {name} in kiln's runtime")
+    if backend == "xnnpack":
+        # kiln delegates the vision nodes ExecuTorch's partitioner delegates. Two differ by design:
+        # global average pooling is a mean over H, W (kiln's payload computes it as a fully-connected
+        # row sum), and ExecuTorch runs a batch norm no convolution absorbs as a 1x1 depthwise
+        # convolution where kiln multiplies and adds per channel.
+        kiln_types, et_types = payload_node_types(pte, tmp_path / "kiln"), payload_node_types(et_pte, tmp_path / "et")
+        assert (et_types & VISION_NODES) - {"XNNGlobalAvgPooling2d", "XNNDepthwiseConv2d"} <= kiln_types, (et_types,
+                                                                                                          kiln_types)
+        if name == "mobilenet":
+            assert {"XNNDepthwiseConv2d", "XNNConvTranspose2d", "XNNAvgPooling2d",
+                    "XNNStaticResizeBilinear2D"} <= kiln_types, kiln_types
 
 
 def operator_counts(pte: Path) -> dict:

@@ -677,7 +677,14 @@ class PayloadBuilder {
                 filter[(((size_t{gi} * ocg + o) * kh + y) * kw + z) * icg + i] =
                     src[((((size_t{gi} * icg + i) * ocg + o) * kh + y) * kw) + z];
     }
-    uint32_t filter_id = made_constant(filter, {oc, kh, kw, icg});
+    // depthwise (one input channel per group): XNNDepthwiseConv2d, filter [1, kh, kw, OC]
+    const bool depthwise = !transposed && icg == 1 && groups > 1;
+    if (depthwise) {
+      for (uint32_t o = 0; o < oc; ++o)
+        for (uint32_t y = 0; y < kh; ++y)
+          for (uint32_t z = 0; z < kw; ++z) filter[(size_t{y} * kw + z) * oc + o] = src[(size_t{o} * kh + y) * kw + z];
+    }
+    uint32_t filter_id = depthwise ? made_constant(filter, {1, kh, kw, oc}) : made_constant(filter, {oc, kh, kw, icg});
     std::vector<float> bias = b ? floats_of(collect(*constants_.at(*b))) : std::vector<float>(oc, 0.0f);
     uint32_t bias_id = made_constant(bias, {oc});
     uint32_t xi = read(x);
@@ -688,7 +695,7 @@ class PayloadBuilder {
     }
     uint32_t t1 = to_nhwc(xi, xd);
     uint32_t t2 = temp({od[0], od[2], od[3], od[1]});
-    add_node(transposed ? XType::XNNConvTranspose2d : XType::XNNConv2d,
+    add_node(transposed ? XType::XNNConvTranspose2d : depthwise ? XType::XNNDepthwiseConv2d : XType::XNNConv2d,
              fbx::Create_XNNNodeConv(fb_, ph, pw, ph, pw, kh, kw, sh, sw, dh, dw, icg, ocg, groups, ah, aw, t1,
                                      filter_id, bias_id, t2, 0)
                  .Union());

@@ -74,7 +74,9 @@ constexpr std::array kRules{
                 "inputs of equal rank"},
     SupportRule{"aten.constant_pad_nd.default", "XNNStaticConstantPad", "no negative padding"},
     // convolution and vision (NCHW tensors: XNNStaticTranspose to NHWC and back around each node)
-    SupportRule{"aten.convolution.default", "XNNConv2d / XNNConvTranspose2d (1-D as 2-D with height 1)",
+    SupportRule{"aten.convolution.default",
+                "XNNConv2d / XNNDepthwiseConv2d (one input channel per group) / XNNConvTranspose2d (1-D as 2-D "
+                "with height 1)",
                 "rank 3 or 4; weight and bias constants; transposed: dilation 1"},
     SupportRule{"aten.max_pool2d_with_indices.default", "XNNMaxPooling2d", "rank 4; indices unused; ceil_mode false"},
     SupportRule{"aten.avg_pool2d.default", "XNNAvgPooling2d",
