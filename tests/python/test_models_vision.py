@@ -65,8 +65,8 @@ def et_lower(spec: Path, backend: str) -> Path:
     return out
 
 
-def kiln_run(pte: Path, inputs, tmp: Path) -> list[np.ndarray]:
-    args = ["run", pte]
+def kiln_run(pte: Path, inputs, tmp: Path, *extra: str) -> list[np.ndarray]:
+    args = ["run", pte, *extra]
     for i, x in enumerate(inputs):
         np.save(tmp / f"in{i}.npy", x)
         args += ["--input", tmp / f"in{i}.npy"]
@@ -254,7 +254,10 @@ def test_family_matches_eager(family, backend, tmp_path):
     assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"kiln's {backend} .pte of {name} in kiln's runtime")
     et_pte = et_lower(family, backend)
     assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's {backend} .pte of {name} in kiln's runtime")
-    if backend == "xnnpack":
+    if backend == "xnnpack":  # the backend's other engine: XNNPACK for every node it has
+        for which, p in (("kiln's", pte), ("ExecuTorch's", et_pte)):
+            assert_close(kiln_run(p, ins, tmp_path, "--engine", "xnnpack", "--threads", "2")[0], refs[0],
+                         f"{which} xnnpack .pte of {name} in kiln's runtime, --engine xnnpack")
         # kiln delegates the vision nodes ExecuTorch's partitioner delegates. Two differ by design:
         # global average pooling is a mean over H, W (kiln's payload computes it as a fully-connected
         # row sum), and ExecuTorch runs a batch norm no convolution absorbs as a 1x1 depthwise
@@ -383,3 +386,20 @@ def test_operator_corners(case, tmp_path):
     if et_too:
         et_pte = et_lower(spec, "xnnpack")
         assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's xnnpack .pte of {case} in kiln's runtime")
+
+
+def test_unsupported_padding_mode_fails_cleanly(tmp_path):
+    """An operator mode kiln cannot lower: one line naming the node, the source line and why; no file."""
+
+    class Circular(nn.Module):
+        def forward(self, x):
+            return F.pad(x, (1, 1, 1, 1), mode="circular")
+
+    spec = export_spec(Circular(), torch.randn(1, 2, 5, 5), tmp_path / "circ", "circ")
+    proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "-q", check=False)
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "cannot lower node" in lines[0] and "aten.pad.default" in lines[0] and "circular" in lines[0], lines[0]
+    assert "test_models_vision.py:" in lines[0], lines[0]
+    assert not (tmp_path / "circ" / "circ_portable.pte").exists()
