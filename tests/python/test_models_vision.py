@@ -357,23 +357,30 @@ class NormShuffleCorners(nn.Module):
     def forward(self, x):
         y = self.gn(self.inorm(x) * 2.0 + 1.0)
         y = F.pixel_unshuffle(y, 2)
-        return F.adaptive_max_pool2d(y, (2, 2)) + F.pad(y, (1, 1, 1, 1), mode="reflect")[..., 1:3, 1:3]
+        return F.adaptive_avg_pool2d(y, (2, 2)) + F.pad(y, (1, 1, 1, 1), mode="reflect")[..., 1:3, 1:3]
 
 
-# name: (module, input shape, ExecuTorch's XNNPACK lowering too, ExecuTorch's runtime runs kiln's file)
+class AdaptiveMax(nn.Module):
+    def forward(self, x):
+        return F.adaptive_max_pool2d(x, (2, 3))
+
+
+# name: (module, input shape, the backend of ExecuTorch's lowering kiln's runtime runs too,
+#        whether ExecuTorch's runtime runs kiln's files)
 CORNERS = {
-    "conv2d_corners": (ConvCorners, (1, 4, 9, 11), True, True),
-    "conv1d_corners": (Conv1dCorners, (2, 4, 20), True, True),
-    "conv3d": (Conv3dNet, (1, 3, 6, 7, 8), False, False),  # ExecuTorch's portable convolution is 1-D/2-D only
-    "pool_resize": (PoolResizeCorners, (1, 3, 11, 13), False, True),
-    "norm_shuffle": (NormShuffleCorners, (2, 4, 8, 8), False, True),
+    "conv2d_corners": (ConvCorners, (1, 4, 9, 11), "xnnpack", True),
+    "conv1d_corners": (Conv1dCorners, (2, 4, 20), "xnnpack", True),
+    "conv3d": (Conv3dNet, (1, 3, 6, 7, 8), "portable", False),  # ExecuTorch's portable convolution is 1-D/2-D only
+    "pool_resize": (PoolResizeCorners, (1, 3, 11, 13), "portable", True),
+    "norm_shuffle": (NormShuffleCorners, (2, 4, 8, 8), "portable", True),  # instance norm: batch-stat batch norm
+    "adaptive_max": (AdaptiveMax, (1, 3, 8, 9), None, True),  # ExecuTorch's to_edge rejects adaptive_max_pool2d
 }
 
 
 @pytest.mark.parametrize("case", list(CORNERS))
 def test_operator_corners(case, tmp_path):
-    """kiln's lowering (both backends) in both runtimes; ExecuTorch's XNNPACK lowering of the
-    convolution cases in kiln's runtime (XNNConvTranspose2d, 1-D as 2-D)."""
+    """kiln's lowering (both backends) in both runtimes; ExecuTorch's lowering in kiln's runtime
+    (XNNPACK for the convolution cases: XNNConvTranspose2d, 1-D as 2-D; portable for the rest)."""
     cls, shape, et_too, et_runs = CORNERS[case]
     torch.manual_seed(1)
     spec = export_spec(cls(), torch.randn(*shape), tmp_path / case, case)
@@ -383,9 +390,10 @@ def test_operator_corners(case, tmp_path):
         if et_runs:
             assert_close(et_execute(pte, ins)[0], refs[0], f"kiln's {backend} .pte of {case} in ExecuTorch's runtime")
         assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"kiln's {backend} .pte of {case} in kiln's runtime")
-    if et_too:
-        et_pte = et_lower(spec, "xnnpack")
-        assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's xnnpack .pte of {case} in kiln's runtime")
+    if et_too is None:
+        return
+    et_pte = et_lower(spec, et_too)
+    assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's {et_too} .pte of {case} in kiln's runtime")
 
 
 def test_unsupported_padding_mode_fails_cleanly(tmp_path):

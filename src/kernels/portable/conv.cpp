@@ -17,7 +17,7 @@
 namespace kiln::rt::kernels {
 namespace {
 
-constexpr int64_t kColFloats = 32768;  // 128 KiB of columns per block
+constexpr int64_t kColFloats = 16384;  // 64 KiB of columns per block (stack)
 
 struct ConvGeom {
   int64_t n = 1, c = 1, oc = 1, groups = 1;

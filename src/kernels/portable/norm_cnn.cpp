@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace kiln::rt::kernels {
 namespace {
@@ -34,24 +35,24 @@ bool per_channel(KernelContext& ctx, const char* name, std::initializer_list<con
 
 const float* data_or_null(const Tensor* t) { return t != nullptr ? t->data_as<const float>() : nullptr; }
 
-// y[n, c, :] = (x[n, c, :] - mean[c]) * invstd[c] * w[c] + b[c]
-void normalize_channels(const Tensor& in, const double* mean, const double* invstd, const float* w, const float* b,
-                        Tensor& out) {
+// y[n, c, :] = (x[n, c, :] - mean(c)) * invstd(c) * w[c] + b[c]; stats(c) gives (mean, invstd)
+template <typename Stats>
+void normalize_channels(const Tensor& in, Stats stats, const float* w, const float* b, Tensor& out) {
   const int64_t n = in.sizes[0], c = in.dim > 1 ? in.sizes[1] : 1;
   const int64_t inner = in.numel / std::max<int64_t>(1, n * c);
   const float* x = in.data_as<const float>();
   float* y = out.data_as<float>();
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch) {
-      const float scale = static_cast<float>(invstd[ch]) * (w ? w[ch] : 1.0f);
-      const float shift = (b ? b[ch] : 0.0f) - static_cast<float>(mean[ch]) * scale;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const auto [mean, invstd] = stats(ch);
+    const float scale = static_cast<float>(invstd) * (w ? w[ch] : 1.0f);
+    const float shift = (b ? b[ch] : 0.0f) - static_cast<float>(mean) * scale;
+    for (int64_t i = 0; i < n; ++i) {
       const float* xr = x + (i * c + ch) * inner;
       float* yr = y + (i * c + ch) * inner;
       for (int64_t j = 0; j < inner; ++j) yr[j] = xr[j] * scale + shift;
     }
+  }
 }
-
-constexpr int64_t kMaxChannels = 8192;
 
 void batch_norm_no_training_out(KernelContext& ctx, const Tensor& input, const Tensor* weight, const Tensor* bias,
                                 const Tensor& running_mean, const Tensor& running_var, double /*momentum*/, double eps,
@@ -64,20 +65,15 @@ void batch_norm_no_training_out(KernelContext& ctx, const Tensor& input, const T
   }
   const int64_t c = input.sizes[1];
   if (!per_channel(ctx, name, {weight, bias, &running_mean, &running_var}, c)) return;
-  if (c > kMaxChannels) {
-    ctx.fail(Status::NotSupported, "%s: more than %lld channels", name, static_cast<long long>(kMaxChannels));
-    return;
-  }
   const int64_t empty[1] = {0};
   if (!resize_out(ctx, out0, input.shape(), name) || !resize_out(ctx, out1, {empty, 1}, name) ||
       !resize_out(ctx, out2, {empty, 1}, name))
     return;
-  double mean[kMaxChannels], invstd[kMaxChannels];
-  for (int64_t ch = 0; ch < c; ++ch) {
-    mean[ch] = running_mean.data_as<const float>()[ch];
-    invstd[ch] = 1.0 / std::sqrt(static_cast<double>(running_var.data_as<const float>()[ch]) + eps);
-  }
-  normalize_channels(input, mean, invstd, data_or_null(weight), data_or_null(bias), out0);
+  const float* rm = running_mean.data_as<const float>();
+  const float* rv = running_var.data_as<const float>();
+  normalize_channels(
+      input, [&](int64_t ch) { return std::make_pair(double{rm[ch]}, 1.0 / std::sqrt(double{rv[ch]} + eps)); },
+      data_or_null(weight), data_or_null(bias), out0);
 }
 
 void batch_norm_no_stats_out(KernelContext& ctx, const Tensor& input, const Tensor* weight, const Tensor* bias,
@@ -91,17 +87,12 @@ void batch_norm_no_stats_out(KernelContext& ctx, const Tensor& input, const Tens
   }
   const int64_t n = input.sizes[0], c = input.sizes[1];
   if (!per_channel(ctx, name, {weight, bias}, c)) return;
-  if (c > kMaxChannels) {
-    ctx.fail(Status::NotSupported, "%s: more than %lld channels", name, static_cast<long long>(kMaxChannels));
-    return;
-  }
   const int64_t stat[1] = {c};
   if (!resize_out(ctx, out, input.shape(), name) || !resize_out(ctx, save_mean, {stat, 1}, name) ||
       !resize_out(ctx, save_invstd, {stat, 1}, name))
     return;
   const int64_t inner = input.numel / std::max<int64_t>(1, n * c);
   const float* x = input.data_as<const float>();
-  double mean[kMaxChannels], invstd[kMaxChannels];
   const double count = static_cast<double>(n * inner);
   for (int64_t ch = 0; ch < c; ++ch) {
     double s = 0;
@@ -114,12 +105,14 @@ void batch_norm_no_stats_out(KernelContext& ctx, const Tensor& input, const Tens
         const double d = x[(i * c + ch) * inner + j] - m;
         sq += d * d;
       }
-    mean[ch] = m;
-    invstd[ch] = 1.0 / std::sqrt((count > 0 ? sq / count : 0.0) + eps);
     save_mean.data_as<float>()[ch] = static_cast<float>(m);
-    save_invstd.data_as<float>()[ch] = static_cast<float>(invstd[ch]);
+    save_invstd.data_as<float>()[ch] = static_cast<float>(1.0 / std::sqrt((count > 0 ? sq / count : 0.0) + eps));
   }
-  normalize_channels(input, mean, invstd, data_or_null(weight), data_or_null(bias), out);
+  const float* sm = save_mean.data_as<const float>();
+  const float* si = save_invstd.data_as<const float>();
+  normalize_channels(
+      input, [&](int64_t ch) { return std::make_pair(double{sm[ch]}, double{si[ch]}); }, data_or_null(weight),
+      data_or_null(bias), out);
 }
 
 void native_group_norm_out(KernelContext& ctx, const Tensor& input, const Tensor* weight, const Tensor* bias,
