@@ -27,18 +27,20 @@ import torch.nn.functional as F
 from conftest import assert_close, et_execute, kiln_lower, reference_io, run_kiln
 
 
-def export_spec(module: nn.Module, x: torch.Tensor, out: Path, name: str) -> Path:
-    """torch.export of `module` on `x`, written as the export front end writes a model."""
+def export_spec(module: nn.Module, x: torch.Tensor, out: Path, name: str, decompose: bool = False) -> Path:
+    """torch.export of `module` on `x` (core ATen with `decompose`), written as the export front end writes a model."""
     out.mkdir(parents=True, exist_ok=True)
     module.eval()
     with torch.no_grad():
         ep = torch.export.export(module, (x,))
+        if decompose:
+            ep = ep.run_decompositions()
         y = module(x)
     torch.export.save(ep, out / f"{name}.pt2")
     np.save(out / f"{name}_input0.npy", x.numpy())
     np.save(out / f"{name}_expected_output0.npy", y.numpy())
     spec = {"name": name, "model_id": f"tests/{name}", "seq_len": int(x.shape[-1]), "exported_program": f"{name}.pt2",
-            "ir": "default",
+            "ir": "core_aten" if decompose else "default",
             "inputs": [{"name": "x", "dtype": "float32", "shape": list(x.shape), "reference": f"{name}_input0.npy"}],
             "outputs": [{"name": "y", "dtype": "float32", "shape": list(y.shape),
                          "reference": f"{name}_expected_output0.npy"}]}
@@ -287,13 +289,14 @@ def operator_counts(pte: Path) -> dict:
     return counts
 
 
-def test_batch_norm_is_folded(tmp_path):
+@pytest.mark.parametrize("ir", ["default", "core_aten"])
+def test_batch_norm_is_folded(ir, tmp_path):
     """ResNet's six norms that follow a convolution disappear into its weights (as ExecuTorch's
     XNNPACK lowering folds them; its portable lowering keeps seven kernels); the one after the
     residual add becomes a per-channel multiply-add. No batch-norm kernel is left, and the
-    numbers still match eager."""
+    numbers still match eager. In core ATen the norms are _native_batch_norm_legit_no_training."""
     module, x = build("resnet")
-    spec = export_spec(module, x, tmp_path / "resnet", "resnet")
+    spec = export_spec(module, x, tmp_path / "resnet", "resnet", decompose=ir == "core_aten")
     ins, refs = reference_io(spec)
     pte = kiln_lower(spec, "portable")
     counts = operator_counts(pte)
