@@ -8,7 +8,7 @@
 //     x * scale + shift with per-channel constants (constant statistics), else the
 //     _native_batch_norm_legit_no_training kernel
 //   group_norm -> native_group_norm; instance_norm -> native_group_norm with one channel per group
-//   max_pool2d -> max_pool2d_with_indices; adaptive_avg_pool2d -> mean over H, W (global) or
+//   max_pool2d -> max_pool2d_with_indices; max/avg/adaptive-avg 1-D pooling -> the 2-D ops over [.., 1, L]; adaptive_avg_pool2d -> mean over H, W (global) or
 //     _adaptive_avg_pool2d; adaptive_max_pool2d with divisible sizes -> max_pool2d_with_indices
 //   upsample_{nearest,bilinear}2d.default -> their .vec forms; pixel_(un)shuffle -> view/permute/view
 //   pad(mode=constant|reflect|replicate) -> constant_pad_nd / reflection_pad / replication_pad
@@ -230,6 +230,53 @@ bool Lowerer::lower_conv(const Node& n) {
     }
     bind(n, emit("aten._adaptive_avg_pool2d.default",
                  {NA("self", tensor_arg(x)), NA("output_size", ints_arg({m.sizes[rank - 2], m.sizes[rank - 1]}))}, m));
+    return true;
+  }
+  // 1-D pooling: the 2-D kernels over [.., 1, L]
+  if (t == "aten.max_pool1d.default" || t == "aten.avg_pool1d.default" || t == "aten.adaptive_avg_pool1d.default") {
+    ValueId x = tensor_in(n, "self");
+    const auto& xm = meta_of(x);
+    TensorMeta m = out_meta(n);
+    if (xm.sizes.size() < 2) unsupported(n, "1-D pooling of a tensor of rank < 2");
+    auto with_h = [](std::vector<int64_t> sizes) {
+      sizes.insert(sizes.end() - 1, 1);
+      return sizes;
+    };
+    ValueId x4 = view(x, with_h(xm.sizes));
+    TensorMeta m4 = contiguous(m.dtype, with_h(m.sizes));
+    auto first = [&](const char* name, int64_t dflt) {
+      std::vector<int64_t> v = ints_or(name, {});
+      return v.empty() ? dflt : v[0];
+    };
+    ValueId y;
+    if (t == "aten.adaptive_avg_pool1d.default") {
+      y = m.sizes.back() == 1
+              ? emit("aten.mean.dim", {NA("self", tensor_arg(x4)), NA("dim", ints_arg({-1})), NA("keepdim", bool_arg(true))},
+                     m4)
+              : emit("aten._adaptive_avg_pool2d.default",
+                     {NA("self", tensor_arg(x4)), NA("output_size", ints_arg({1, m.sizes.back()}))}, m4);
+    } else {
+      const int64_t k = first("kernel_size", 1);
+      const int64_t stride = first("stride", k), pad = first("padding", 0);
+      const bool ceil = int_in(n, "ceil_mode", 0) != 0;
+      if (t == "aten.max_pool1d.default") {
+        TensorMeta im = m4;
+        im.dtype = ScalarType::Long;
+        y = emit_raw("aten.max_pool2d_with_indices.default",
+                     {NA("self", tensor_arg(x4)), NA("kernel_size", ints_arg({1, k})), NA("stride", ints_arg({1, stride})),
+                      NA("padding", ints_arg({0, pad})), NA("dilation", ints_arg({1, first("dilation", 1)})),
+                      NA("ceil_mode", bool_arg(ceil))},
+                     {m4, im}, "max_pool")[0];
+      } else {
+        y = emit("aten.avg_pool2d.default",
+                 {NA("self", tensor_arg(x4)), NA("kernel_size", ints_arg({1, k})), NA("stride", ints_arg({1, stride})),
+                  NA("padding", ints_arg({0, pad})), NA("ceil_mode", bool_arg(ceil)),
+                  NA("count_include_pad", bool_arg(int_in(n, "count_include_pad", 1) != 0)),
+                  NA("divisor_override", Argument::none())},
+                 m4);
+      }
+    }
+    bind(n, view(y, m.sizes));
     return true;
   }
   if (t == "aten.adaptive_max_pool2d.default") {

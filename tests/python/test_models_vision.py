@@ -321,7 +321,8 @@ class ConvCorners(nn.Module):  # grouped, strided, dilated transposed conv; grou
         return F.max_pool2d(y, 3, stride=2, padding=1, dilation=2, ceil_mode=True)
 
 
-class Conv1dCorners(nn.Module):  # 'same' with an odd total, reflect padding_mode, transposed 1-D, replicate pad
+class Conv1dCorners(nn.Module):  # 'same' with an odd total, reflect padding_mode, transposed 1-D, replicate pad,
+    # 1-D max/avg/adaptive pooling
     def __init__(self):
         super().__init__()
         self.same = nn.Conv1d(4, 6, 4, padding="same", dilation=2)
@@ -330,7 +331,8 @@ class Conv1dCorners(nn.Module):  # 'same' with an odd total, reflect padding_mod
 
     def forward(self, x):
         y = self.up(F.relu(self.refl(self.same(x))))
-        return F.pad(y, (2, 3), mode="replicate")
+        y = F.max_pool1d(F.pad(y, (2, 3), mode="replicate"), 3, stride=2, padding=1)
+        return F.adaptive_avg_pool1d(F.avg_pool1d(y, 2, ceil_mode=True, count_include_pad=False), 4)
 
 
 class Conv3dNet(nn.Module):
