@@ -12,7 +12,7 @@
 //     _adaptive_avg_pool2d; adaptive_max_pool2d with divisible sizes -> max_pool2d_with_indices
 //   upsample_{nearest,bilinear}2d.default -> their .vec forms; pixel_(un)shuffle -> view/permute/view
 //   pad(mode=constant|reflect|replicate) -> constant_pad_nd / reflection_pad / replication_pad
-//   hardtanh (relu6) -> clamp; hardswish, hardsigmoid -> add, clamp, (mul), div
+//   prelu -> relu(x) - w * relu(-x); hardtanh (relu6) -> clamp; hardswish, hardsigmoid -> add, clamp, (mul), div
 #include "lowerer.h"
 
 #include <cmath>
@@ -379,6 +379,25 @@ bool Lowerer::lower_conv(const Node& n) {
              "relu6");
     if (t == "aten.hardswish.default") s = emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(s))}, m, "times_x");
     bind(n, emit("aten.div.Scalar", {NA("self", tensor_arg(s)), NA("other", float_arg(6.0))}, m));
+    return true;
+  }
+  if (t == "aten.prelu.default") {  // relu(x) - w * relu(-x), w per channel (dim 1) or one value
+    ValueId x = tensor_in(n, "self");
+    ValueId w = tensor_in(n, "weight");
+    TensorMeta m = out_meta(n);
+    const auto& xm = meta_of(x);
+    const int64_t nw = meta_of(w).numel();
+    if (nw != 1) {
+      if (xm.sizes.size() < 2 || xm.sizes[1] != nw) unsupported(n, "prelu weight does not match the channels");
+      std::vector<int64_t> shape(xm.sizes.size() - 1, 1);
+      shape[0] = nw;
+      w = view(w, shape);
+    }
+    ValueId pos = emit("aten.relu.default", {NA("self", tensor_arg(x))}, m, "pos");
+    ValueId neg = emit("aten.neg.default", {NA("self", tensor_arg(x))}, m, "negx");
+    neg = emit("aten.relu.default", {NA("self", tensor_arg(neg))}, m, "neg");
+    neg = emit("aten.mul.Tensor", {NA("self", tensor_arg(neg)), NA("other", tensor_arg(w))}, m, "scaled");
+    bind(n, emit("aten.sub.Tensor", {NA("self", tensor_arg(pos)), NA("other", tensor_arg(neg))}, m));
     return true;
   }
   if (t == "aten.hardtanh.default" || t == "aten.relu6.default") {

@@ -310,14 +310,15 @@ def test_batch_norm_is_folded(ir, tmp_path):
 # operator corners the families do not reach, a few chained per module
 
 
-class ConvCorners(nn.Module):  # grouped, strided, dilated transposed conv; grouped valid conv; ceil-mode pooling
+class ConvCorners(nn.Module):  # grouped, strided, dilated transposed conv; grouped valid conv; PReLU; ceil-mode pooling
     def __init__(self):
         super().__init__()
         self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, dilation=2)
+        self.act = nn.PReLU(6, init=0.1)
         self.down = nn.Conv2d(6, 4, 3, stride=(2, 1), padding="valid", groups=2)
 
     def forward(self, x):
-        y = self.down(torch.tanh(self.up(x)))
+        y = self.down(self.act(self.up(x)))
         return F.max_pool2d(y, 3, stride=2, padding=1, dilation=2, ceil_mode=True)
 
 
@@ -399,6 +400,10 @@ def test_operator_corners(case, tmp_path):
         return
     et_pte = et_lower(spec, et_too)
     assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's {et_too} .pte of {case} in kiln's runtime")
+    if et_too == "xnnpack":  # kiln delegates the vision nodes ExecuTorch does (PReLU: relu, negate, multiply, subtract)
+        kiln_types = payload_node_types(kiln_lower(spec, "xnnpack"), tmp_path / "kiln")
+        et_types = payload_node_types(et_pte, tmp_path / "et")
+        assert et_types & VISION_NODES <= kiln_types, (et_types, kiln_types)
 
 
 def test_unsupported_padding_mode_fails_cleanly(tmp_path):

@@ -724,10 +724,16 @@ class PayloadBuilder {
     auto [sh, sw] = pair(args[2], {kh, kw});
     auto [ph, pw] = pair(args[3], {0, 0});
     auto [dh, dw] = max ? pair(args[4], {1, 1}) : std::make_pair(1u, 1u);
+    // ceil_mode (max pooling): extra bottom/right padding (-inf) until the last window fits
+    auto extra = [](uint32_t out, uint32_t in, uint32_t k, uint32_t s, uint32_t p, uint32_t d) {
+      const int64_t need = (int64_t{out} - 1) * s + int64_t{d} * (k - 1) + 1 - (int64_t{in} + 2 * int64_t{p});
+      return static_cast<uint32_t>(std::max<int64_t>(0, need));
+    };
+    const uint32_t pb = ph + extra(od[2], xd[2], kh, sh, ph, dh), pr = pw + extra(od[3], xd[3], kw, sw, pw, dw);
     uint32_t t1 = to_nhwc(read(x), xd);
     uint32_t t2 = temp({od[0], od[2], od[3], od[1]});
     add_node(max ? XType::XNNMaxPooling2d : XType::XNNAvgPooling2d,
-             fbx::Create_XNNPooling2D(fb_, ph, pw, ph, pw, kh, kw, sh, sw, dh, dw, t1, t2, 0).Union());
+             fbx::Create_XNNPooling2D(fb_, ph, pr, pb, pw, kh, kw, sh, sw, dh, dw, t1, t2, 0).Union());
     transpose({0, 3, 1, 2}, t2, write(outs[0]));
   }
 

@@ -77,8 +77,9 @@ constexpr std::array kRules{
     SupportRule{"aten.convolution.default",
                 "XNNConv2d / XNNDepthwiseConv2d (one input channel per group) / XNNConvTranspose2d (1-D as 2-D "
                 "with height 1)",
-                "rank 3 or 4; weight and bias constants; transposed: dilation 1"},
-    SupportRule{"aten.max_pool2d_with_indices.default", "XNNMaxPooling2d", "rank 4; indices unused; ceil_mode false"},
+                "rank 3 or 4; weight and bias constants"},
+    SupportRule{"aten.max_pool2d_with_indices.default", "XNNMaxPooling2d",
+                "rank 4; indices unused (ceil_mode: extra bottom/right padding)"},
     SupportRule{"aten.avg_pool2d.default", "XNNAvgPooling2d",
                 "rank 4; no padding; ceil_mode false; no divisor_override"},
     SupportRule{"aten.upsample_bilinear2d.vec", "XNNStaticResizeBilinear2D",
@@ -267,17 +268,12 @@ std::optional<std::string> check_arguments(const graph::Graph& g, const graph::N
   if (t == "aten.convolution.default") {
     size_t r = rank(args[0]);
     if (r != 3 && r != 4) return "convolution of other than 1-D or 2-D images";
-    if (bool_of(args[6], n.name)) {
-      for (int64_t d : ints_of(args[5], n.name))
-        if (d != 1) return "transposed convolution with dilation";
-    }
     for (int64_t p : ints_of(args[4], n.name))
       if (p < 0) return "negative padding";
     return std::nullopt;
   }
   if (t == "aten.max_pool2d_with_indices.default") {
     if (rank(args[0]) != 4) return "pooling of a tensor of rank other than 4";
-    if (bool_of(args[5], n.name)) return "max pooling with ceil_mode";
     return std::nullopt;
   }
   if (t == "aten.avg_pool2d.default") {

@@ -98,7 +98,7 @@ bool library_has(NodeType t) {
     // convolutions, pooling and resizing: XNNPACK's operators for both engines
     case NodeType::XNNConv2d: case NodeType::XNNDepthwiseConv2d: case NodeType::XNNConvTranspose2d:
     case NodeType::XNNMaxPooling2d: case NodeType::XNNAvgPooling2d: case NodeType::XNNGlobalAvgPooling2d:
-    case NodeType::XNNStaticResizeBilinear2D:
+    case NodeType::XNNStaticResizeBilinear2D: case NodeType::XNNPReLU:
       return true;
     default:
       return false;
@@ -127,6 +127,7 @@ bool node_io(const fbx::XNode& node, NodeIO& io) {
   switch (node.xnode_union_type()) {
     case NodeType::XNNAdd: case NodeType::XNNSubtract: case NodeType::XNNMultiply: case NodeType::XNNDiv:
     case NodeType::XNNMinimum: case NodeType::XNNMaximum: case NodeType::XNNBatchMatrixMultiply:
+    case NodeType::XNNPReLU:
       return in2(static_cast<const fbx::_XNNNode2x1*>(node.xnode_union()));
     case NodeType::XNNSoftmax: case NodeType::XNNSigmoid: case NodeType::XNNClamp: case NodeType::XNNSquare:
     case NodeType::XNNSquareRoot: case NodeType::XNNNegate: case NodeType::XNNAbs: case NodeType::XNNFloor:
@@ -760,6 +761,11 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
                                             p->stride_height(), p->stride_width(), lo, hi, a, o, p->flags());
         break;
       }
+      case NodeType::XNNPReLU:
+        if (!st.values[io.in[1]].constant)
+          return failf(error_, Status::NotSupported, "node %zu: PReLU with a non-constant slope", i);
+        s = xnn_define_prelu(sg, a, b, o, 0);
+        break;
       case NodeType::XNNGlobalAvgPooling2d:
         s = xnn_define_global_average_pooling_2d(sg, lo, hi, a, o,
                                                  node->xnode_union_as_XNNGlobalAvgPooling2d()->flags());
