@@ -53,7 +53,7 @@ constexpr BaseType kBaseTypes[] = {
     {"Tensor", Type::Tensor, Type::OptionalTensor, Type::TensorList, kNo},
     {"int", Type::Int, Type::OptionalInt, Type::IntList, Type::OptionalIntList},
     {"SymInt", Type::Int, Type::OptionalInt, Type::IntList, Type::OptionalIntList},
-    {"float", Type::Float, Type::OptionalFloat, kNo, kNo},
+    {"float", Type::Float, Type::OptionalFloat, Type::FloatList, Type::OptionalFloatList},
     {"bool", Type::Bool, Type::OptionalBool, kNo, kNo},
     {"Scalar", Type::Scalar, Type::OptionalScalar, kNo, kNo},
     {"ScalarType", Type::ScalarType, Type::OptionalScalarType, kNo, kNo},
@@ -190,6 +190,8 @@ std::string_view type_name(Type t) {
     case Type::OptionalMemoryFormat: return "MemoryFormat?";
     case Type::OptionalLayout: return "Layout?";
     case Type::OptionalDevice: return "Device?";
+    case Type::FloatList: return "float[]";
+    case Type::OptionalFloatList: return "float[]?";
     case Type::Count: break;
   }
   return "?";
@@ -199,7 +201,7 @@ bool is_optional(Type t) {
   switch (t) {
     case Type::OptionalTensor: case Type::OptionalInt: case Type::OptionalIntList: case Type::OptionalFloat:
     case Type::OptionalBool: case Type::OptionalScalar: case Type::OptionalScalarType: case Type::OptionalString:
-    case Type::OptionalMemoryFormat: case Type::OptionalLayout: case Type::OptionalDevice:
+    case Type::OptionalMemoryFormat: case Type::OptionalLayout: case Type::OptionalDevice: case Type::OptionalFloatList:
       return true;
     default:
       return false;

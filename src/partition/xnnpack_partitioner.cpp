@@ -53,7 +53,15 @@ std::optional<std::string> xnnpack_boundary(const graph::Graph& graph, graph::Va
 XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options,
                                       const xnn::PayloadOptions& payload_options) {
   XnnpackDelegation d;
-  SupportFn supports = [](const graph::Graph& g, const graph::Node& n, std::string* reason) {
+  SupportFn supports = [&program](const graph::Graph& g, const graph::Node& n, std::string* reason) {
+    if (n.target == "aten.convolution.default") {  // XNNPACK packs convolution weights: they must be constants
+      for (const auto& in : n.inputs)
+        for (graph::ValueId v : in.arg.tensor_ids())
+          if ((in.name == "weight" || in.name == "bias") && !program.is_constant(v)) {
+            if (reason) *reason = fmt::format("convolution {} '{}' is not a constant", in.name, g.value(v).name);
+            return false;
+          }
+    }
     return xnn::xnnpack_supports(g, n, reason);
   };
   d.partition = partition_program(program, supports, xnnpack_boundary, options);

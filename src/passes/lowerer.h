@@ -484,8 +484,7 @@ class Lowerer {
     // Views and shape changes.
     if (t == "aten.view.default" || t == "aten.reshape.default" || t == "aten._unsafe_view.default" ||
         t == "aten.view_copy.default" || t == "aten.flatten.using_ints" || t == "aten.unflatten.int") {
-      bind(n, view(tensor_in(n, t == "aten.flatten.using_ints" || t == "aten.unflatten.int" ? "input" : "self"),
-                   out_meta(n).sizes));
+      bind(n, view(tensor_in(n, opt(n, "self") ? "self" : "input"), out_meta(n).sizes));
       if (t == "aten.flatten.using_ints" || t == "aten.unflatten.int") return;
       return;
     }
@@ -781,6 +780,11 @@ class Lowerer {
   // true when it lowered `n` (bound its outputs), false when `n` is not its op.
   bool lower_attention(const Node& n);  // SDPA, norms, activations
   bool lower_conv(const Node& n);       // convolutions, pooling, resizing, batch norm
+  bool try_fold_batch_norm(const Node& n, ValueId x, std::optional<ValueId> gamma, std::optional<ValueId> beta,
+                           ValueId mean, ValueId var, double eps);  // rewrites_conv.cpp
+  std::optional<std::pair<ValueId, ValueId>> batch_norm_scale_shift(ValueId x, std::optional<ValueId> gamma,
+                                                                    std::optional<ValueId> beta, ValueId mean,
+                                                                    ValueId var, double eps);  // rewrites_conv.cpp
   bool lower_sequence(const Node& n);   // RNNs, einsum, sort/topk, scatter/gather, index ops
   void lower_rnn(const Node& n, int cell);  // (rewrites_sequence.cpp)
   void lower_einsum(const Node& n);

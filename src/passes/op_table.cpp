@@ -35,6 +35,8 @@ ArgType arg_type(ops::Type t) {
     case T::ScalarType: return ArgType::ScalarType;
     case T::OptionalScalarType: return ArgType::OptionalScalarType;
     case T::String: case T::OptionalString: return ArgType::String;
+    case T::FloatList: return ArgType::FloatList;
+    case T::OptionalFloatList: return ArgType::OptionalFloatList;
     case T::MemoryFormat: case T::OptionalMemoryFormat: case T::OptionalLayout: case T::OptionalDevice:
     case T::Count: break;
   }

@@ -1,11 +1,549 @@
-// to_edge rewrites: convolutions, pooling, resizing, batch norm.
+// to_edge rewrites: convolutions, pooling, resizing, padding, batch/group/instance norm.
+//
+//   conv1d/2d/3d (int or 'same'/'valid' padding), conv_transpose1d/2d/3d -> aten.convolution
+//   batch_norm / _native_batch_norm_legit_no_training in eval mode: folded into the
+//     convolution that produces its input when that convolution's output feeds only the
+//     norm and its weights are constants (w' = w * gamma / sqrt(var + eps), b' = (b - mean) *
+//     gamma / sqrt(var + eps) + beta, as ExecuTorch's fusion pass does); otherwise the
+//     x * scale + shift with per-channel constants (constant statistics), else the
+//     _native_batch_norm_legit_no_training kernel
+//   group_norm -> native_group_norm; instance_norm -> native_group_norm with one channel per group
+//   max_pool2d -> max_pool2d_with_indices; max/avg/adaptive-avg 1-D pooling -> the 2-D ops over [.., 1, L]; adaptive_avg_pool2d -> mean over H, W (global) or
+//     _adaptive_avg_pool2d; adaptive_max_pool2d with divisible sizes -> max_pool2d_with_indices
+//   upsample_{nearest,bilinear}2d.default -> their .vec forms; pixel_(un)shuffle -> view/permute/view
+//   pad(mode=constant|reflect|replicate) -> constant_pad_nd / reflection_pad / replication_pad
+//   prelu -> relu(x) - w * relu(-x); hardtanh (relu6) -> clamp; hardswish, hardsigmoid -> add, clamp, (mul), div
 #include "lowerer.h"
 
+#include <cmath>
+
 namespace kiln::passes::detail {
+namespace {
+
+std::vector<int64_t> per_dim(std::vector<int64_t> v, size_t spatial, int64_t dflt) {
+  if (v.empty()) v.push_back(dflt);
+  if (v.size() == 1 && spatial > 1) v.assign(spatial, v[0]);
+  return v;
+}
+
+}  // namespace
 
 bool Lowerer::lower_conv(const Node& n) {
-  (void)n;
-  return false;  // no rewrite of this family yet
+  const std::string& t = n.target;
+  auto ints_or = [&](const char* name, std::vector<int64_t> dflt) {
+    const Argument* a = opt(n, name);
+    if (!a || a->kind == Argument::Kind::None) return dflt;
+    return ints_in(n, name);
+  };
+  auto float_or = [&](const char* name, double dflt) {
+    const Argument* a = opt(n, name);
+    if (!a || a->kind == Argument::Kind::None) return dflt;
+    if (a->kind == Argument::Kind::Float) return std::get<double>(a->payload);
+    if (a->kind == Argument::Kind::Int) return static_cast<double>(std::get<int64_t>(a->payload));
+    unsupported(n, fmt::format("argument '{}' is not a float", name));
+  };
+  auto opt_tensor_arg = [](std::optional<ValueId> v) { return v ? tensor_arg(*v) : Argument::none(); };
+  auto emit_conv = [&](ValueId x, ValueId w, std::optional<ValueId> b, std::vector<int64_t> stride,
+                       std::vector<int64_t> padding, std::vector<int64_t> dilation, bool transposed,
+                       std::vector<int64_t> output_padding, int64_t groups) {
+    return emit("aten.convolution.default",
+                {NA("input", tensor_arg(x)), NA("weight", tensor_arg(w)), NA("bias", opt_tensor_arg(b)),
+                 NA("stride", ints_arg(std::move(stride))), NA("padding", ints_arg(std::move(padding))),
+                 NA("dilation", ints_arg(std::move(dilation))), NA("transposed", bool_arg(transposed)),
+                 NA("output_padding", ints_arg(std::move(output_padding))), NA("groups", int_arg(groups))},
+                out_meta(n));
+  };
+
+  // ---- convolutions
+  if (t == "aten.conv1d.default" || t == "aten.conv2d.default" || t == "aten.conv3d.default" ||
+      t == "aten.conv1d.padding" || t == "aten.conv2d.padding" || t == "aten.conv3d.padding") {
+    ValueId x = tensor_in(n, "input");
+    ValueId w = tensor_in(n, "weight");
+    auto b = opt_tensor_in(n, "bias");
+    const auto& wm = meta_of(w);
+    if (wm.sizes.size() < 3) unsupported(n, "convolution weight of rank < 3");
+    const size_t spatial = wm.sizes.size() - 2;
+    if (meta_of(x).sizes.size() != spatial + 2)
+      unsupported(n, "unbatched convolution input; add the batch dimension before the convolution");
+    std::vector<int64_t> stride = per_dim(ints_or("stride", {1}), spatial, 1);
+    std::vector<int64_t> dilation = per_dim(ints_or("dilation", {1}), spatial, 1);
+    std::vector<int64_t> padding;
+    const Argument* pa = opt(n, "padding");
+    if (pa && pa->kind == Argument::Kind::String) {
+      const std::string& mode = std::get<std::string>(pa->payload);
+      if (mode == "valid") {
+        padding.assign(spatial, 0);
+      } else if (mode == "same") {
+        // total padding d*(k-1) per dim; an odd total puts the extra element at the end (as torch)
+        std::vector<int64_t> extra(spatial, 0);
+        bool any_extra = false;
+        for (size_t d = 0; d < spatial; ++d) {
+          if (stride[d] != 1) unsupported(n, "padding='same' with a stride other than 1");
+          const int64_t total = dilation[d] * (wm.sizes[2 + d] - 1);
+          padding.push_back(total / 2);
+          extra[d] = total % 2;
+          any_extra = any_extra || extra[d] != 0;
+        }
+        if (any_extra) {
+          std::vector<int64_t> pad;  // last dim first: (before, after) pairs
+          std::vector<int64_t> sizes = meta_of(x).sizes;
+          for (size_t d = spatial; d-- > 0;) {
+            pad.push_back(0);
+            pad.push_back(extra[d]);
+            sizes[2 + d] += extra[d];
+          }
+          x = emit("aten.constant_pad_nd.default",
+                   {NA("self", tensor_arg(x)), NA("pad", ints_arg(pad)), NA("value", float_arg(0.0))},
+                   contiguous(meta_of(x).dtype, sizes), "same_pad");
+        }
+      } else {
+        unsupported(n, fmt::format("convolution padding mode '{}'", mode));
+      }
+    } else {
+      padding = per_dim(ints_or("padding", {0}), spatial, 0);
+    }
+    bind(n, emit_conv(x, w, b, stride, padding, dilation, false, std::vector<int64_t>(spatial, 0),
+                      int_in(n, "groups", 1)));
+    return true;
+  }
+  if (t == "aten.conv_transpose1d.default" || t == "aten.conv_transpose2d.input" ||
+      t == "aten.conv_transpose3d.input") {
+    ValueId x = tensor_in(n, "input");
+    ValueId w = tensor_in(n, "weight");
+    auto b = opt_tensor_in(n, "bias");
+    const size_t spatial = meta_of(w).sizes.size() - 2;
+    if (meta_of(x).sizes.size() != spatial + 2)
+      unsupported(n, "unbatched convolution input; add the batch dimension before the convolution");
+    bind(n, emit_conv(x, w, b, per_dim(ints_or("stride", {1}), spatial, 1), per_dim(ints_or("padding", {0}), spatial, 0),
+                      per_dim(ints_or("dilation", {1}), spatial, 1), true,
+                      per_dim(ints_or("output_padding", {0}), spatial, 0), int_in(n, "groups", 1)));
+    return true;
+  }
+  if (t == "aten._convolution.default") {
+    std::vector<NamedArgument> args;
+    for (const char* name : {"input", "weight", "bias", "stride", "padding", "dilation", "transposed",
+                             "output_padding", "groups"})
+      args.push_back(NA(name, remap(arg(n, name))));
+    bind(n, emit("aten.convolution.default", std::move(args), out_meta(n)));
+    return true;
+  }
+
+  // ---- batch norm (eval): fold into the producing convolution, or the kernel
+  if (t == "aten.batch_norm.default" || t == "aten._native_batch_norm_legit_no_training.default") {
+    if (t == "aten.batch_norm.default" && int_in(n, "training", 0) != 0)
+      unsupported(n, "batch norm in training mode; export the model in eval() mode");
+    ValueId x = tensor_in(n, "input");
+    auto gamma = opt_tensor_in(n, "weight");
+    auto beta = opt_tensor_in(n, "bias");
+    ValueId mean = tensor_in(n, "running_mean");
+    ValueId var = tensor_in(n, "running_var");
+    const double eps = float_or("eps", 1e-5);
+    if (try_fold_batch_norm(n, x, gamma, beta, mean, var, eps)) return true;
+    const auto& xm = meta_of(x);
+    if (auto ss = batch_norm_scale_shift(x, gamma, beta, mean, var, eps)) {  // x * scale + shift, per channel
+      ValueId y = emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(ss->first))},
+                       contiguous(xm), "bn_scale");
+      y = emit("aten.add.Tensor", {NA("self", tensor_arg(y)), NA("other", tensor_arg(ss->second))}, contiguous(xm));
+      bind(n, y);
+      return true;
+    }
+    auto outs = emit_raw("aten._native_batch_norm_legit_no_training.default",
+                         {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(gamma)),
+                          NA("bias", opt_tensor_arg(beta)), NA("running_mean", tensor_arg(mean)),
+                          NA("running_var", tensor_arg(var)), NA("momentum", float_arg(float_or("momentum", 0.1))),
+                          NA("eps", float_arg(eps))},
+                         {contiguous(xm), contiguous(xm.dtype, {0}), contiguous(xm.dtype, {0})}, "batch_norm");
+    bind_all(n, outs);
+    return true;
+  }
+
+  // ---- group norm, instance norm
+  if (t == "aten.group_norm.default" || t == "aten.instance_norm.default") {
+    ValueId x = tensor_in(n, "input");
+    const auto& xm = meta_of(x);
+    if (xm.sizes.size() < 2) unsupported(n, "normalization of a tensor of rank < 2");
+    const int64_t N = xm.sizes[0], C = xm.sizes[1];
+    const int64_t HxW = xm.numel() / std::max<int64_t>(1, N * C);
+    auto w = opt_tensor_in(n, "weight");
+    auto b = opt_tensor_in(n, "bias");
+    int64_t groups = C;
+    if (t == "aten.group_norm.default") {
+      groups = int_in(n, "num_groups");
+    } else if (int_in(n, "use_input_stats", 1) == 0) {  // running statistics: a batch norm in eval
+      ValueId mean = tensor_in(n, "running_mean");
+      ValueId var = tensor_in(n, "running_var");
+      auto outs = emit_raw("aten._native_batch_norm_legit_no_training.default",
+                           {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(w)), NA("bias", opt_tensor_arg(b)),
+                            NA("running_mean", tensor_arg(mean)), NA("running_var", tensor_arg(var)),
+                            NA("momentum", float_arg(0.1)), NA("eps", float_arg(float_or("eps", 1e-5)))},
+                           {contiguous(xm), contiguous(xm.dtype, {0}), contiguous(xm.dtype, {0})}, "instance_norm");
+      bind(n, outs[0]);
+      return true;
+    }
+    if (groups < 1 || C % groups != 0) unsupported(n, "channels are not divisible by the number of groups");
+    auto outs = emit_raw("aten.native_group_norm.default",
+                         {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(w)), NA("bias", opt_tensor_arg(b)),
+                          NA("N", int_arg(N)), NA("C", int_arg(C)), NA("HxW", int_arg(HxW)), NA("group", int_arg(groups)),
+                          NA("eps", float_arg(float_or("eps", 1e-5)))},
+                         {contiguous(xm), contiguous(xm.dtype, {N, groups}), contiguous(xm.dtype, {N, groups})},
+                         "group_norm");
+    bind(n, outs[0]);
+    return true;
+  }
+
+  // ---- pooling
+  if (t == "aten.max_pool2d.default" || t == "aten.max_pool2d_with_indices.default") {
+    ValueId x = tensor_in(n, "self");
+    TensorMeta m = out_meta(n);
+    TensorMeta im = m;
+    im.dtype = ScalarType::Long;
+    auto outs = emit_raw("aten.max_pool2d_with_indices.default",
+                         {NA("self", tensor_arg(x)), NA("kernel_size", ints_arg(ints_in(n, "kernel_size"))),
+                          NA("stride", ints_arg(ints_or("stride", {}))), NA("padding", ints_arg(ints_or("padding", {0}))),
+                          NA("dilation", ints_arg(ints_or("dilation", {1}))),
+                          NA("ceil_mode", bool_arg(int_in(n, "ceil_mode", 0) != 0))},
+                         {m, im}, "max_pool");
+    bind_all(n, outs);
+    return true;
+  }
+  if (t == "aten.avg_pool2d.default") {  // int[2] arguments as lists (the schema's defaults are plain ints)
+    Argument divisor = Argument::none();
+    if (const Argument* a = opt(n, "divisor_override"); a && a->kind == Argument::Kind::Int) divisor = *a;
+    bind(n, emit("aten.avg_pool2d.default",
+                 {NA("self", tensor_arg(tensor_in(n, "self"))), NA("kernel_size", ints_arg(ints_in(n, "kernel_size"))),
+                  NA("stride", ints_arg(ints_or("stride", {}))), NA("padding", ints_arg(ints_or("padding", {0}))),
+                  NA("ceil_mode", bool_arg(int_in(n, "ceil_mode", 0) != 0)),
+                  NA("count_include_pad", bool_arg(int_in(n, "count_include_pad", 1) != 0)),
+                  NA("divisor_override", divisor)},
+                 out_meta(n)));
+    return true;
+  }
+  if (t == "aten.adaptive_avg_pool2d.default" || t == "aten._adaptive_avg_pool2d.default") {
+    ValueId x = tensor_in(n, "self");
+    TensorMeta m = out_meta(n);
+    const size_t rank = meta_of(x).sizes.size();
+    if (rank < 3) unsupported(n, "adaptive pooling of a tensor of rank < 3");
+    if (m.sizes[rank - 1] == 1 && m.sizes[rank - 2] == 1) {  // global average pooling
+      bind(n, emit("aten.mean.dim", {NA("self", tensor_arg(x)), NA("dim", ints_arg({-2, -1})),
+                                     NA("keepdim", bool_arg(true))}, m));
+      return true;
+    }
+    bind(n, emit("aten._adaptive_avg_pool2d.default",
+                 {NA("self", tensor_arg(x)), NA("output_size", ints_arg({m.sizes[rank - 2], m.sizes[rank - 1]}))}, m));
+    return true;
+  }
+  // 1-D pooling: the 2-D kernels over [.., 1, L]
+  if (t == "aten.max_pool1d.default" || t == "aten.avg_pool1d.default" || t == "aten.adaptive_avg_pool1d.default") {
+    ValueId x = tensor_in(n, "self");
+    const auto& xm = meta_of(x);
+    TensorMeta m = out_meta(n);
+    if (xm.sizes.size() < 2) unsupported(n, "1-D pooling of a tensor of rank < 2");
+    auto with_h = [](std::vector<int64_t> sizes) {
+      sizes.insert(sizes.end() - 1, 1);
+      return sizes;
+    };
+    ValueId x4 = view(x, with_h(xm.sizes));
+    TensorMeta m4 = contiguous(m.dtype, with_h(m.sizes));
+    auto first = [&](const char* name, int64_t dflt) {
+      std::vector<int64_t> v = ints_or(name, {});
+      return v.empty() ? dflt : v[0];
+    };
+    ValueId y;
+    if (t == "aten.adaptive_avg_pool1d.default") {
+      y = m.sizes.back() == 1
+              ? emit("aten.mean.dim", {NA("self", tensor_arg(x4)), NA("dim", ints_arg({-1})), NA("keepdim", bool_arg(true))},
+                     m4)
+              : emit("aten._adaptive_avg_pool2d.default",
+                     {NA("self", tensor_arg(x4)), NA("output_size", ints_arg({1, m.sizes.back()}))}, m4);
+    } else {
+      const int64_t k = first("kernel_size", 1);
+      const int64_t stride = first("stride", k), pad = first("padding", 0);
+      const bool ceil = int_in(n, "ceil_mode", 0) != 0;
+      if (t == "aten.max_pool1d.default") {
+        TensorMeta im = m4;
+        im.dtype = ScalarType::Long;
+        y = emit_raw("aten.max_pool2d_with_indices.default",
+                     {NA("self", tensor_arg(x4)), NA("kernel_size", ints_arg({1, k})), NA("stride", ints_arg({1, stride})),
+                      NA("padding", ints_arg({0, pad})), NA("dilation", ints_arg({1, first("dilation", 1)})),
+                      NA("ceil_mode", bool_arg(ceil))},
+                     {m4, im}, "max_pool")[0];
+      } else {
+        y = emit("aten.avg_pool2d.default",
+                 {NA("self", tensor_arg(x4)), NA("kernel_size", ints_arg({1, k})), NA("stride", ints_arg({1, stride})),
+                  NA("padding", ints_arg({0, pad})), NA("ceil_mode", bool_arg(ceil)),
+                  NA("count_include_pad", bool_arg(int_in(n, "count_include_pad", 1) != 0)),
+                  NA("divisor_override", Argument::none())},
+                 m4);
+      }
+    }
+    bind(n, view(y, m.sizes));
+    return true;
+  }
+  if (t == "aten.adaptive_max_pool2d.default") {
+    ValueId x = tensor_in(n, "self");
+    const auto& xm = meta_of(x);
+    TensorMeta m = out_meta(n);
+    const size_t rank = xm.sizes.size();
+    if (rank < 3) unsupported(n, "adaptive pooling of a tensor of rank < 3");
+    std::vector<int64_t> k;
+    for (size_t d = rank - 2; d < rank; ++d) {
+      if (xm.sizes[d] % m.sizes[d] != 0)
+        unsupported(n, "adaptive max pooling whose output size does not divide the input size");
+      k.push_back(xm.sizes[d] / m.sizes[d]);
+    }
+    TensorMeta im = m;
+    im.dtype = ScalarType::Long;
+    auto outs = emit_raw("aten.max_pool2d_with_indices.default",
+                         {NA("self", tensor_arg(x)), NA("kernel_size", ints_arg(k)), NA("stride", ints_arg(k)),
+                          NA("padding", ints_arg({0})), NA("dilation", ints_arg({1})), NA("ceil_mode", bool_arg(false))},
+                         {m, im}, "max_pool");
+    bind_all(n, outs);
+    return true;
+  }
+
+  // ---- resizing
+  if (t == "aten.upsample_nearest2d.default" || t == "aten.upsample_bilinear2d.default") {
+    ValueId x = tensor_in(n, "self");
+    const bool bilinear = t == "aten.upsample_bilinear2d.default";
+    const Argument* sh = opt(n, "scales_h");
+    const Argument* sw = opt(n, "scales_w");
+    std::vector<NamedArgument> args{NA("input", tensor_arg(x))};
+    if (sh && sw && sh->kind == Argument::Kind::Float && sw->kind == Argument::Kind::Float) {
+      args.push_back(NA("output_size", Argument::none()));
+      if (bilinear) args.push_back(NA("align_corners", bool_arg(int_in(n, "align_corners") != 0)));
+      args.push_back(NA("scale_factors", {Argument::Kind::Floats, std::vector<double>{std::get<double>(sh->payload),
+                                                                                      std::get<double>(sw->payload)}}));
+    } else {
+      args.push_back(NA("output_size", ints_arg(ints_in(n, "output_size"))));
+      if (bilinear) args.push_back(NA("align_corners", bool_arg(int_in(n, "align_corners") != 0)));
+      args.push_back(NA("scale_factors", Argument::none()));
+    }
+    bind(n, emit(bilinear ? "aten.upsample_bilinear2d.vec" : "aten.upsample_nearest2d.vec", std::move(args), out_meta(n)));
+    return true;
+  }
+  if (t == "aten.pixel_shuffle.default") {  // view, permute, view (as ExecuTorch decomposes it)
+    ValueId x = tensor_in(n, "self");
+    const auto& xm = meta_of(x);
+    const int64_t r = int_in(n, "upscale_factor");
+    if (xm.sizes.size() != 4 || r < 1) unsupported(n, "pixel_shuffle of a tensor of rank other than 4");
+    const int64_t B = xm.sizes[0], C = xm.sizes[1], H = xm.sizes[2], W = xm.sizes[3];
+    ValueId v = view(x, {B, C / (r * r), r, r, H, W});
+    ValueId p = permute(v, {0, 1, 4, 2, 5, 3});
+    bind(n, view(p, out_meta(n).sizes));
+    return true;
+  }
+  if (t == "aten.pixel_unshuffle.default") {
+    ValueId x = tensor_in(n, "self");
+    const auto& xm = meta_of(x);
+    const int64_t r = int_in(n, "downscale_factor");
+    if (xm.sizes.size() != 4) unsupported(n, "pixel_unshuffle of a tensor of rank other than 4");
+    const int64_t B = xm.sizes[0], C = xm.sizes[1], H = xm.sizes[2], W = xm.sizes[3];
+    ValueId v = view(x, {B, C, H / r, r, W / r, r});
+    ValueId p = permute(v, {0, 1, 3, 5, 2, 4});
+    bind(n, view(p, out_meta(n).sizes));
+    return true;
+  }
+
+  // ---- padding
+  if (t == "aten.pad.default") {
+    ValueId x = tensor_in(n, "self");
+    std::vector<int64_t> pad = ints_in(n, "pad");
+    std::string mode = "constant";
+    if (const Argument* a = opt(n, "mode"); a && a->kind == Argument::Kind::String) mode = std::get<std::string>(a->payload);
+    TensorMeta m = out_meta(n);
+    if (mode == "constant") {
+      Argument value = float_arg(0.0);
+      if (const Argument* a = opt(n, "value"); a && a->kind != Argument::Kind::None) value = *a;
+      bind(n, emit("aten.constant_pad_nd.default", {NA("self", tensor_arg(x)), NA("pad", ints_arg(pad)),
+                                                    NA("value", value)}, m));
+      return true;
+    }
+    if (mode != "reflect" && mode != "replicate")
+      unsupported(n, fmt::format("pad mode '{}' (kiln runs constant, reflect and replicate)", mode));
+    if (pad.size() != 2 && pad.size() != 4)
+      unsupported(n, fmt::format("{} padding of {} dims (kiln pads 1 or 2 trailing dims)", mode, pad.size() / 2));
+    std::string target = fmt::format("aten.{}_pad{}d.default", mode == "reflect" ? "reflection" : "replication",
+                                     pad.size() / 2);
+    bind(n, emit(target, {NA("self", tensor_arg(x)), NA("padding", ints_arg(pad))}, m));
+    return true;
+  }
+
+  // ---- activations of CNNs
+  if (t == "aten.hardswish.default" || t == "aten.hardsigmoid.default") {
+    // relu6(x + 3) / 6 (times x): ops every runtime has (ExecuTorch's portable library has no
+    // hardswish/hardsigmoid kernels; the XNNPACK partitioner delegates the pieces)
+    ValueId x = tensor_in(n, "self");
+    TensorMeta m = out_meta(n);
+    ValueId s = emit("aten.add.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(3.0))}, m, "plus3");
+    s = emit("aten.clamp.default", {NA("self", tensor_arg(s)), NA("min", float_arg(0.0)), NA("max", float_arg(6.0))}, m,
+             "relu6");
+    if (t == "aten.hardswish.default") s = emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(s))}, m, "times_x");
+    bind(n, emit("aten.div.Scalar", {NA("self", tensor_arg(s)), NA("other", float_arg(6.0))}, m));
+    return true;
+  }
+  if (t == "aten.prelu.default") {  // relu(x) - w * relu(-x), w per channel (dim 1) or one value
+    ValueId x = tensor_in(n, "self");
+    ValueId w = tensor_in(n, "weight");
+    TensorMeta m = out_meta(n);
+    const auto& xm = meta_of(x);
+    const int64_t nw = meta_of(w).numel();
+    if (nw != 1) {
+      if (xm.sizes.size() < 2 || xm.sizes[1] != nw) unsupported(n, "prelu weight does not match the channels");
+      std::vector<int64_t> shape(xm.sizes.size() - 1, 1);
+      shape[0] = nw;
+      w = view(w, shape);
+    }
+    ValueId pos = emit("aten.relu.default", {NA("self", tensor_arg(x))}, m, "pos");
+    ValueId neg = emit("aten.neg.default", {NA("self", tensor_arg(x))}, m, "negx");
+    neg = emit("aten.relu.default", {NA("self", tensor_arg(neg))}, m, "neg");
+    neg = emit("aten.mul.Tensor", {NA("self", tensor_arg(neg)), NA("other", tensor_arg(w))}, m, "scaled");
+    bind(n, emit("aten.sub.Tensor", {NA("self", tensor_arg(pos)), NA("other", tensor_arg(neg))}, m));
+    return true;
+  }
+  if (t == "aten.hardtanh.default" || t == "aten.relu6.default") {
+    ValueId x = tensor_in(n, "self");
+    double lo = t == "aten.relu6.default" ? 0.0 : float_or("min_val", -1.0);
+    double hi = t == "aten.relu6.default" ? 6.0 : float_or("max_val", 1.0);
+    bind(n, emit("aten.clamp.default", {NA("self", tensor_arg(x)), NA("min", float_arg(lo)), NA("max", float_arg(hi))},
+                 out_meta(n)));
+    return true;
+  }
+  return false;
+}
+
+// A standalone batch norm with constant statistics as two per-channel constants shaped
+// [C, 1, ...] (broadcasting over the spatial dims): scale = gamma / sqrt(var + eps),
+// shift = beta - mean * scale. Nullopt unless every operand is a float32 constant.
+std::optional<std::pair<ValueId, ValueId>> Lowerer::batch_norm_scale_shift(ValueId x, std::optional<ValueId> gamma,
+                                                                          std::optional<ValueId> beta, ValueId mean,
+                                                                          ValueId var, double eps) {
+  const auto& xm = meta_of(x);
+  if (xm.dtype != ScalarType::Float || xm.sizes.size() < 2) return std::nullopt;
+  std::vector<ValueId> operands{mean, var};
+  for (auto v : {gamma, beta})
+    if (v) operands.push_back(*v);
+  for (ValueId v : operands)
+    if (!out_.is_constant(v) || meta_of(v).dtype != ScalarType::Float) return std::nullopt;
+  const int64_t c = xm.sizes[1];
+  auto floats = [&](std::optional<ValueId> v, float dflt) {
+    std::vector<float> f(static_cast<size_t>(c), dflt);
+    if (!v) return f;
+    auto bytes = out_.constant_bytes(*v);
+    if (bytes.size() != f.size() * sizeof(float)) return std::vector<float>{};
+    std::memcpy(f.data(), bytes.data(), bytes.size());
+    return f;
+  };
+  std::vector<float> M = floats(mean, 0), V = floats(var, 1), G = floats(gamma, 1), B = floats(beta, 0);
+  if (M.empty() || V.empty() || G.empty() || B.empty()) return std::nullopt;
+  auto scale = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(c) * sizeof(float));
+  auto shift = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(c) * sizeof(float));
+  auto* ps = reinterpret_cast<float*>(scale->data());
+  auto* pt = reinterpret_cast<float*>(shift->data());
+  for (int64_t i = 0; i < c; ++i) {
+    const double s = static_cast<double>(G[i]) / std::sqrt(static_cast<double>(V[i]) + eps);
+    ps[i] = static_cast<float>(s);
+    pt[i] = static_cast<float>(B[i] - M[i] * s);
+  }
+  std::vector<int64_t> shape(xm.sizes.size() - 1, 1);
+  shape[0] = c;
+  ValueId vs = out_.graph.add_value(fresh_name("bn_scale_const"), contiguous(ScalarType::Float, shape));
+  out_.constants[vs] = ConstantData{nullptr, scale, "batch norm scale (folded)"};
+  ValueId vt = out_.graph.add_value(fresh_name("bn_shift_const"), contiguous(ScalarType::Float, shape));
+  out_.constants[vt] = ConstantData{nullptr, shift, "batch norm shift (folded)"};
+  folded_ += 2;
+  return std::make_pair(vs, vt);
+}
+
+// Batch norm (eval) after a convolution whose output only it reads: the convolution's weight
+// and bias absorb the normalization; the norm's output is the convolution's.
+bool Lowerer::try_fold_batch_norm(const Node& n, ValueId x, std::optional<ValueId> gamma, std::optional<ValueId> beta,
+                                  ValueId mean, ValueId var, double eps) {
+  const auto& xv = out_.graph.value(x);
+  if (xv.producer < 0) return false;
+  Node& conv = out_.graph.nodes[static_cast<size_t>(xv.producer)];
+  if (conv.target != "aten.convolution.default" || conv.output_ids().size() != 1 || conv.output_ids()[0] != x)
+    return false;
+  auto input_of = [&](const char* name) -> NamedArgument* {
+    for (auto& in : conv.inputs)
+      if (in.name == name) return &in;
+    return nullptr;
+  };
+  NamedArgument* w_arg = input_of("weight");
+  NamedArgument* b_arg = input_of("bias");
+  NamedArgument* tr_arg = input_of("transposed");
+  if (!w_arg || w_arg->arg.kind != Argument::Kind::Tensor) return false;
+  if (tr_arg && tr_arg->arg.kind == Argument::Kind::Bool && std::get<bool>(tr_arg->arg.payload)) return false;
+  ValueId w = std::get<ValueId>(w_arg->arg.payload);
+  std::optional<ValueId> b;
+  if (b_arg && b_arg->arg.kind == Argument::Kind::Tensor) b = std::get<ValueId>(b_arg->arg.payload);
+  // every operand a float32 constant read only here
+  std::vector<ValueId> operands{w, mean, var};
+  for (auto v : {b, gamma, beta})
+    if (v) operands.push_back(*v);
+  for (ValueId v : operands)
+    if (!out_.is_constant(v) || meta_of(v).dtype != ScalarType::Float) return false;
+  if (is_shared_weight(w)) return false;
+  // the convolution's output has no reader but this norm: no edge node reads it yet, and its
+  // source value is read once
+  for (const Node& e : out_.graph.nodes)
+    for (const auto& in : e.inputs)
+      for (ValueId v : in.arg.tensor_ids())
+        if (v == x) return false;
+  for (ValueId v : out_.outputs)
+    if (v == x) return false;
+  int64_t source_uses = 0;
+  for (size_t s = 0; s < vmap_.size(); ++s) {
+    if (!vmap_[s] || *vmap_[s] != x) continue;
+    for (const Node& sn : ep_.graph.nodes)
+      for (const auto& in : sn.inputs)
+        for (ValueId v : in.arg.tensor_ids()) source_uses += static_cast<size_t>(v) == s;
+    for (const Argument& o : ep_.graph.outputs)
+      for (ValueId v : o.tensor_ids()) source_uses += static_cast<size_t>(v) == s;
+  }
+  if (source_uses != 1) return false;
+
+  const auto& wm = meta_of(w);
+  const int64_t oc = wm.sizes.at(0);
+  const int64_t per = wm.numel() / std::max<int64_t>(1, oc);
+  auto floats = [&](ValueId v) {
+    auto bytes = out_.constant_bytes(v);
+    std::vector<float> f(bytes.size() / sizeof(float));
+    std::memcpy(f.data(), bytes.data(), f.size() * sizeof(float));
+    return f;
+  };
+  std::vector<float> W = floats(w), M = floats(mean), V = floats(var);
+  std::vector<float> B = b ? floats(*b) : std::vector<float>(static_cast<size_t>(oc), 0.0f);
+  std::vector<float> G = gamma ? floats(*gamma) : std::vector<float>(static_cast<size_t>(oc), 1.0f);
+  std::vector<float> Be = beta ? floats(*beta) : std::vector<float>(static_cast<size_t>(oc), 0.0f);
+  for (const auto* vec : {&M, &V, &B, &G, &Be})
+    if (static_cast<int64_t>(vec->size()) != oc) return false;
+  auto new_w = std::make_shared<std::vector<std::byte>>(W.size() * sizeof(float));
+  auto new_b = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(oc) * sizeof(float));
+  auto* nw = reinterpret_cast<float*>(new_w->data());
+  auto* nb = reinterpret_cast<float*>(new_b->data());
+  for (int64_t o = 0; o < oc; ++o) {
+    const double scale = static_cast<double>(G[o]) / std::sqrt(static_cast<double>(V[o]) + eps);
+    for (int64_t i = 0; i < per; ++i) nw[o * per + i] = static_cast<float>(W[o * per + i] * scale);
+    nb[o] = static_cast<float>((static_cast<double>(B[o]) - M[o]) * scale + Be[o]);
+  }
+  ValueId fw = out_.graph.add_value(fresh_name("bn_folded_weight"), contiguous(wm));
+  out_.constants[fw] = ConstantData{nullptr, new_w, fmt::format("{} (batch norm folded)", n.name)};
+  ValueId fb = out_.graph.add_value(fresh_name("bn_folded_bias"), contiguous(ScalarType::Float, {oc}));
+  out_.constants[fb] = ConstantData{nullptr, new_b, fmt::format("{} (batch norm folded)", n.name)};
+  // re-fetch: add_value may have moved the values, not the nodes
+  Node& c2 = out_.graph.nodes[static_cast<size_t>(out_.graph.value(x).producer)];
+  bool has_bias = false;
+  for (auto& in : c2.inputs) {
+    if (in.name == "weight") in.arg = tensor_arg(fw);
+    if (in.name == "bias") {
+      in.arg = tensor_arg(fb);
+      has_bias = true;
+    }
+  }
+  if (!has_bias) c2.inputs.push_back(NA("bias", tensor_arg(fb)));
+  ++folded_;
+  bind(n, x);
+  return true;
 }
 
 }  // namespace kiln::passes::detail

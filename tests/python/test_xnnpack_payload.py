@@ -654,7 +654,59 @@ def _gpt2_mlp(g):  # view -> linear -> gelu(tanh) -> linear -> view, weights as 
     return [g.op("aten.view_copy.default", self=y, size=[1, 4, 8])]
 
 
+def _conv(shape, w_shape, bias=True, transposed=False, **kw):
+    def make(g):
+        x = g.input("x", shape)
+        w = g.random_const("w", w_shape)
+        oc = w_shape[1] * kw.get("groups", 1) if transposed else w_shape[0]
+        # the payload stores the filter in XNNPACK's layout (and the bias) under content keys
+        wa = np.load(g.constants[-1]["npy"])
+        if transposed:  # [IC, OC, kh, kw] (one group) -> [OC, kh, kw, IC]
+            g.__dict__.setdefault("stored", {})[g.constants[-1]["value"]] = wa.transpose(1, 2, 3, 0)
+        elif w_shape[1] == 1 and kw.get("groups", 1) > 1:  # depthwise -> [1, kh, kw, OC]
+            g.__dict__.setdefault("stored", {})[g.constants[-1]["value"]] = wa[:, 0].transpose(1, 2, 0)[None]
+        else:  # [OC, IC, (kh,) kw] -> [OC, kh, kw, IC]
+            g.__dict__.setdefault("stored", {})[g.constants[-1]["value"]] = (wa if wa.ndim == 4 else wa[:, :, None]).transpose(0, 2, 3, 1)
+        b = g.random_const("b", (oc,)) if bias else None
+        if bias:
+            g.__dict__.setdefault("stored", {})[g.constants[-1]["value"]] = np.load(g.constants[-1]["npy"])
+        spatial = len(shape) - 2
+        args = dict(stride=[1] * spatial, padding=[0] * spatial, dilation=[1] * spatial, output_padding=[0] * spatial,
+                    groups=1)
+        args.update(kw)
+        return [g.op("aten.convolution.default", input=x, weight=w, bias=b, transposed=transposed, **args)]
+    return make
+
+
+def _max_pool(g):
+    x = g.input("x", (1, 3, 8, 9))
+    values, _ = g.op("aten.max_pool2d_with_indices.default", self=x, kernel_size=[3, 3], stride=[2, 2],
+                     padding=[1, 1], dilation=[1, 1], ceil_mode=False)
+    return [values]
+
+
+def _avg_pool(g):
+    x = g.input("x", (1, 3, 8, 8))
+    return [g.op("aten.avg_pool2d.default", self=x, kernel_size=[2, 2], stride=[2, 2], padding=[0, 0],
+                 ceil_mode=False, count_include_pad=True, divisor_override=None)]
+
+
+def _resize(align_corners):
+    def make(g):
+        x = g.input("x", (1, 3, 5, 6))
+        return [g.op("aten.upsample_bilinear2d.vec", input=x, output_size=[9, 11], align_corners=align_corners,
+                     scale_factors=None)]
+    return make
+
+
 CASES = {
+    "conv2d": _conv((1, 4, 7, 9), (6, 2, 3, 3), stride=[2, 1], padding=[1, 2], dilation=[1, 2], groups=2),
+    "conv2d_depthwise": _conv((1, 4, 6, 6), (8, 1, 3, 3), bias=False, padding=[1, 1], groups=4),
+    "conv2d_transposed": _conv((1, 4, 5, 5), (4, 3, 3, 3), transposed=True, stride=[2, 2], padding=[1, 1],
+                               output_padding=[1, 1]),
+    "conv1d": _conv((2, 3, 10), (5, 3, 3), padding=[1]),
+    "max_pool2d": _max_pool, "avg_pool2d": _avg_pool,
+    "resize_bilinear": _resize(False), "resize_bilinear_align_corners": _resize(True),
     "add_broadcast": _binary("aten.add.Tensor"),
     "add_alpha": _binary("aten.add.Tensor", alpha=2.5),
     "sub_alpha": _binary("aten.sub.Tensor", (3, 1, 4), (2, 1), alpha=0.5),
@@ -721,6 +773,10 @@ def test_support_table_case(smoke, tmp_path, case):
     named = pte_named_data(built.pte)
     check_payload_invariants(built.payloads[0], graph, len(g.inputs), len(outputs), set(named))
     for c in g.constants:  # every weight in named data, under the key the caller gave, with its bytes
+        stored = getattr(g, "stored", {})
+        if c["value"] in stored:  # re-laid out by the lowering (convolution filters): its bytes under a content key
+            assert np.ascontiguousarray(stored[c["value"]], dtype=np.float32).tobytes() in named.values()
+            continue
         assert named[c["key"]] == np.load(c["npy"]).tobytes()
     assert len(graph["xnodes"]) == built.stats["regions"][0]["xnodes"] >= 1
 

@@ -38,6 +38,8 @@ enum class Type : uint8_t {
   OptionalMemoryFormat,
   OptionalLayout,
   OptionalDevice,
+  FloatList,           // float[]
+  OptionalFloatList,
   Count,
 };
 

@@ -37,6 +37,8 @@ enum class ArgType : uint8_t {
   ScalarType,
   OptionalScalarType,
   String,
+  FloatList,
+  OptionalFloatList,
   Ignored,  // layout/device/pin_memory/memory_format: emitted as None where the out variant has them
 };
 

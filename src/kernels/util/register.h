@@ -17,6 +17,7 @@
 //   int, SymInt       int64_t                    int?     std::optional<int64_t>
 //   int[], SymInt[]   IntArrayRef                int[]?   std::optional<IntArrayRef>
 //   float             double                     float?   std::optional<double>
+//   float[]           FloatArrayRef              float[]? std::optional<FloatArrayRef>
 //   bool              bool                       bool?    std::optional<bool>
 //   Scalar            Scalar                     Scalar?  std::optional<Scalar>
 //   ScalarType        ScalarType                 ScalarType?  std::optional<ScalarType>
@@ -42,6 +43,7 @@ namespace kiln::rt::kernels {
 
 using IntArrayRef = std::span<const int64_t>;
 using TensorList = std::span<Tensor* const>;
+using FloatArrayRef = std::span<const double>;
 struct OptionalTensorList {
   std::span<Tensor* const> items;  // nullptr for a None entry
 };
@@ -226,6 +228,14 @@ struct Arg<IntArrayRef> : Simple<IntArrayRef, static_cast<uint8_t>(ops::Type::In
   }
 };
 template <>
+struct Arg<FloatArrayRef> : Simple<FloatArrayRef, static_cast<uint8_t>(ops::Type::FloatList)> {
+  static bool load(KernelContext& ctx, const Where& w, const EValue* v, Storage& s) {
+    if (v->tag != EValue::Tag::DoubleList) return fail_arg(ctx, w, "a float list");
+    s = v->doubles;
+    return true;
+  }
+};
+template <>
 struct Arg<ScalarType> : Simple<ScalarType, static_cast<uint8_t>(ops::Type::ScalarType)> {
   static bool load(KernelContext& ctx, const Where& w, const EValue* v, Storage& s) {
     if (v->tag != EValue::Tag::Int) return fail_arg(ctx, w, "a dtype");
@@ -260,6 +270,7 @@ constexpr uint8_t optional_code(uint8_t code) {
   switch (static_cast<ops::Type>(code)) {
     case ops::Type::Int: return static_cast<uint8_t>(ops::Type::OptionalInt);
     case ops::Type::IntList: return static_cast<uint8_t>(ops::Type::OptionalIntList);
+    case ops::Type::FloatList: return static_cast<uint8_t>(ops::Type::OptionalFloatList);
     case ops::Type::Float: return static_cast<uint8_t>(ops::Type::OptionalFloat);
     case ops::Type::Bool: return static_cast<uint8_t>(ops::Type::OptionalBool);
     case ops::Type::Scalar: return static_cast<uint8_t>(ops::Type::OptionalScalar);

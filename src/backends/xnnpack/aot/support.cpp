@@ -76,6 +76,17 @@ constexpr std::array kRules{
     // activations
     SupportRule{"aten.elu.default", "XNNELU", "scale = input_scale = 1"},
     SupportRule{"aten.leaky_relu.default", "XNNLeakyReLU", "negative_slope a number"},
+    // convolution and vision (NCHW tensors: XNNStaticTranspose to NHWC and back around each node)
+    SupportRule{"aten.convolution.default",
+                "XNNConv2d / XNNDepthwiseConv2d (one input channel per group) / XNNConvTranspose2d (1-D as 2-D "
+                "with height 1)",
+                "rank 3 or 4; weight and bias constants"},
+    SupportRule{"aten.max_pool2d_with_indices.default", "XNNMaxPooling2d",
+                "rank 4; indices unused (ceil_mode: extra bottom/right padding)"},
+    SupportRule{"aten.avg_pool2d.default", "XNNAvgPooling2d",
+                "rank 4; no padding; ceil_mode false; no divisor_override"},
+    SupportRule{"aten.upsample_bilinear2d.vec", "XNNStaticResizeBilinear2D",
+                "rank 4; output size given or an integral scale of the input"},
 };
 
 bool is_binary(std::string_view t) {
@@ -267,6 +278,35 @@ std::optional<std::string> check_arguments(const graph::Graph& g, const graph::N
     if (!scalar_of(args[2])) return "pad value is not a number";
     return std::nullopt;
   }
+  if (t == "aten.convolution.default") {
+    size_t r = rank(args[0]);
+    if (r != 3 && r != 4) return "convolution of other than 1-D or 2-D images";
+    for (int64_t p : ints_of(args[4], n.name))
+      if (p < 0) return "negative padding";
+    return std::nullopt;
+  }
+  if (t == "aten.max_pool2d_with_indices.default") {
+    if (rank(args[0]) != 4) return "pooling of a tensor of rank other than 4";
+    return std::nullopt;
+  }
+  if (t == "aten.avg_pool2d.default") {
+    if (rank(args[0]) != 4) return "pooling of a tensor of rank other than 4";
+    for (int64_t p : ints_of(args[3], n.name))
+      if (p != 0) return "average pooling with padding";
+    if (bool_of(args[4], n.name)) return "average pooling with ceil_mode";
+    if (!is_none(args[6])) return "average pooling with divisor_override";
+    return std::nullopt;
+  }
+  if (t == "aten.upsample_bilinear2d.vec") {
+    if (rank(args[0]) != 4) return "resize of a tensor of rank other than 4";
+    auto sf = args[3].kind == Argument::Kind::Floats ? std::get<std::vector<double>>(args[3].payload)
+                                                     : std::vector<double>{};
+    const auto& in = sizes_of(g, tensor_of(args[0], n.name));
+    for (size_t i = 0; i < sf.size() && i < 2; ++i)
+      if (sf[i] * static_cast<double>(in[2 + i]) != std::floor(sf[i] * static_cast<double>(in[2 + i])))
+        return "resize by a scale that does not give a whole output size";
+    return std::nullopt;
+  }
   return std::nullopt;
 }
 
@@ -279,6 +319,7 @@ std::optional<std::string> check_node(const graph::Graph& g, const graph::Node& 
       if (auto e = check_tensor(g, v, true, binary_operands)) return e;
   auto outs = n.output_ids();
   if (outs.empty()) return "node has no tensor outputs";
+  if (n.target == "aten.max_pool2d_with_indices.default") outs.resize(1);  // the indices: checked by the payload
   for (graph::ValueId v : outs)
     if (auto e = check_tensor(g, v, false, false)) return e;
   return check_arguments(g, n, args);

@@ -96,10 +96,19 @@ bool library_has(NodeType t) {
     case NodeType::XNNSquareRoot: case NodeType::XNNNegate: case NodeType::XNNAbs: case NodeType::XNNFloor:
     case NodeType::XNNCeiling: case NodeType::XNNHardswish: case NodeType::XNNELU: case NodeType::XNNLeakyReLU:
     case NodeType::XNNStaticConstantPad:
+    // convolutions, pooling and resizing: XNNPACK's operators for both engines
+    case NodeType::XNNConv2d: case NodeType::XNNDepthwiseConv2d: case NodeType::XNNConvTranspose2d:
+    case NodeType::XNNMaxPooling2d: case NodeType::XNNAvgPooling2d: case NodeType::XNNGlobalAvgPooling2d:
+    case NodeType::XNNStaticResizeBilinear2D: case NodeType::XNNPReLU:
       return true;
     default:
       return false;
   }
+}
+
+// Convolution nodes: the input, filter and optional bias.
+bool conv_node(NodeType t) {
+  return t == NodeType::XNNConv2d || t == NodeType::XNNDepthwiseConv2d || t == NodeType::XNNConvTranspose2d;
 }
 
 struct NodeIO {
@@ -119,6 +128,7 @@ bool node_io(const fbx::XNode& node, NodeIO& io) {
   switch (node.xnode_union_type()) {
     case NodeType::XNNAdd: case NodeType::XNNSubtract: case NodeType::XNNMultiply: case NodeType::XNNDiv:
     case NodeType::XNNMinimum: case NodeType::XNNMaximum: case NodeType::XNNBatchMatrixMultiply:
+    case NodeType::XNNPReLU:
       return in2(static_cast<const fbx::_XNNNode2x1*>(node.xnode_union()));
     case NodeType::XNNSoftmax: case NodeType::XNNSigmoid: case NodeType::XNNClamp: case NodeType::XNNSquare:
     case NodeType::XNNSquareRoot: case NodeType::XNNNegate: case NodeType::XNNAbs: case NodeType::XNNFloor:
@@ -129,6 +139,17 @@ bool node_io(const fbx::XNode& node, NodeIO& io) {
     case NodeType::XNNELU: return in1(node.xnode_union_as_XNNELU());
     case NodeType::XNNLeakyReLU: return in1(node.xnode_union_as_XNNLeakyReLU());
     case NodeType::XNNStaticConstantPad: return in1(node.xnode_union_as_XNNStaticConstantPad());
+    case NodeType::XNNGlobalAvgPooling2d: return in1(node.xnode_union_as_XNNGlobalAvgPooling2d());
+    case NodeType::XNNMaxPooling2d: case NodeType::XNNAvgPooling2d:
+      return in1(static_cast<const fbx::_XNNPooling2D*>(node.xnode_union()));
+    case NodeType::XNNStaticResizeBilinear2D: return in1(node.xnode_union_as_XNNStaticResizeBilinear2D());
+    case NodeType::XNNConv2d: case NodeType::XNNDepthwiseConv2d: case NodeType::XNNConvTranspose2d: {
+      auto* n = static_cast<const fbx::_XNNNodeConv*>(node.xnode_union());
+      if (!n) return false;
+      io.in[0] = n->input1_id(); io.in[1] = n->filter_id(); io.in[2] = n->bias_id(); io.num_in = 3;
+      io.out = n->output_id();
+      return true;
+    }
     case NodeType::XNNStaticReshape: return in1(node.xnode_union_as_XNNStaticReshape());
     case NodeType::XNNStaticTranspose: return in1(node.xnode_union_as_XNNStaticTranspose());
     case NodeType::XNNStaticSlice: return in1(node.xnode_union_as_XNNStaticSlice());
@@ -309,7 +330,9 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
       return failf(error_, Status::NotSupported, "node %zu: %s is not supported by kiln's XNNPACK backend", i,
                    node_name(node->xnode_union_type()));
     for (size_t j = 0; j < io_[i].num_in; ++j) {
-      if (node->xnode_union_type() == NodeType::XNNFullyConnected && j == 2 && io_[i].in[j] == kInvalidId) continue;
+      if ((node->xnode_union_type() == NodeType::XNNFullyConnected || conv_node(node->xnode_union_type())) && j == 2 &&
+          io_[i].in[j] == kInvalidId)
+        continue;
       if (Status s = check_value(st, io_[i].in[j], i, "input"); s != Status::Ok) return s;
     }
     if (Status s = check_value(st, io_[i].out, i, "output"); s != Status::Ok) return s;
@@ -811,6 +834,60 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
           return failf(error_, Status::InvalidProgram, "node %zu: padding does not match the input's rank", i);
         for (uint32_t d = 0; d < in.ndims; ++d) { pre[d] = p->pre_paddings()->Get(d); post[d] = p->post_paddings()->Get(d); }
         s = xnn_define_static_constant_pad(sg, pre.data(), post.data(), p->padding_value(), a, o, 0);
+        break;
+      }
+      case NodeType::XNNConv2d: case NodeType::XNNDepthwiseConv2d: case NodeType::XNNConvTranspose2d: {
+        const auto* c = static_cast<const fbx::_XNNNodeConv*>(node->xnode_union());
+        if (!st.values[io.in[1]].constant || (io.in[2] != kInvalidId && !st.values[io.in[2]].constant))
+          return failf(error_, Status::NotSupported, "node %zu: convolution with non-constant weights", i);
+        uint32_t bias = io.in[2] == kInvalidId ? XNN_INVALID_VALUE_ID : id_of(io.in[2]);
+        const NodeType ct = node->xnode_union_type();
+        if (ct == NodeType::XNNConv2d)
+          s = xnn_define_convolution_2d(sg, c->padding_top(), c->padding_right(), c->padding_bottom(), c->padding_left(),
+                                        c->kernel_height(), c->kernel_width(), c->subsampling_height(),
+                                        c->subsampling_width(), c->dilation_height(), c->dilation_width(), c->groups(),
+                                        c->group_input_channels(), c->group_output_channels(), lo, hi, a, b, bias, o,
+                                        c->flags());
+        else if (ct == NodeType::XNNDepthwiseConv2d)
+          s = xnn_define_depthwise_convolution_2d(
+              sg, c->padding_top(), c->padding_right(), c->padding_bottom(), c->padding_left(), c->kernel_height(),
+              c->kernel_width(), c->subsampling_height(), c->subsampling_width(), c->dilation_height(),
+              c->dilation_width(), c->group_output_channels() / std::max<uint32_t>(1, c->group_input_channels()),
+              c->groups() * c->group_input_channels(), lo, hi, a, b, bias, o, c->flags());
+        else
+          s = xnn_define_deconvolution_2d(sg, c->padding_top(), c->padding_right(), c->padding_bottom(),
+                                          c->padding_left(), c->adjustment_height(), c->adjustment_width(),
+                                          c->kernel_height(), c->kernel_width(), c->subsampling_height(),
+                                          c->subsampling_width(), c->dilation_height(), c->dilation_width(), c->groups(),
+                                          c->group_input_channels(), c->group_output_channels(), lo, hi, a, b, bias, o,
+                                          c->flags());
+        break;
+      }
+      case NodeType::XNNMaxPooling2d: case NodeType::XNNAvgPooling2d: {
+        const auto* p = static_cast<const fbx::_XNNPooling2D*>(node->xnode_union());
+        if (node->xnode_union_type() == NodeType::XNNMaxPooling2d)
+          s = xnn_define_max_pooling_2d(sg, p->padding_top(), p->padding_right(), p->padding_bottom(), p->padding_left(),
+                                        p->pooling_height(), p->pooling_width(), p->stride_height(), p->stride_width(),
+                                        std::max<uint32_t>(1, p->dilation_height()),
+                                        std::max<uint32_t>(1, p->dilation_width()), lo, hi, a, o, p->flags());
+        else
+          s = xnn_define_average_pooling_2d(sg, p->padding_top(), p->padding_right(), p->padding_bottom(),
+                                            p->padding_left(), p->pooling_height(), p->pooling_width(),
+                                            p->stride_height(), p->stride_width(), lo, hi, a, o, p->flags());
+        break;
+      }
+      case NodeType::XNNPReLU:
+        if (!st.values[io.in[1]].constant)
+          return failf(error_, Status::NotSupported, "node %zu: PReLU with a non-constant slope", i);
+        s = xnn_define_prelu(sg, a, b, o, 0);
+        break;
+      case NodeType::XNNGlobalAvgPooling2d:
+        s = xnn_define_global_average_pooling_2d(sg, lo, hi, a, o,
+                                                 node->xnode_union_as_XNNGlobalAvgPooling2d()->flags());
+        break;
+      case NodeType::XNNStaticResizeBilinear2D: {
+        const auto* r = node->xnode_union_as_XNNStaticResizeBilinear2D();
+        s = xnn_define_static_resize_bilinear_2d(sg, r->new_height(), r->new_width(), a, o, r->flags());
         break;
       }
       default:

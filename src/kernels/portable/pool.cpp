@@ -1,0 +1,202 @@
+// 2-D pooling: max_pool2d_with_indices.out, avg_pool2d.out, _adaptive_avg_pool2d.out,
+// float32, over [N, C, H, W] or [C, H, W] (planes are independent).
+#include "util/register.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kiln::rt::kernels {
+namespace {
+
+struct Pool2d {
+  int64_t planes = 1, ih = 0, iw = 0, oh = 0, ow = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+};
+
+// an int[2] argument: one value for both dims, or two; `empty_as` when empty (stride=[]: the kernel)
+bool pair(KernelContext& ctx, const char* name, const char* what, IntArrayRef v, const int64_t* empty_as,
+          int64_t* a, int64_t* b) {
+  if (v.empty() && empty_as != nullptr) {
+    *a = empty_as[0];
+    *b = empty_as[1];
+    return true;
+  }
+  if (v.size() != 1 && v.size() != 2) {
+    ctx.fail(Status::InvalidArgument, "%s: %s must have 1 or 2 entries, got %zu", name, what, v.size());
+    return false;
+  }
+  *a = v[0];
+  *b = v[v.size() - 1];
+  return true;
+}
+
+// torch's pooling output size (pooling_output_shape)
+int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
+  const int64_t span = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+bool setup(KernelContext& ctx, const char* name, const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
+           IntArrayRef padding, IntArrayRef dilation, bool ceil_mode, Tensor& out, Pool2d& p, int64_t* shape) {
+  if (self.dtype != ScalarType::Float) {
+    ctx.fail(Status::NotSupported, "%s: only float32 is supported, got %s", name, dtype_str(self.dtype));
+    return false;
+  }
+  if (!check_out_dtype(ctx, out, ScalarType::Float, name)) return false;
+  if (self.dim != 3 && self.dim != 4) {
+    ctx.fail(Status::InvalidArgument, "%s: input must have rank 3 or 4, got %d", name, self.dim);
+    return false;
+  }
+  int64_t k[2];
+  if (!pair(ctx, name, "kernel_size", kernel_size, nullptr, &p.kh, &p.kw)) return false;
+  k[0] = p.kh;
+  k[1] = p.kw;
+  const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+  if (!pair(ctx, name, "stride", stride, k, &p.sh, &p.sw) || !pair(ctx, name, "padding", padding, zero, &p.ph, &p.pw) ||
+      !pair(ctx, name, "dilation", dilation, one, &p.dh, &p.dw))
+    return false;
+  if (p.kh < 1 || p.kw < 1 || p.sh < 1 || p.sw < 1 || p.dh < 1 || p.dw < 1 || p.ph < 0 || p.pw < 0 ||
+      p.ph * 2 > p.kh || p.pw * 2 > p.kw) {
+    ctx.fail(Status::InvalidArgument, "%s: kernel, stride and dilation must be positive and padding at most half the kernel",
+             name);
+    return false;
+  }
+  p.ih = self.sizes[self.dim - 2];
+  p.iw = self.sizes[self.dim - 1];
+  p.planes = self.numel / std::max<int64_t>(1, p.ih * p.iw);
+  p.oh = pooled_size(p.ih, p.kh, p.ph, p.sh, p.dh, ceil_mode);
+  p.ow = pooled_size(p.iw, p.kw, p.pw, p.sw, p.dw, ceil_mode);
+  if (p.oh < 1 || p.ow < 1) {
+    ctx.fail(Status::InvalidArgument, "%s: the output would be empty", name);
+    return false;
+  }
+  for (int32_t d = 0; d < self.dim - 2; ++d) shape[d] = self.sizes[d];
+  shape[self.dim - 2] = p.oh;
+  shape[self.dim - 1] = p.ow;
+  return resize_out(ctx, out, {shape, static_cast<size_t>(self.dim)}, name);
+}
+
+void max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
+                                 IntArrayRef padding, IntArrayRef dilation, bool ceil_mode, Tensor& out,
+                                 Tensor& indices) {
+  const char* name = "aten::max_pool2d_with_indices.out";
+  Pool2d p;
+  int64_t shape[4];
+  if (!setup(ctx, name, self, kernel_size, stride, padding, dilation, ceil_mode, out, p, shape)) return;
+  if (indices.dtype != ScalarType::Long) {
+    ctx.fail(Status::InvalidArgument, "%s: indices must be int64, got %s", name, dtype_str(indices.dtype));
+    return;
+  }
+  if (!resize_out(ctx, indices, {shape, static_cast<size_t>(self.dim)}, name)) return;
+  const float* x = self.data_as<const float>();
+  float* y = out.data_as<float>();
+  int64_t* idx = indices.data_as<int64_t>();
+  for (int64_t c = 0; c < p.planes; ++c) {
+    const float* xp = x + c * p.ih * p.iw;
+    for (int64_t oy = 0; oy < p.oh; ++oy) {
+      for (int64_t ox = 0; ox < p.ow; ++ox) {
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t at = -1;
+        for (int64_t ky = 0; ky < p.kh; ++ky) {
+          const int64_t iy = oy * p.sh - p.ph + ky * p.dh;
+          if (iy < 0 || iy >= p.ih) continue;
+          for (int64_t kx = 0; kx < p.kw; ++kx) {
+            const int64_t ix = ox * p.sw - p.pw + kx * p.dw;
+            if (ix < 0 || ix >= p.iw) continue;
+            const float v = xp[iy * p.iw + ix];
+            if (at < 0 || v > best || std::isnan(v)) {
+              best = v;
+              at = iy * p.iw + ix;
+            }
+          }
+        }
+        const int64_t o = (c * p.oh + oy) * p.ow + ox;
+        y[o] = best;
+        idx[o] = at;
+      }
+    }
+  }
+}
+
+void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
+                    IntArrayRef padding, bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override,
+                    Tensor& out) {
+  const char* name = "aten::avg_pool2d.out";
+  Pool2d p;
+  int64_t shape[4];
+  const int64_t one[1] = {1};
+  if (!setup(ctx, name, self, kernel_size, stride, padding, IntArrayRef(one, 1), ceil_mode, out, p, shape)) return;
+  if (divisor_override && *divisor_override == 0) {
+    ctx.fail(Status::InvalidArgument, "%s: divisor must be not zero", name);
+    return;
+  }
+  const float* x = self.data_as<const float>();
+  float* y = out.data_as<float>();
+  for (int64_t c = 0; c < p.planes; ++c) {
+    const float* xp = x + c * p.ih * p.iw;
+    for (int64_t oy = 0; oy < p.oh; ++oy) {
+      int64_t y0 = oy * p.sh - p.ph, y1 = std::min(y0 + p.kh, p.ih + p.ph);
+      const int64_t span_y = y1 - y0;
+      y0 = std::max<int64_t>(y0, 0);
+      y1 = std::min(y1, p.ih);
+      for (int64_t ox = 0; ox < p.ow; ++ox) {
+        int64_t x0 = ox * p.sw - p.pw, x1 = std::min(x0 + p.kw, p.iw + p.pw);
+        const int64_t pool = span_y * (x1 - x0);
+        x0 = std::max<int64_t>(x0, 0);
+        x1 = std::min(x1, p.iw);
+        float sum = 0.0f;
+        for (int64_t iy = y0; iy < y1; ++iy)
+          for (int64_t ix = x0; ix < x1; ++ix) sum += xp[iy * p.iw + ix];
+        int64_t div = divisor_override ? *divisor_override : count_include_pad ? pool : (y1 - y0) * (x1 - x0);
+        y[(c * p.oh + oy) * p.ow + ox] = div == 0 ? 0.0f : sum / static_cast<float>(div);
+      }
+    }
+  }
+}
+
+void adaptive_avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef output_size, Tensor& out) {
+  const char* name = "aten::_adaptive_avg_pool2d.out";
+  if (self.dtype != ScalarType::Float) {
+    ctx.fail(Status::NotSupported, "%s: only float32 is supported, got %s", name, dtype_str(self.dtype));
+    return;
+  }
+  if (!check_out_dtype(ctx, out, ScalarType::Float, name)) return;
+  if ((self.dim != 3 && self.dim != 4) || output_size.size() != 2 || output_size[0] < 1 || output_size[1] < 1) {
+    ctx.fail(Status::InvalidArgument, "%s: expected a rank 3 or 4 input and two positive output sizes", name);
+    return;
+  }
+  const int64_t ih = self.sizes[self.dim - 2], iw = self.sizes[self.dim - 1];
+  const int64_t oh = output_size[0], ow = output_size[1];
+  const int64_t planes = self.numel / std::max<int64_t>(1, ih * iw);
+  int64_t shape[4];
+  for (int32_t d = 0; d < self.dim - 2; ++d) shape[d] = self.sizes[d];
+  shape[self.dim - 2] = oh;
+  shape[self.dim - 1] = ow;
+  if (!resize_out(ctx, out, {shape, static_cast<size_t>(self.dim)}, name)) return;
+  const float* x = self.data_as<const float>();
+  float* y = out.data_as<float>();
+  for (int64_t c = 0; c < planes; ++c) {
+    const float* xp = x + c * ih * iw;
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      const int64_t y0 = oy * ih / oh, y1 = ((oy + 1) * ih + oh - 1) / oh;
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        const int64_t x0 = ox * iw / ow, x1 = ((ox + 1) * iw + ow - 1) / ow;
+        float sum = 0.0f;
+        for (int64_t iy = y0; iy < y1; ++iy)
+          for (int64_t ix = x0; ix < x1; ++ix) sum += xp[iy * iw + ix];
+        y[(c * oh + oy) * ow + ox] = sum / static_cast<float>((y1 - y0) * (x1 - x0));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+KILN_KERNEL(max_pool2d_with_indices_out, max_pool2d_with_indices_out);
+KILN_KERNEL(avg_pool2d_out, avg_pool2d_out);
+KILN_KERNEL(_adaptive_avg_pool2d_out, adaptive_avg_pool2d_out);
+
+}  // namespace kiln::rt::kernels
