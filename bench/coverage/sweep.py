@@ -444,11 +444,13 @@ class Progress:
 
 
 def run_sample(kiln_bin, module, inputs, work: Path, et_lowering=True, progress=None, backends=BACKENDS,
-               et_runtime=True, et_cache: Path | None = None, cache_key: str | None = None):
+               et_runtime=True, et_cache: Path | None = None, cache_key: str | None = None, crashed=()):
     """One sample through every stage; the record (a dict of stages).
 
     With et_cache and cache_key, ExecuTorch's lowering (the slow part: seconds per
-    sample) is kept in et_cache under the key and reused by later runs."""
+    sample) is kept in et_cache under the key and reused by later runs. `crashed`: in-process
+    stages (ExecuTorch's runtime or lowering) that killed an earlier worker on this sample;
+    they are recorded as crashes instead of being run again."""
     import numpy as np
     import torch
 
@@ -489,13 +491,17 @@ def run_sample(kiln_bin, module, inputs, work: Path, et_lowering=True, progress=
 
     def run_both(pte, tag, rec_b):
         if et_runtime:
-            progress(stage=f"{tag}: ExecuTorch runtime")
-            try:
-                outs = et_execute(pte, inputs)
-                bad = compare(outs, refs)
-                rec_b["et_run"] = {"status": "wrong", "msg": bad} if bad else {"status": "ok"}
-            except Exception as e:  # noqa: BLE001 - ExecuTorch's runtime rejects the program
-                rec_b["et_run"] = {"status": "error", "msg": one_line(f"{type(e).__name__}: {e}")}
+            stage = f"{tag}: ExecuTorch runtime"
+            progress(stage=stage)
+            if stage in crashed:  # it killed an earlier worker: recorded, not run again
+                rec_b["et_run"] = {"status": "crash", "msg": "ExecuTorch's runtime aborted the process"}
+            else:
+                try:
+                    outs = et_execute(pte, inputs)
+                    bad = compare(outs, refs)
+                    rec_b["et_run"] = {"status": "wrong", "msg": bad} if bad else {"status": "ok"}
+                except Exception as e:  # noqa: BLE001 - ExecuTorch's runtime rejects the program
+                    rec_b["et_run"] = {"status": "error", "msg": one_line(f"{type(e).__name__}: {e}")}
         progress(stage=f"{tag}: kiln runtime")
         st, msg, outs = kiln_execute(kiln_bin, pte, inputs, n_out, work)
         if st == "ok":
@@ -523,6 +529,8 @@ def run_sample(kiln_bin, module, inputs, work: Path, et_lowering=True, progress=
                 r["lower"] = json.loads(cached.with_suffix(".json").read_text())
                 if r["lower"]["status"] == "ok":
                     pte.write_bytes(cached.with_suffix(".pte").read_bytes())
+            elif f"ET lower {backend}" in crashed:
+                r["lower"] = {"status": "crash", "msg": "ExecuTorch's lowering aborted the process"}
             else:
                 try:
                     et_lower(ep, backend, pte)
@@ -576,6 +584,9 @@ def worker(args):
     from importlib.metadata import version
 
     et_version = version("executorch") + "/" + version("torch")
+    isa_done = False
+    notes_path = Path(str(out) + ".crashes.json")
+    crash_notes = json.loads(notes_path.read_text()) if notes_path.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="kiln-cov-") as tmp, open(out, "a") as f:
         work = Path(tmp)
         for key, why, o in select_ops(wanted):
@@ -605,8 +616,10 @@ def worker(args):
                 progress(op=key, why=why, sample=i, desc=desc, stage="start")
                 ck = hashlib.sha256(f"{key}|{i}|{desc}|{et_version}".encode()).hexdigest()[:24]
                 rec = run_sample(kiln_bin, module, inputs, work, et_lowering=not args.no_et_lower,
-                                 et_cache=et_cache, cache_key=ck,
+                                 et_cache=et_cache, cache_key=ck, crashed=crash_notes.get(f"{key}|{i}", []),
                                  progress=lambda **kw: progress(op=key, why=why, sample=i, desc=desc, **kw))
+                if not isa_done and rec.get("kiln_portable", {}).get("lower", {}).get("status") == "ok":
+                    isa_done = record_isa(kiln_bin, work / "kiln_portable.pte", Path(str(out) + ".isa.json"))
                 line = {"op": key, "why": why, "sample": i, "desc": desc[:300], **rec,
                         "seconds": round(time.time() - t0, 2)}
                 f.write(json.dumps(line) + "\n")
@@ -617,6 +630,18 @@ def worker(args):
                                 "samples": len(samples)}) + "\n")
             f.flush()
     return 0
+
+
+def record_isa(kiln_bin, pte: Path, dest: Path) -> bool:
+    """The kernels' ISA kiln's runtime picked (`kiln bench --json`), for the report."""
+    try:
+        p = subprocess.run([str(kiln_bin), "bench", str(pte), "--iters", "1", "--warmup", "0", "--json"],
+                           capture_output=True, text=True, timeout=KILN_TIMEOUT_S)
+        j = json.loads(p.stdout)
+        dest.write_text(json.dumps({"isa": j.get("isa"), "best_isa": j.get("best_isa")}))
+        return True
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        return False
 
 
 def summarize_line(r):
@@ -634,8 +659,9 @@ def summarize_line(r):
 def driver(args):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if not args.resume and out.exists():
-        out.unlink()
+    if not args.resume:
+        for p in (out, Path(str(out) + ".crashes.json")):
+            p.unlink(missing_ok=True)
     progress = str(out) + ".progress"
     cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--progress", progress,
            "--kiln-bin", args.kiln_bin, "--max-samples", str(args.max_samples)]
@@ -680,6 +706,14 @@ def driver(args):
         stage = where.get("stage", "?")
         print(f"sweep: {how} in {where['op']}[{where.get('sample')}] at {stage}; recorded as a crash, restarting",
               file=sys.stderr)
+        if ("ExecuTorch runtime" in stage or stage.startswith("ET lower")) and where.get("sample", -1) >= 0:
+            notes_path = Path(str(out) + ".crashes.json")
+            notes = json.loads(notes_path.read_text()) if notes_path.is_file() else {}
+            stages = notes.setdefault(f"{where['op']}|{where['sample']}", [])
+            if stage not in stages:  # the new worker redoes the sample without this stage
+                stages.append(stage)
+                notes_path.write_text(json.dumps(notes))
+                continue
         with open(out, "a") as f:
             rec = {"op": where["op"], "why": where.get("why", ""), "sample": where.get("sample", -1),
                    "desc": where.get("desc", ""), "worker_crash": {"status": "crash",
