@@ -116,6 +116,10 @@ def write_report(jsonl: Path, md: Path):
             cells += [f"{kl}/{ke}/{kk}", f"{el}/{ee}/{ek}"]
             for k, v in zip(("kl", "ke", "kk", "el", "ee", "ek"), (kl, ke, kk, el, ee, ek)):
                 tot[f"{b}_{k}"] += v
+            if exported and ke == kk == exported:
+                tot[f"{b}_kiln_ops"] += 1
+            if exported and ee == exported:
+                tot[f"{b}_et_ops"] += 1
             if ee > ke:
                 errs = Counter(r.get(f"kiln_{b}", {}).get("lower", {}).get("msg")
                                or r.get(f"kiln_{b}", {}).get("et_run", {}).get("msg", "")
@@ -171,6 +175,10 @@ def write_report(jsonl: Path, md: Path):
         lines.append(f"| {b} | {tot[f'{b}_kl']} | {tot[f'{b}_ke']} | {tot[f'{b}_kk']} | {tot[f'{b}_el']} | "
                      f"{tot[f'{b}_ee']} | {tot[f'{b}_ek']} |")
     bugs, et_wrong = bugs
+    lines.append("")
+    lines.append("Operators with every exported sample correct: " + "; ".join(
+        f"{b}: kiln {tot[f'{b}_kiln_ops']} (its .pte in both runtimes), ExecuTorch {tot[f'{b}_et_ops']} (its .pte in "
+        "its runtime)" for b in BACKENDS) + ".")
     lines += ["", "## kiln bugs: crashes, hangs, wrong numbers, programs that do not run", ""]
     if bugs:
         lines.append("| operator | sample | where | what |")
@@ -188,13 +196,13 @@ def write_report(jsonl: Path, md: Path):
               "Per backend: samples whose ExecuTorch .pte is correct in ExecuTorch's runtime vs kiln's, and kiln's "
               "(most common) error.", "",
               "| operator | backend | ET correct | kiln correct | kiln's error |", "|---|---|---|---|---|"]
-    for op, b, ee, ke, msg in missing:
+    for op, b, ee, ke, msg in merge_backends(missing):
         lines.append(f"| {op} | {b} | {ee} | {ke} | {esc(msg)} |")
     lines += ["", "## ExecuTorch programs kiln's runtime does not run correctly", "",
               "Per backend: samples whose ExecuTorch .pte is correct in ExecuTorch's runtime vs in kiln's, and kiln's "
               "(most common) error.", "",
               "| operator | backend | correct in ET | correct in kiln | kiln's error |", "|---|---|---|---|---|"]
-    for op, b, ee, ek, msg in et_unrun:
+    for op, b, ee, ek, msg in merge_backends(et_unrun):
         lines.append(f"| {op} | {b} | {ee} | {ek} | {esc(msg)} |")
     lines += ["", "## Per operator", "",
               "| operator | samples | exported | kiln portable | ET portable | kiln xnnpack | ET xnnpack | note |",
@@ -204,6 +212,19 @@ def write_report(jsonl: Path, md: Path):
     lines.append("")
     md.write_text("\n".join(lines))
     return md
+
+
+def merge_backends(rows):
+    """One row 'both' where portable and xnnpack have the same counts and error."""
+    out, seen = [], {}
+    for op, b, *rest in rows:
+        key = (op, *rest)
+        if key in seen and out[seen[key]][1] != b:
+            out[seen[key]] = (op, "both", *rest)
+            continue
+        seen[key] = len(out)
+        out.append((op, b, *rest))
+    return out
 
 
 def esc(cell: str) -> str:
