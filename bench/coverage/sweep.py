@@ -444,7 +444,8 @@ class Progress:
 
 
 def run_sample(kiln_bin, module, inputs, work: Path, et_lowering=True, progress=None, backends=BACKENDS,
-               et_runtime=True, et_cache: Path | None = None, cache_key: str | None = None, crashed=()):
+               et_runtime=True, et_cache: Path | None = None, cache_key: str | None = None, crashed=(),
+               decompose=False):
     """One sample through every stage; the record (a dict of stages).
 
     With et_cache and cache_key, ExecuTorch's lowering (the slow part: seconds per
@@ -483,6 +484,13 @@ def run_sample(kiln_bin, module, inputs, work: Path, et_lowering=True, progress=
     except Exception as e:  # noqa: BLE001 - torch.export cannot export it
         rec["export"] = {"status": "error", "msg": one_line(f"{type(e).__name__}: {e}")}
         return rec
+    if decompose:
+        try:
+            with torch.no_grad():
+                ep = ep.run_decompositions()
+        except Exception as e:  # noqa: BLE001 - torch's decompositions fail on it
+            rec["export"] = {"status": "error", "msg": one_line(f"run_decompositions: {type(e).__name__}: {e}")}
+            return rec
     rec["export"] = {"status": "ok"}
     pt2 = work / "prog.pt2"
     torch.export.save(ep, str(pt2))
@@ -614,9 +622,11 @@ def worker(args):
                     continue
                 t0 = time.time()
                 progress(op=key, why=why, sample=i, desc=desc, stage="start")
-                ck = hashlib.sha256(f"{key}|{i}|{desc}|{et_version}".encode()).hexdigest()[:24]
+                ir = "" if args.ir == "default" else f"|{args.ir}"
+                ck = hashlib.sha256(f"{key}|{i}|{desc}|{et_version}{ir}".encode()).hexdigest()[:24]
                 rec = run_sample(kiln_bin, module, inputs, work, et_lowering=not args.no_et_lower,
                                  et_cache=et_cache, cache_key=ck, crashed=crash_notes.get(f"{key}|{i}", []),
+                                 decompose=args.ir == "core_aten",
                                  progress=lambda **kw: progress(op=key, why=why, sample=i, desc=desc, **kw))
                 if not isa_done and rec.get("kiln_portable", {}).get("lower", {}).get("status") == "ok":
                     isa_done = record_isa(kiln_bin, work / "kiln_portable.pte", Path(str(out) + ".isa.json"))
@@ -669,6 +679,7 @@ def driver(args):
         cmd += ["--ops", args.ops]
     if args.no_et_lower:
         cmd.append("--no-et-lower")
+    cmd += ["--ir", args.ir]
     cmd += ["--et-cache", args.et_cache]
     if args.verbose:
         cmd.append("--verbose")
@@ -735,6 +746,8 @@ def main(argv=None):
     p.add_argument("--out", default=str(DEFAULT_OUT), help="JSON lines, one per sample")
     p.add_argument("--md", default=str(REPO / "bench" / "COVERAGE.md"), help="the report written at the end")
     p.add_argument("--resume", action="store_true", help="continue --out instead of starting over")
+    p.add_argument("--ir", default="default", choices=["default", "core_aten"],
+                   help="the exported program's IR: torch.export's default, or core ATen (run_decompositions())")
     p.add_argument("--no-et-lower", action="store_true", help="skip ExecuTorch's own lowering (faster)")
     p.add_argument("--et-cache", default=str(REPO / "bench" / "coverage" / "et_cache"),
                    help="directory keeping ExecuTorch's lowerings between runs ('' for none)")
