@@ -260,6 +260,10 @@ class Emitter {
       }
       uint64_t size = 0;
       uint64_t h = content_hash(v, c, &size);
+      // A constant with no elements has no bytes to store: it is planned (0 bytes) instead.
+      // A zero-size constant segment would make ExecuTorch's runtime take the program for one
+      // that uses the deprecated in-flatbuffer constant buffers and reject it.
+      if (size == 0) continue;
       uint32_t found = 0;
       for (uint32_t candidate : by_hash[h]) {
         if (p_.constant_bytes(constant_value_[candidate]) == p_.constant_bytes(v)) {
@@ -386,6 +390,8 @@ class Emitter {
     std::iota(t.dim_order.begin(), t.dim_order.end(), uint8_t{0});
     if (auto c = constant_index_.find(v); c != constant_index_.end()) {
       t.constant_index = c->second;
+    } else if (p_.is_constant(v)) {
+      t.allocation = pte::Allocation{1, 0};  // an empty constant (see assign_constants)
     } else {
       int32_t s = storage_of_.at(static_cast<size_t>(v));
       check(s >= 0, "internal: tensor '{}' has no storage", p_.graph.value(v).name);

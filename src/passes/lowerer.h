@@ -380,6 +380,9 @@ class Lowerer {
     std::vector<int64_t> sizes;
     bool identity = true;
     for (size_t i = 0; i < dims.size(); ++i) {
+      dims[i] = wrap_dim(dims[i], m.sizes.size());  // permute(x, (0, -1, 1)): dims count from the end too
+      check(dims[i] >= 0 && dims[i] < static_cast<int64_t>(m.sizes.size()),
+            "permute: dim {} is out of range for a rank-{} tensor", dims[i], m.sizes.size());
       sizes.push_back(m.sizes[static_cast<size_t>(dims[i])]);
       identity = identity && dims[i] == static_cast<int64_t>(i);
     }

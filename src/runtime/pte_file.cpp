@@ -97,7 +97,8 @@ uint32_t length(const flatbuffers::Vector<T>* v) {
 // page-aligned, so checking the address checks the file offset.
 template <typename T>
 bool elements_aligned(const flatbuffers::Vector<T>* v) {
-  return v == nullptr || reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
+  // An empty vector has no element to misalign (flatbuffers need not align its data).
+  return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->data()) % alignof(T) == 0;
 }
 
 // Where a constant's bytes live: [begin, end) of the file.

@@ -1,0 +1,246 @@
+"""bench/COVERAGE.md from the sweep's JSON lines (bench/coverage/sweep.py)."""
+from __future__ import annotations
+
+import json
+import platform
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+BACKENDS = ("portable", "xnnpack")
+
+
+def load(path: Path):
+    """(records by op in first-seen order, per-op notes). A later line for a sample replaces an earlier one."""
+    samples: dict[str, dict[int, dict]] = defaultdict(dict)
+    notes: dict[str, str] = {}
+    why: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        op = r["op"]
+        why.setdefault(op, r.get("why", ""))
+        samples.setdefault(op, {})
+        if r.get("op_done"):
+            if r.get("skipped"):
+                notes[op] = r["skipped"]
+            if "worker_crash" in r:
+                notes[op] = "CRASH: " + r["worker_crash"]["msg"]
+            continue
+        samples[op][r["sample"]] = r
+    return samples, notes, why
+
+
+def st(r, producer, backend, stage):
+    return r.get(f"{producer}_{backend}", {}).get(stage, {}).get("status")
+
+
+def isa_of(kiln_bin: str | None) -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+        has = [f for f in ("avx512f", "avx2", "fma") if f" {f}" in flags]
+        cpu += f" ({', '.join(has)})" if has else ""
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.machine()}, {cpu}"
+
+
+def bugs_of(samples):
+    """kiln's bugs, and ExecuTorch's wrong numbers: two lists of (op, sample, where, message).
+
+    kiln's: a kiln crash or hang anywhere; a wrong number from kiln's .pte in either runtime;
+    kiln's .pte failing to run where ExecuTorch's own .pte of the sample runs correctly; kiln's
+    runtime giving a wrong number on an ExecuTorch .pte that ExecuTorch's runtime gets right; a
+    dead worker."""
+    kiln, et = [], []
+    for op, rs in samples.items():
+        for i, r in sorted(rs.items()):
+            if "worker_crash" in r:
+                kiln.append((op, i, "worker", r["worker_crash"]["msg"]))
+            for b in BACKENDS:
+                k, e = r.get(f"kiln_{b}", {}), r.get(f"et_{b}", {})
+                et_ok = e.get("et_run", {}).get("status") == "ok"
+                for stage in ("lower", "et_run", "kiln_run"):
+                    x = k.get(stage, {})
+                    s = x.get("status")
+                    own = s == "error" and stage == "lower" and "does not load" in x.get("msg", "")
+                    # ExecuTorch's runtime aborting on kiln's program is ExecuTorch's when it aborts on its own too
+                    et_too = stage == "et_run" and s == "crash" and e.get("et_run", {}).get("status") == "crash"
+                    if et_too:
+                        et.append((op, i, f"kiln {b} .pte: et_run", "crash: ExecuTorch's runtime aborts on "
+                                   "ExecuTorch's own program of this sample too"))
+                    elif s in ("crash", "timeout", "wrong") or own or (s == "error" and stage != "lower" and et_ok):
+                        kiln.append((op, i, f"kiln {b} .pte: {stage}", f"{s}: {shorten(x.get('msg', ''), 10**6)}"))
+                x = e.get("kiln_run", {})
+                if x.get("status") in ("crash", "timeout") or (x.get("status") == "wrong" and et_ok):
+                    kiln.append((op, i, f"ET {b} .pte: kiln_run", f"{x['status']}: {shorten(x.get('msg', ''), 10**6)}"))
+                if e.get("et_run", {}).get("status") in ("wrong", "crash"):
+                    et.append((op, i, f"ET {b} .pte: et_run", f"{e['et_run']['status']}: {e['et_run'].get('msg', '')}"))
+                if e.get("lower", {}).get("status") == "crash":
+                    et.append((op, i, f"ET {b} lowering", f"crash: {e['lower'].get('msg', '')}"))
+    return kiln, et
+
+
+def write_report(jsonl: Path, md: Path):
+    samples, notes, why = load(jsonl)
+    meta = {}
+    mp = Path(str(jsonl) + ".meta.json")
+    if mp.is_file():
+        meta = json.loads(mp.read_text())
+    rows = []
+    tot = Counter()
+    missing = []  # (op, backend, kiln's error)
+    et_unrun = []  # (op, backend, kiln's runtime error on ExecuTorch's .pte)
+    for op, rs in samples.items():
+        n = len(rs)
+        exported = sum(1 for r in rs.values() if r.get("export", {}).get("status") == "ok")
+        export_fail = sum(1 for r in rs.values() if r.get("export", {}).get("status") == "error")
+        cells = [op, str(n), str(exported)]
+        tot["samples"] += n
+        tot["exported"] += exported
+        tot["export_fail"] += export_fail
+        for b in BACKENDS:
+            kl = sum(1 for r in rs.values() if st(r, "kiln", b, "lower") == "ok")
+            ke = sum(1 for r in rs.values() if st(r, "kiln", b, "et_run") == "ok")
+            kk = sum(1 for r in rs.values() if st(r, "kiln", b, "kiln_run") == "ok")
+            el = sum(1 for r in rs.values() if st(r, "et", b, "lower") == "ok")
+            ee = sum(1 for r in rs.values() if st(r, "et", b, "et_run") == "ok")
+            ek = sum(1 for r in rs.values() if st(r, "et", b, "kiln_run") == "ok")
+            cells += [f"{kl}/{ke}/{kk}", f"{el}/{ee}/{ek}"]
+            for k, v in zip(("kl", "ke", "kk", "el", "ee", "ek"), (kl, ke, kk, el, ee, ek)):
+                tot[f"{b}_{k}"] += v
+            if exported and ke == kk == exported:
+                tot[f"{b}_kiln_ops"] += 1
+            if exported and ee == exported:
+                tot[f"{b}_et_ops"] += 1
+            if ee > ke:
+                errs = Counter(r.get(f"kiln_{b}", {}).get("lower", {}).get("msg")
+                               or r.get(f"kiln_{b}", {}).get("et_run", {}).get("msg", "")
+                               for r in rs.values()
+                               if st(r, "et", b, "et_run") == "ok" and st(r, "kiln", b, "et_run") != "ok")
+                msg = errs.most_common(1)[0][0] if errs else ""
+                missing.append((op, b, ee, ke, shorten(msg)))
+            if ee > ek:
+                errs = Counter(r.get(f"et_{b}", {}).get("kiln_run", {}).get("msg", "")
+                               for r in rs.values()
+                               if st(r, "et", b, "et_run") == "ok" and st(r, "et", b, "kiln_run") != "ok")
+                msg = errs.most_common(1)[0][0] if errs else ""
+                et_unrun.append((op, b, ee, ek, shorten(msg)))
+        note = notes.get(op, "")
+        if not note and n and exported < n:
+            reasons = Counter(r.get("export", {}).get("msg", "") for r in rs.values()
+                              if r.get("export", {}).get("status") != "ok")
+            note = "not exported: " + shorten(reasons.most_common(1)[0][0], 90)
+        cells.append(esc(note))
+        rows.append(cells)
+    bugs = bugs_of(samples)
+
+    lines = ["# Operator coverage: PyTorch OpInfo samples through kiln and ExecuTorch", ""]
+    lines.append(f"Generated by `bench/coverage/report.py` from `{jsonl.name}`"
+                 f" ({meta.get('date', '?')}); command: `{meta.get('command', 'bench/coverage/sweep.py')}`")
+    lines.append(f"(--max-samples {meta.get('max_samples', '?')}, kiln binary `{meta.get('kiln_bin', '?')}`).")
+    isa = {}
+    ip = Path(str(jsonl) + ".isa.json")
+    if ip.is_file():
+        isa = json.loads(ip.read_text())
+    lines.append(f"Machine: {isa_of(meta.get('kiln_bin'))}; kiln's kernels: ISA {isa.get('isa', '?')} "
+                 f"(the CPU's best: {isa.get('best_isa', '?')}; `kiln bench --json`).")
+    if meta.get("partial"):
+        lines += ["", f"**PARTIAL SWEEP**: {meta['partial']}"]
+    lines += ["", "Each sample of `torch.testing._internal.common_methods_invocations.op_db` (float32; int/bool "
+              "for operators without float32) is exported as a one-operator program (`torch.export`, default IR), "
+              "lowered by kiln (`kiln lower`) and by ExecuTorch (portable: `to_edge().to_executorch()`; xnnpack: "
+              "`to_edge_transform_and_lower(XnnpackPartitioner())`), and each `.pte` runs in ExecuTorch's runtime "
+              "and in kiln's (`kiln run`), compared with eager (float: 1e-4·max|ref| + 1e-5; ints/bools exact).",
+              "",
+              "Cells `L/E/K`: samples the producer **L**owers / whose .pte is correct in **E**xecuTorch's runtime /"
+              " correct in **K**iln's runtime.", ""]
+    lines.append("## Totals")
+    lines.append("")
+    lines.append(f"{len(samples)} operators, {tot['samples']} samples, {tot['exported']} exported "
+                 f"({tot['export_fail']} that torch.export itself cannot export; the rest eager rejects or return "
+                 "non-tensors).")
+    lines.append("")
+    lines.append("| backend | kiln lowers | kiln .pte correct in ET | kiln .pte correct in kiln | ET lowers | "
+                 "ET .pte correct in ET | ET .pte correct in kiln |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for b in BACKENDS:
+        lines.append(f"| {b} | {tot[f'{b}_kl']} | {tot[f'{b}_ke']} | {tot[f'{b}_kk']} | {tot[f'{b}_el']} | "
+                     f"{tot[f'{b}_ee']} | {tot[f'{b}_ek']} |")
+    bugs, et_wrong = bugs
+    lines.append("")
+    lines.append("Operators with every exported sample correct: " + "; ".join(
+        f"{b}: kiln {tot[f'{b}_kiln_ops']} (its .pte in both runtimes), ExecuTorch {tot[f'{b}_et_ops']} (its .pte in "
+        "its runtime)" for b in BACKENDS) + ".")
+    lines += ["", "## kiln bugs: crashes, hangs, wrong numbers, programs that do not run", ""]
+    if bugs:
+        lines.append("| operator | sample | where | what |")
+        lines.append("|---|---|---|---|")
+        for op, i, where, msg in bugs:
+            lines.append(f"| {op} | {i} | {where} | {esc(shorten(msg, 200))} |")
+    else:
+        lines.append("None: no kiln crash, hang or wrong number in this run.")
+    if et_wrong:
+        lines += ["", "ExecuTorch's own wrong numbers and aborts (not kiln's):", "",
+                  "| operator | sample | where | what |", "|---|---|---|---|"]
+        for op, i, where, msg in et_wrong:
+            lines.append(f"| {op} | {i} | {where} | {esc(shorten(msg, 160))} |")
+    lines += ["", "## Operators ExecuTorch handles that kiln does not", "",
+              "Per backend: samples whose ExecuTorch .pte is correct in ExecuTorch's runtime vs kiln's, and kiln's "
+              "(most common) error.", "",
+              "| operator | backend | ET correct | kiln correct | kiln's error |", "|---|---|---|---|---|"]
+    for op, b, ee, ke, msg in merge_backends(missing):
+        lines.append(f"| {op} | {b} | {ee} | {ke} | {esc(msg)} |")
+    lines += ["", "## ExecuTorch programs kiln's runtime does not run correctly", "",
+              "Per backend: samples whose ExecuTorch .pte is correct in ExecuTorch's runtime vs in kiln's, and kiln's "
+              "(most common) error.", "",
+              "| operator | backend | correct in ET | correct in kiln | kiln's error |", "|---|---|---|---|---|"]
+    for op, b, ee, ek, msg in merge_backends(et_unrun):
+        lines.append(f"| {op} | {b} | {ee} | {ek} | {esc(msg)} |")
+    lines += ["", "## Per operator", "",
+              "| operator | samples | exported | kiln portable | ET portable | kiln xnnpack | ET xnnpack | note |",
+              "|---|---|---|---|---|---|---|---|"]
+    for c in rows:
+        lines.append("| " + " | ".join(c) + " |")
+    lines.append("")
+    md.write_text("\n".join(lines))
+    return md
+
+
+def merge_backends(rows):
+    """One row 'both' where portable and xnnpack have the same counts and error."""
+    out, seen = [], {}
+    for op, b, *rest in rows:
+        key = (op, *rest)
+        if key in seen and out[seen[key]][1] != b:
+            out[seen[key]] = (op, "both", *rest)
+            continue
+        seen[key] = len(out)
+        out.append((op, b, *rest))
+    return out
+
+
+def esc(cell: str) -> str:
+    return cell.replace("|", "\\|")
+
+
+def shorten(msg: str, limit: int = 140) -> str:
+    msg = re.sub(r"^kiln: error: (\S*?\.(pte|json): )?", "", msg or "")
+    msg = re.sub(r" at sweep\.py:\d+", "", msg)
+    msg = re.sub(r"kiln has no kernel or decomposition for this operator.*", "no kernel or decomposition", msg)
+    msg = re.sub(r"method 'forward': ", "", msg)
+    msg = re.sub(r"\s+", " ", msg)
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_report(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else Path("bench/COVERAGE.md"))

@@ -1,0 +1,65 @@
+"""A fixed subset of the operator coverage sweep (bench/coverage/sweep.py) in CI.
+
+For each operator below, two OpInfo samples (float32) are exported
+as one-operator programs and lowered by kiln for both backends. Every sample
+kiln lowers must run in ExecuTorch's runtime and in kiln's and match eager
+PyTorch (float: 1e-4 * max|ref| + 1e-5, ints/bools exactly). A sample kiln
+cannot lower must fail with exactly one `kiln: error:` line and exit code 1
+(an operator not supported yet); a crash, a hang or a wrong number fails. The
+operators in MUST_LOWER lower today and must keep lowering.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "coverage"))
+
+import sweep  # noqa: E402
+
+# operator -> the OpInfo sample indices it runs (default: the first two). Some pick
+# the samples that once found kiln bugs: arange's empty range (a zero-byte constant
+# ExecuTorch's runtime rejected), permute's negative dims (a wrong output shape),
+# clone's 0-d tensor (an empty IntList kiln's loader rejected).
+SAMPLES = {"arange": [0, 2], "permute": [1, 2], "clone": [0, 1]}
+
+# Operators kiln lowers today (every sample, both backends).
+MUST_LOWER = [
+    "add", "mul", "sub", "div.no_rounding_mode", "maximum", "pow", "cumsum", "softmax", "nn.functional.gelu",
+    "nn.functional.silu", "nn.functional.elu", "nn.functional.linear", "nn.functional.layer_norm", "mm", "bmm",
+    "select", "split_with_sizes", "constant_pad_nd", "arange", "permute", "clone",
+]
+# Operators issue 11 asks for that may not lower yet: a clean error is allowed,
+# a lowering must run correctly.
+MAY_LOWER = [
+    "nn.functional.conv2d", "nn.functional.scaled_dot_product_attention", "nn.functional.max_pool2d",
+    "nn.functional.batch_norm", "topk", "nn.functional.hardswish", "nn.GRU",
+]
+
+_OPS = {key: o for key, _, o in sweep.select_ops(MUST_LOWER + MAY_LOWER)}
+
+
+@pytest.mark.parametrize("op", MUST_LOWER + MAY_LOWER)
+def test_samples_lower_cleanly_and_run_correctly_in_both_runtimes(op, kiln_bin, tmp_path):
+    assert op in _OPS, f"{op} is not in the sweep's selection"
+    wanted = SAMPLES.get(op, [0, 1])
+    samples = sweep.samples_of(op, _OPS[op], max(wanted) + 1)
+    picked = [i for i in wanted if i < len(samples)]
+    assert picked and picked[0] == wanted[0], f"{op}: OpInfo gave {len(samples)} samples"
+    for i in picked:
+        desc, module, inputs = samples[i]
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
+        where = f"{op}[{i}] ({desc})"
+        assert rec["export"]["status"] == "ok", f"{where}: torch.export: {rec['export']}"
+        for backend in sweep.BACKENDS:
+            r = rec[f"kiln_{backend}"]
+            lower = r["lower"]
+            assert lower["status"] in ("ok", "error"), f"{where} {backend}: kiln lower {lower}"
+            if op in MUST_LOWER:
+                assert lower["status"] == "ok", f"{where} {backend}: kiln no longer lowers it: {lower['msg']}"
+            if lower["status"] == "error":
+                continue
+            for runtime in ("et_run", "kiln_run"):
+                assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
