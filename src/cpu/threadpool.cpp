@@ -39,9 +39,12 @@ int64_t now_ns() {
 // gap between two loops of one model step, short enough not to hold a core.
 constexpr int64_t kWorkerSpinNs = 100'000;
 constexpr int64_t kCallerSpinNs = 30'000;
-// A loop whose tail (the caller waiting for others after its own share) is
-// longer than this and than a quarter of the loop counts as a stall.
-constexpr int64_t kStallMinNs = 150'000;
+// The caller's waiting is judged over windows of loops: when the tails (the
+// caller waiting for others after its own share) are more than a quarter of the
+// window's loop time, loops run on the caller alone for a while. One tail this
+// long is judged at once.
+constexpr int64_t kWindowNs = 4'000'000;
+constexpr int64_t kStallNs = 1'000'000;
 constexpr int64_t kSerialMinNs = 10'000'000;
 constexpr int64_t kSerialMaxNs = 500'000'000;
 
@@ -80,6 +83,7 @@ struct ThreadPool::Impl {
   // Adaptivity (the caller's thread only).
   int64_t serial_until = 0;
   int64_t serial_period = kSerialMinNs;
+  int64_t window_start = 0, window_tail = 0, window_total = 0;
   std::atomic<size_t> fallbacks{0};
 
   size_t want;
@@ -89,16 +93,18 @@ struct ThreadPool::Impl {
   pthreadpool_t raw = nullptr;
 
   // Runs indices of job `e` until none is left unclaimed.
-  void work(uint32_t e) {
+  size_t work(uint32_t e) {
+    size_t ran = 0;
     uint64_t c = claim.load(std::memory_order_acquire);
     for (;;) {
-      if (static_cast<uint32_t>(c >> 32) != e) return;
+      if (static_cast<uint32_t>(c >> 32) != e) return ran;
       const uint32_t i = static_cast<uint32_t>(c);
-      if (i >= n.load(std::memory_order_relaxed)) return;  // this job's n: it cannot end while i is unclaimed
+      if (i >= n.load(std::memory_order_relaxed)) return ran;  // this job's n: it cannot end while i is unclaimed
       void (*const f)(void*, size_t) = task.load(std::memory_order_relaxed);
       void* const x = ctx.load(std::memory_order_relaxed);
       if (!claim.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
       f(x, i);
+      ++ran;
       if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         if (caller_sleeping.load(std::memory_order_seq_cst) != 0) left.notify_one();
       }
@@ -186,16 +192,23 @@ void ThreadPool::run(size_t n, void (*task)(void*, size_t), void* ctx) const {
     p.caller_sleeping.store(0, std::memory_order_relaxed);
   }
   const int64_t t2 = now_ns();
-  // A long tail means a worker held an index without running: run alone for a
-  // while, longer each time it happens again right after a probe.
+  // Long tails mean a worker held an index without running (another process
+  // has its core): run alone for a while, twice as long each time it happens
+  // again, half as long after a window without it.
   const int64_t tail = t2 - t1;
-  if (tail > kStallMinNs && 4 * tail > t2 - t0) {
+  if (p.window_total == 0) p.window_start = t0;
+  p.window_tail += tail;
+  p.window_total += t2 - t0;
+  const bool judged = tail > kStallNs || t2 - p.window_start >= kWindowNs;
+  if (!judged) return;
+  if (tail > kStallNs || 4 * p.window_tail > p.window_total) {
     p.serial_until = t2 + p.serial_period;
     p.serial_period = std::min(2 * p.serial_period, kSerialMaxNs);
     p.fallbacks.fetch_add(1, std::memory_order_relaxed);
-  } else if (t0 >= p.serial_until + p.serial_period) {
-    p.serial_period = kSerialMinNs;  // a whole period without a stall: contention is over
+  } else {
+    p.serial_period = std::max(p.serial_period / 2, kSerialMinNs);
   }
+  p.window_tail = p.window_total = 0;
 }
 
 }  // namespace kiln::cpu

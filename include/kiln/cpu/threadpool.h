@@ -10,8 +10,9 @@
 //   - spins only briefly (tens of microseconds), then sleeps on a futex, so an
 //     idle thread never keeps a core from the process that needs it;
 //   - notices when the caller keeps waiting for a worker that does not run
-//     (a loop's tail waits longer than a quarter of the loop) and then runs
-//     loops on the calling thread alone for a while, probing again with a
+//     (over a few milliseconds of loops, the caller's waits after its own share
+//     are more than a quarter of the time, or one wait exceeds 1 ms) and then
+//     runs loops on the calling thread alone for a while, probing again with a
 //     period that doubles while the contention lasts (10 ms .. 0.5 s).
 #pragma once
 

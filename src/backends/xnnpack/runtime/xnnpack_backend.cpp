@@ -899,7 +899,22 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
     ++count;
   }
   if (count == 0) return Status::Ok;
-  if (xnn_create_runtime_v2(sg, st.exec.raw_pool(), 0, &step.runtime) != xnn_status_success)
+  // XNNPACK's runtimes run on a pthreadpool, whose workers spin for a while
+  // after each run. With the kiln engine only the heavy nodes (convolutions,
+  // pooling, resizing) get it: a small subgraph between kiln's steps would
+  // keep a second spinning thread on the core kiln's own pool needs.
+  bool heavy = st.engine == Engine::Xnnpack;
+  for (size_t i = begin; i < end && !heavy; ++i) {
+    switch (graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type()) {
+      case NodeType::XNNConv2d: case NodeType::XNNDepthwiseConv2d: case NodeType::XNNConvTranspose2d:
+      case NodeType::XNNMaxPooling2d: case NodeType::XNNAvgPooling2d: case NodeType::XNNGlobalAvgPooling2d:
+      case NodeType::XNNStaticResizeBilinear2D:
+        heavy = true;
+        break;
+      default: break;
+    }
+  }
+  if (xnn_create_runtime_v2(sg, heavy ? st.exec.raw_pool() : nullptr, 0, &step.runtime) != xnn_status_success)
     return failf(error_, Status::Internal, "XNNPACK could not create the runtime of nodes %zu..%zu", begin, end - 1);
   // XNNPACK packed this subgraph's weights into its own memory; their file
   // pages are not read again (a weight another node reads is kept), so they
