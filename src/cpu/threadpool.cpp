@@ -105,7 +105,8 @@ struct ThreadPool::Impl {
       if (!claim.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
       f(x, i);
       ++ran;
-      if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // seq_cst, as the caller's store of caller_sleeping and its load of left: no lost wake-up
+      if (left.fetch_sub(1, std::memory_order_seq_cst) == 1) {
         if (caller_sleeping.load(std::memory_order_seq_cst) != 0) left.notify_one();
       }
       c = claim.load(std::memory_order_acquire);
