@@ -74,7 +74,7 @@ void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Lay
       lo = std::min(lo, xr[i]);
       hi = std::max(hi, xr[i]);
     }
-    const float s = std::max((hi - lo) / 255.0f, FLT_MIN);  // torchao: eps None is the smallest normal
+    const float s = std::max((hi - lo) / 255.0f, FLT_MIN);  // the reference quantizer: eps None is the smallest normal
     const float z = std::clamp(-128.0f - std::nearbyint(lo / s), -128.0f, 127.0f);
     const float inv = 1.0f / s;
     uint8_t* qr = data + r * stride;

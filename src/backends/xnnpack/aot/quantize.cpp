@@ -18,7 +18,7 @@ uint16_t to_bf16(float f) {  // round to nearest even, as torch's .to(bfloat16)
   return static_cast<uint16_t>(u >> 16);
 }
 
-// torchao's symmetric scale of values v[0..n): max(|min(v,0)|, max(v,0)) / half_range, at least FLT_MIN
+// the reference symmetric scale of values v[0..n): max(|min(v,0)|, max(v,0)) / half_range, at least FLT_MIN
 float symmetric_scale(const float* v, int64_t n, float half_range) {
   float lo = 0.0f, hi = 0.0f;
   for (int64_t i = 0; i < n; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]);
