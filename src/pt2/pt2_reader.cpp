@@ -387,8 +387,16 @@ ExportedProgram read_pt2(const std::string& path) {
       }
       node.outputs.push_back(std::move(out));
     }
-    if (auto md = jn.find("metadata"); md != jn.end() && md->is_object())
+    if (auto md = jn.find("metadata"); md != jn.end() && md->is_object()) {
       if (auto st = md->find("stack_trace"); st != md->end() && st->is_string()) node.stack_trace = *st;
+      // "key,path,type;key,path,type;...": outermost first; the innermost module's path
+      if (auto ms = md->find("nn_module_stack"); ms != md->end() && ms->is_string()) {
+        const std::string& stack = ms->get_ref<const std::string&>();
+        const size_t start = stack.rfind(';') == std::string::npos ? 0 : stack.rfind(';') + 1;
+        const size_t first = stack.find(',', start), last = stack.rfind(',');
+        if (first != std::string::npos && last > first) node.module_path = stack.substr(first + 1, last - first - 1);
+      }
+    }
     ep.graph.nodes.push_back(std::move(node));
     ++index;
   }

@@ -98,6 +98,7 @@ struct Node {
   std::vector<NamedArgument> inputs;
   std::vector<Argument> outputs;  // Tensor, Tensors or None per operator return
   std::string stack_trace;        // user source location, for error messages
+  std::string module_path;        // innermost module of the .pt2's nn_module_stack ("model.layers.0.mlp.up_proj")
 
   const NamedArgument* input(std::string_view name) const;
   std::vector<ValueId> output_ids() const;
