@@ -274,7 +274,10 @@ WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
     auto mat2 = tensor_arg(n, "mat2");
     if (!mat2) continue;
     std::optional<Site> site;
-    if (is_weight(*mat2)) {
+    if (auto self = tensor_arg(n, "self"); n.target == "aten.mm.default" && self && is_weight(*self) &&
+                                           !is_weight(*mat2)) {
+      site = Site{i, "self", *self, 0, i};  // W @ x^T (a tied LM head's form): W [N, K], channels along dim 0
+    } else if (is_weight(*mat2)) {
       site = Site{i, "mat2", *mat2, 1, i};  // [K, N]: output channels along dim 1
     } else if (const int32_t p = g.value(*mat2).producer; p >= 0) {
       const graph::Node& t = g.nodes[static_cast<size_t>(p)];
