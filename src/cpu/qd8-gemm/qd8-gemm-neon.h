@@ -64,6 +64,35 @@ KILN_CPU_INLINE void qb4w_rows_neon(const Qd8Rows& a, int64_t m0, int64_t k, con
     };
     // whole chunks of 128 inputs (64 weight bytes, 4 registers), then the registers left
     int64_t i = 0;
+    if (per_group == 1) {
+      // groups of 32 (the default): each register is one group; per chunk, the 4 groups'
+      // sums are added pairwise into one vector and scaled by their 4 scales in one FMA
+      for (; i + 4 <= regs; i += 4) {
+        const uint8_t* wp = wr + 16 * i;
+        const int64_t off = i * 32;
+        int32x4_t dg[MR][4];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) {
+          const uint8x16_t wb = veorq_u8(vld1q_u8(wp + 16 * q), x88);
+          const int8x16_t we = vreinterpretq_s8_u8(vshlq_n_u8(wb, 4));
+          const int8x16_t wo = vreinterpretq_s8_u8(vandq_u8(wb, xf0));
+#pragma GCC unroll 4
+          for (int r = 0; r < MR; ++r) {
+            const int8x16_t ae = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(arow[r] + off + 16 * q), x80));
+            const int8x16_t ao = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(arow[r] + off + 16 * q + 64), x80));
+            dg[r][q] = P::dot(P::dot(vdupq_n_s32(0), ae, we), ao, wo);
+          }
+        }
+        // the 4 bf16 scales of groups i .. i+3, widened to fp32 (bf16 is the top half)
+        const float32x4_t sv = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(sr + i), 16));
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          const int32x4_t sums = vpaddq_s32(vpaddq_s32(dg[r][0], dg[r][1]), vpaddq_s32(dg[r][2], dg[r][3]));
+          f[r] = vfmaq_f32(f[r], vcvtq_f32_s32(sums), sv);
+        }
+      }
+      g = i;
+    }
     for (; i + 4 <= regs; i += 4) {
       const uint8_t* wp = wr + 16 * i;
       const int64_t off = i * 32;  // chunk i / 4 starts at activation byte 128 (i / 4)
