@@ -12,8 +12,9 @@ qemu-user as two CPUs: a Cortex-A76 (the Raspberry Pi 5: NEON, dotprod, no i8mm)
   for fp32;
 - `kiln generate` greedy on tiny Llama gives the x86 kiln's tokens.
 
-CI (scripts/test, through scripts/test-aarch64) runs a subset sized to ~3 minutes; the whole
-set runs with KILN_AARCH64_ALL=1 (`scripts/test-aarch64 --all`).
+scripts/test-aarch64 runs a subset sized to ~3 minutes; the whole set runs with
+KILN_AARCH64_ALL=1 (`scripts/test-aarch64 --all`). CI (scripts/test) runs, for now, only the
+kiln_cpu_tests cases (the AArch64 `kiln` binary's build was not yet seen to finish here).
 """
 from __future__ import annotations
 
