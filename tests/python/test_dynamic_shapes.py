@@ -153,3 +153,40 @@ def test_bad_lengths_and_unsupported_backend_give_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not out.exists()
 
+
+class AttentionBlock(torch.nn.Module):
+    """A GPT-2 block (nanoGPT's form): attention with the causal mask sliced to the dynamic length."""
+
+    def __init__(self, C=32, H=4):
+        super().__init__()
+        self.C, self.H = C, H
+        self.ln1, self.ln2 = torch.nn.LayerNorm(C), torch.nn.LayerNorm(C)
+        self.attn, self.proj = torch.nn.Linear(C, 3 * C), torch.nn.Linear(C, C)
+        self.fc, self.fc2 = torch.nn.Linear(C, 4 * C), torch.nn.Linear(4 * C, C)
+        block = 2 * MAX_T  # the model's block size; the exported length goes up to MAX_T
+        self.register_buffer("bias", torch.tril(torch.ones(block, block)).view(1, 1, block, block))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        D = C // self.H
+        q, k, v = self.attn(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, D).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / D ** 0.5)
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+def test_attention_block_with_a_causal_mask_of_the_dynamic_length(tmp_path):
+    torch.manual_seed(0)
+    module = AttentionBlock().eval()
+    spec = export_dynamic(module, torch.randn(1, 5, 32), 1, tmp_path, "block", False)
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "-q")
+    pte = tmp_path / "block_portable.pte"
+    for t in (1, 3, MAX_T):
+        x = torch.randn(1, t, 32)
+        with torch.no_grad():
+            ref = module(x).numpy()
+        close(kiln_run(pte, x.numpy(), tmp_path), ref, f"kiln runtime, T={t}")
+        close(et_run(pte, x.numpy()), ref, f"ExecuTorch runtime, T={t}")
