@@ -190,3 +190,21 @@ def test_attention_block_with_a_causal_mask_of_the_dynamic_length(tmp_path):
             ref = module(x).numpy()
         close(kiln_run(pte, x.numpy(), tmp_path), ref, f"kiln runtime, T={t}")
         close(et_run(pte, x.numpy()), ref, f"ExecuTorch runtime, T={t}")
+
+
+class Stateful(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("acc", torch.zeros(16))
+
+    def forward(self, x):
+        self.acc.copy_(self.acc + x.sum(0))
+        return x * 2 + self.acc
+
+
+def test_dynamic_program_with_state_is_refused_with_one_line(tmp_path):
+    spec = export_dynamic(Stateful(), torch.randn(5, 16), 0, tmp_path, "state", False)
+    proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "-q", check=False)
+    assert proc.returncode != 0 and "not supported yet" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "state_portable.pte").exists()
