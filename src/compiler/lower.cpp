@@ -3,6 +3,7 @@
 
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
+#include "kiln/passes/dynamic.h"
 #include "kiln/pt2/pt2_reader.h"
 #include "kiln/pte/pte_writer.h"
 #include "kiln/runtime/backend.h"
@@ -184,13 +185,19 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   const double t_read = seconds_since(t0);
 
   progress(fmt::format("lowering {} nodes to edge form", ep.graph.nodes.size()));
-  passes::EdgeProgram edge = passes::to_edge(ep, &r.lowering);
+  // A program with symbolic sizes is lowered at its upper bounds and its size expressions recovered (dynamic.h).
+  passes::EdgeProgram edge =
+      ep.graph.symbols.empty() ? passes::to_edge(ep, &r.lowering) : passes::to_edge_dynamic(ep, &r.lowering);
   if (embedding_quant.bits != 0) {
     progress(fmt::format("quantizing embedding tables (int{})", embedding_quant.bits));
     r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant);
     r.embedding_quantization = embedding_quant.name();
   }
   const double t_edge = seconds_since(t0);
+  if (edge.dynamic)
+    check(!xnnpack, "{}: dynamic shapes are lowered for --backend portable only so far (XNNPACK delegates of "
+                    "dynamic programs are not supported yet)",
+          spec.exported_program);
 
   std::optional<partition::XnnpackDelegation> delegation;
   if (xnnpack) {
