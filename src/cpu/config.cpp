@@ -57,7 +57,7 @@ bool cpu_has(Isa isa) {
 
 const F32GemmVariant kF32Gemm[] = {
     KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512})
-    KILN_X86_ONLY({"f32_gemm_6x16__avx2", Isa::Avx2, 6, 16, 512, f32_gemm_6x16__avx2})
+    KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2})
     KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon})
     {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic},
 };

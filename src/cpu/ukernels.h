@@ -18,7 +18,7 @@ namespace kiln::cpu {
 
 KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic);
 #ifdef KILN_CPU_X86
-KILN_DECLARE_F32_GEMM(f32_gemm_6x16__avx2);
+KILN_DECLARE_F32_GEMM(f32_gemm_4x24__avx2);
 KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512);
 #endif
 #ifdef KILN_CPU_ARM64
