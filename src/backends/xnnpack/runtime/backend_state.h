@@ -155,7 +155,9 @@ struct Step {
   std::array<int64_t, 5> widths{};
   int64_t count = 0;                                 // unary/copy/clamp elements
   float lo = -INFINITY, hi = INFINITY;
-  const float* weights = nullptr;                    // fully connected: [k, n] row-major
+  const float* weights = nullptr;                    // fully connected: [k, n] row-major ([n, k] if weights_nk)
+  bool weights_nk = false;                           // fully connected, a few rows: W as the file has it, [n, k]
+  bool trans_b = false;                              // Bmm: B is [.., n, k] (C = A · Bᵀ), a few rows of A
   const float* bias = nullptr;                       // [n] or null
   // QuantizeRows / QFullyConnected (8da4w, 8da8w): the rows' layout, the weights
   const void* qweights = nullptr;                    // int4 [n, ceil(k/2)] or int8 [n, k], from the file

@@ -18,6 +18,21 @@ namespace kiln::backends::xnnpack::detail {
 // ---------------------------------------------------------------- kiln's steps
 
 void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c) {
+  if (s.trans_b) {  // C[i] = A[i] · B[i]ᵀ, B[i] [n, k]; a few rows of A: dot products
+    const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
+    const int64_t col_blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
+    const int64_t cols = (s.n + col_blocks - 1) / col_blocks;
+    ex.parallel_for(static_cast<size_t>(s.batch * col_blocks), [&](size_t t) {
+      const int64_t bi = static_cast<int64_t>(t) / col_blocks, j0 = (static_cast<int64_t>(t) % col_blocks) * cols;
+      const int64_t j1 = std::min(s.n, j0 + cols);
+      const float* ab = a + bi * s.a_batch_stride;
+      const float* bb = b + bi * s.b_batch_stride;
+      float* cb = c + bi * s.m * s.n;
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t r = 0; r < s.m; ++r) cb[r * s.n + j] = gemv.dot(ab + r * s.k, bb + j * s.k, s.k);
+    });
+    return;
+  }
   // C[i] = A[i] · B[i], row-major, batches of A/B broadcast when their stride is 0.
   // Parallel over batches and over blocks of rows.
   const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((s.m + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
@@ -73,6 +88,20 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
 // (over rows when W has a few columns).
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out) {
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();  // a few rows: streaming products (W read once)
+  if (s.weights_nk) {  // W [n, k]: each task reads one contiguous block of W's rows
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 31) / 32, kTasksPerThread * ex.threads));
+    const int64_t per = (s.n + blocks - 1) / blocks;
+    ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+      const int64_t n0 = static_cast<int64_t>(t) * per, n1 = std::min(s.n, n0 + per);
+      for (int64_t j = n0; j < n1; ++j) {
+        const float* wj = s.weights + j * s.k;
+        const float b = s.bias ? s.bias[j] : 0.0f;
+        for (int64_t r = 0; r < s.m; ++r)
+          out[r * s.n + j] = std::min(std::max(gemv.dot(x + r * s.k, wj, s.k) + b, s.lo), s.hi);
+      }
+    });
+    return;
+  }
   if (s.m < kGemvRows && s.n >= 4) {
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 127) / 128, kTasksPerThread * ex.threads));
     const int64_t cols = ((s.n + blocks - 1) / blocks + 15) / 16 * 16;

@@ -442,6 +442,18 @@ Status Builder::quantized_rows(State& st) {
   return Status::Ok;
 }
 
+// dst [cols, rows] = src [rows, cols]ᵀ, in tiles that stay in cache (weights at load time:
+// hundreds of MB, where the plain loop's strided writes take seconds).
+static void transpose_blocked(const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
+    }
+}
+
 // Groups (reshape views), where each group lives, and the arena plan by lifetime.
 Status Builder::plan_storage(State& st) {
   const size_t nv = st.values.size();
@@ -493,6 +505,35 @@ Status Builder::plan_storage(State& st) {
     grp.storage.arg = static_cast<uint32_t>(a);
   }
   if (Status s = find_chains(st); s != Status::Ok) return s;
+  // A transpose of the last two dims whose one reader is a bmm with a few rows (B) is folded
+  // into it by make_steps (C = A · Bᵀ): the transpose's input lives until that bmm.
+  std::vector<int64_t> input_live_until(io_.size(), -1);
+  std::vector<int32_t> readers(nv, 0), reader(nv, -1);
+  for (size_t i = 0; i < io_.size(); ++i)
+    for (size_t j = 0; j < io_[i].num_in; ++j)
+      if (uint32_t v = io_[i].in[j]; v != kInvalidId) ++readers[v], reader[v] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < io_.size(); ++i) {
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    if (node->xnode_union_type() != NodeType::XNNStaticTranspose || io_[i].num_in < 1) continue;
+    const uint32_t v = io_[i].out;
+    const auto* perm = node->xnode_union_as_XNNStaticTranspose()->perm();
+    if (readers[v] != 1 || (st.values[v].flags & kExternalOutput) || !perm || perm->size() < 2) continue;
+    const uint32_t r = perm->size();
+    bool last_two = perm->Get(r - 1) == r - 2 && perm->Get(r - 2) == r - 1;
+    for (uint32_t d = 0; d + 2 < r; ++d) last_two &= perm->Get(d) == d;
+    auto j = static_cast<size_t>(reader[v]);
+    uint32_t b = v;  // through reshapes that are views (the bmm's batch dims flattened)
+    while (skip_[j] && readers[io_[j].out] == 1 && !(st.values[io_[j].out].flags & kExternalOutput)) {
+      b = io_[j].out;
+      j = static_cast<size_t>(reader[b]);
+    }
+    const fbx::XNode* mm = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(j));
+    if (!last_two || mm->xnode_union_type() != NodeType::XNNBatchMatrixMultiply || io_[j].in[1] != b ||
+        io_[j].in[0] == b || io_[j].in[0] == kInvalidId)
+      continue;
+    const Value& a = st.values[io_[j].in[0]];
+    if (a.ndims >= 2 && a.dims[a.ndims - 2] < kGemvRows) input_live_until[i] = static_cast<int64_t>(j);
+  }
   // lifetimes over node positions; a fused chain runs its nodes row by row, so
   // everything it reads or writes is live from its first node to its last
   for (size_t i = 0; i < io_.size(); ++i) {
@@ -505,7 +546,7 @@ Status Builder::plan_storage(State& st) {
     for (size_t j = 0; j < io_[i].num_in; ++j)
       if (io_[i].in[j] != kInvalidId) {
         Group& grp = st.groups[static_cast<size_t>(st.values[io_[i].in[j]].group)];
-        grp.last_use = std::max(grp.last_use, use);
+        grp.last_use = std::max({grp.last_use, use, input_live_until[i]});
       }
     Group& grp = st.groups[static_cast<size_t>(st.values[io_[i].out].group)];
     grp.first_def = std::min(grp.first_def, def);
@@ -1034,16 +1075,28 @@ Status Builder::kiln_step(State& st, size_t i) {
         return bad("input, weights and output shapes do not agree");
       step.m = in.numel / step.k;
       step.in.resize(1);  // x; the weights and bias are constants
-      if (kn) {
+      if (step.m < kGemvRows) {
+        // a few rows (one token): dot products with W's rows, [N, K], so that each task
+        // streams one contiguous block of W; read in place when the file has them so
+        if (!kn) {
+          step.weights = static_cast<const float*>(w.constant);
+        } else {  // [K, N] -> [N, K] once, into kiln's memory; the file's copy leaves memory
+          auto* wt = static_cast<float*>(std::aligned_alloc(kArenaAlign, (w.bytes() + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
+          if (!wt) return fail(error_, Status::OutOfMemory, "out of memory transposing weights");
+          st.owned.emplace_back(wt, &std::free);
+          transpose_blocked(static_cast<const float*>(w.constant), step.k, step.n, wt);
+          step.weights = wt;
+          if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
+        }
+        step.weights_nk = true;
+      } else if (kn) {
         step.weights = static_cast<const float*>(w.constant);  // read in place, from the file
       } else {
         // [N, K] -> [K, N] once, into kiln's memory; the file's copy leaves memory
         auto* wt = static_cast<float*>(std::aligned_alloc(kArenaAlign, (w.bytes() + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
         if (!wt) return fail(error_, Status::OutOfMemory, "out of memory transposing weights");
         st.owned.emplace_back(wt, &std::free);
-        const auto* src = static_cast<const float*>(w.constant);
-        for (int64_t r = 0; r < step.n; ++r)
-          for (int64_t c = 0; c < step.k; ++c) wt[c * step.n + r] = src[r * step.k + c];
+        transpose_blocked(static_cast<const float*>(w.constant), step.n, step.k, wt);
         step.weights = wt;
         if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
       }
@@ -1211,6 +1264,37 @@ Status Builder::make_steps(State& st) {
     if (fused.m > 256 || fused.k > 1024) continue;
     mm = std::move(fused);
     st.steps.erase(st.steps.begin() + static_cast<std::ptrdiff_t>(s + 2));
+  }
+  // transpose(B)'s last two dims -> bmm(A, ·), a few rows of A: one step, C = A · Bᵀ with dot
+  // products over B's rows as they are, so the transposed copy (for an LLM, of the whole K
+  // cache, every token) is never made.
+  for (size_t s = 0; s + 1 < st.steps.size(); ++s) {
+    Step &t = st.steps[s], &mm = st.steps[s + 1];
+    if (t.kind != StepKind::Transpose || mm.kind != StepKind::Bmm || mm.trans_b || t.rank < 2 ||
+        mm.in[1].group != t.out.group || mm.in[0].group == t.out.group || mm.m >= kGemvRows)
+      continue;
+    bool last_two = t.perm[t.rank - 1] == t.rank - 2 && t.perm[t.rank - 2] == t.rank - 1;
+    for (uint32_t d = 0; d + 2 < t.rank; ++d) last_two &= t.perm[d] == d;
+    if (!last_two) continue;
+    const int32_t mid = t.out.group, src = t.in[0].group;
+    bool elsewhere = st.groups[static_cast<size_t>(mid)].storage.kind != Storage::Kind::Arena;
+    for (size_t o = 0; o < st.steps.size() && !elsewhere; ++o) {
+      if (o == s + 1) continue;
+      for (const Operand& op : st.steps[o].in) elsewhere |= op.group == mid;
+      for (int32_t eg : st.steps[o].external_groups) elsewhere |= eg == mid;
+    }
+    if (elsewhere) continue;
+    // the bmm then writes its output while it reads the transpose's input: their arena bytes
+    // must not overlap (the plan made the transpose's input dead after the transpose)
+    const Group &gi = st.groups[static_cast<size_t>(src)], &go = st.groups[static_cast<size_t>(mm.out.group)];
+    if (gi.storage.kind == Storage::Kind::Arena && go.storage.kind == Storage::Kind::Arena &&
+        gi.storage.offset < go.storage.offset + go.bytes && go.storage.offset < gi.storage.offset + gi.bytes)
+      continue;
+    if (gi.storage.kind == Storage::Kind::None) continue;
+    mm.in[1] = t.in[0];
+    mm.trans_b = true;
+    mm.label = "kiln batch matmul (A · Bᵀ)";
+    st.steps.erase(st.steps.begin() + static_cast<std::ptrdiff_t>(s));
   }
   return Status::Ok;
 }
