@@ -27,6 +27,7 @@ struct LowerOptions {
   std::string out;
   bool quiet = false;
   bool verify = true;
+  bool debug_map = true;
   bool per_op = false;
   std::string quantize;
 };
@@ -83,6 +84,7 @@ int run_lower(const LowerOptions& o) {
   lo.per_op = o.per_op;
   lo.quantize = o.quantize;
   lo.verify = o.verify;
+  lo.debug_map = o.debug_map;
   if (!o.quiet)
     lo.progress = [t0](std::string_view what) {
       fmt::print(stderr, "kiln lower: [{:6.2f}s] {}\n", seconds_since(t0), what);
@@ -102,6 +104,8 @@ int run_lower(const LowerOptions& o) {
              r.lowering.folded_nodes, report.aliased_views);
   if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
+  if (!r.debug_map_path.empty())
+    fmt::print("  debug map {} ({:.2f} s)\n", r.debug_map_path, r.seconds.debug_map);
   return 0;
 }
 
@@ -121,6 +125,9 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
                   "xnnpack: 8da4w[:32|64|128|256] (int8 activations per token x int4 weights per group of inputs, "
                   "default 32) or 8da8w (x int8 weights per channel); linear layers only, the tied LM head stays fp32");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
+  cmd->add_flag("!--no-debug-map", opts->debug_map,
+                "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "
+                "module paths, delegate regions; docs/PROFILING.md)");
   cmd->callback([opts, &run] { run = [opts] { return run_lower(*opts); }; });
 }
 

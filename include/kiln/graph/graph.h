@@ -98,6 +98,13 @@ struct Node {
   std::vector<NamedArgument> inputs;
   std::vector<Argument> outputs;  // Tensor, Tensors or None per operator return
   std::string stack_trace;        // user source location, for error messages
+  // Debug information (kiln lower's X.debug.json, docs/PROFILING.md): the
+  // .pt2 node(s) this node came from (itself, for a node read from the .pt2;
+  // the node a decomposition or fusion was lowering, for what it emitted),
+  // and the innermost nn.Module of the node's nn_module_stack ("transformer.h.3.attn", its class).
+  std::vector<std::string> source_nodes;
+  std::string module_path;
+  std::string module_type;
 
   const NamedArgument* input(std::string_view name) const;
   std::vector<ValueId> output_ids() const;
