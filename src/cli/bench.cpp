@@ -3,6 +3,7 @@
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
 #include "kiln/cpu/config.h"
+#include "kiln/cpu/quant.h"
 #include "kiln/io/npy.h"
 #include "kiln/runtime/program.h"
 
@@ -118,6 +119,10 @@ int run_bench(const BenchOptions& o) {
                         {"planned_mb", static_cast<double>(m.planned_bytes()) / 1e6},
                         {"instructions", m.num_instructions()}, {"times_ms", times},
                         {"isa", cpu::isa_name(cpu::active_isa())}, {"best_isa", cpu::isa_name(cpu::best_isa())}};
+    // the variant each compute family selected (tests/python/test_aarch64.py checks them under qemu's CPU models)
+    j["kernels"] = {{"f32_gemm", cpu::f32_gemm_config().name},     {"f32_gemv", cpu::f32_gemv_config().name},
+                    {"f32_vunary", cpu::f32_vunary_config().name}, {"f32_vbinary", cpu::f32_vbinary_config().name},
+                    {"f32_rows", cpu::f32_rows_config().name},     {"qd8_gemm", cpu::qd8_gemm_config().name}};
     if (o.profile) {
       nlohmann::json p = nlohmann::json::object();
       for (const auto& [label, e] : by_label)

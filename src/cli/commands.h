@@ -28,5 +28,9 @@ void add_generate_command(CLI::App& app, std::function<int()>& run);
 void add_tokenize_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln profile`.
 void add_profile_command(CLI::App& app, std::function<int()>& run);
+// Adds `kiln bench-llm`.
+void add_bench_llm_command(CLI::App& app, std::function<int()>& run);
+// Adds `kiln view`.
+void add_view_command(CLI::App& app, std::function<int()>& run);
 
 }  // namespace kiln::cli

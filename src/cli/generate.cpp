@@ -40,12 +40,13 @@ double peak_rss_mb() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;
 }
 
-// tokenizer.json beside the .pte, or in the directory of the spec it came from.
+// tokenizer.json (else a SentencePiece tokenizer.model) beside the .pte, or in a tokenizer/ folder there.
 std::string default_tokenizer(const std::string& pte) {
   const fs::path dir = fs::path(pte).parent_path();
   std::error_code ec;
-  if (fs::is_regular_file(dir / "tokenizer.json", ec)) return (dir / "tokenizer.json").string();
-  if (fs::is_regular_file(dir / "tokenizer" / "tokenizer.json", ec)) return (dir / "tokenizer" / "tokenizer.json").string();
+  for (const fs::path& d : {dir, dir / "tokenizer"})
+    for (const char* name : {"tokenizer.json", "tokenizer.model"})
+      if (fs::is_regular_file(d / name, ec)) return (d / name).string();
   return {};
 }
 
@@ -62,7 +63,7 @@ int run_generate(const GenerateOptions& o) {
   }
   check(!prompt.empty(), "the prompt is empty (give --prompt TEXT or --prompt-file FILE)");
   const std::string tok_path = o.tokenizer.empty() ? default_tokenizer(o.pte) : o.tokenizer;
-  check(!tok_path.empty(), "{}: no tokenizer.json beside it; give --tokenizer PATH", o.pte);
+  check(!tok_path.empty(), "{}: no tokenizer.json beside it (nor tokenizer.model); give --tokenizer PATH", o.pte);
   std::string error;
   auto tok = tok::Tokenizer::load(tok_path, &error);
   check(tok != nullptr, "{}", error);
@@ -91,6 +92,7 @@ int run_generate(const GenerateOptions& o) {
 
   std::vector<int32_t> ids;
   check(tok->encode(prompt, &ids, &error), "{}", error);
+  if (auto bos = tok->bos_id()) ids.insert(ids.begin(), *bos);  // a SentencePiece model's prompts start with BOS
   check(!ids.empty(), "the prompt encodes to no tokens");
   const int64_t max_seq = runner->metadata().max_seq_len;
   check(static_cast<int64_t>(ids.size()) < max_seq, "the prompt is {} tokens; the model's KV cache holds {} (leave room "
@@ -99,6 +101,7 @@ int run_generate(const GenerateOptions& o) {
   // stop tokens: the program's eos ids, else the tokenizer's eos token
   std::vector<int32_t> eos;
   for (int64_t e : runner->metadata().eos) eos.push_back(static_cast<int32_t>(e));
+  if (eos.empty() && tok->eos_id()) eos.push_back(*tok->eos_id());
   if (eos.empty()) {
     tok::ChatConfig cfg;
     std::string ignored;
@@ -173,7 +176,7 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text with an LLM program (streams tokens as they come)");
   cmd->add_option("pte", o->pte, "the LLM .pte (forward(tokens, input_pos) -> logits, KV cache inside)")->required();
-  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json (default: beside the .pte)");
+  cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or SentencePiece tokenizer.model (default: beside the .pte)");
   auto* p = cmd->add_option("--prompt", o->prompt, "the prompt text");
   cmd->add_option("--prompt-file", o->prompt_file, "read the prompt from a file")->excludes(p);
   cmd->add_flag("--chat", o->chat, "wrap the prompt with the model's chat template (a user turn)");

@@ -39,7 +39,13 @@ std::string grouped(int64_t n) {
 std::string shape_str(const std::vector<int64_t>& sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
 
 json tensor_json(const std::string& name, const graph::TensorMeta& m) {
-  return {{"name", name}, {"dtype", dtype_name(m.dtype)}, {"shape", m.sizes}};
+  json j = {{"name", name}, {"dtype", dtype_name(m.dtype)}, {"shape", m.sizes}};
+  if (!m.sym_sizes.empty()) {  // a dynamic tensor: "shape" is at the upper bounds, "sym_shape" its expressions
+    std::vector<std::string> dims;
+    for (const auto& e : m.sym_sizes) dims.push_back(e.str());
+    j["sym_shape"] = dims;
+  }
+  return j;
 }
 
 // Parameters share storage when tied (GPT-2's wte and lm_head): count each tensor once.
@@ -95,6 +101,10 @@ int run_inspect(const InspectOptions& o) {
     j["dialect"] = ep.dialect;
     j["node_count"] = g.nodes.size();
     j["operators"] = histogram;
+    if (!g.symbols.empty()) {
+      j["symbols"] = json::array();
+      for (const auto& s : g.symbols) j["symbols"].push_back({{"name", s.name}, {"min", s.min}, {"max", s.max}});
+    }
     j["inputs"] = json::array();
     for (const auto& [n, m] : user_inputs) j["inputs"].push_back(tensor_json(n, m));
     j["outputs"] = json::array();
@@ -123,6 +133,7 @@ int run_inspect(const InspectOptions& o) {
   fmt::print("  exported by torch {}, schema {}, dialect {}\n", ep.torch_version, ep.schema_version, ep.dialect);
   fmt::print("  graph: {} nodes, {} inputs ({} user, {} constant), {} output{}\n", g.nodes.size(), g.inputs.size(),
              n_user, static_cast<int64_t>(g.inputs.size()) - n_user, g.outputs.size(), g.outputs.size() == 1 ? "" : "s");
+  for (const auto& s : g.symbols) fmt::print("  symbol {} in [{}, {}] (read at {})\n", s.name, s.min, s.max, s.max);
   fmt::print("inputs:\n");
   for (const auto& [n, m] : user_inputs) fmt::print("  {:<24} {}{}\n", n, dtype_name(m.dtype), shape_str(m.sizes));
   fmt::print("outputs:\n");

@@ -30,6 +30,8 @@ struct LowerOptions {
   bool debug_map = true;
   bool per_op = false;
   std::string quantize;
+  std::string quantize_embedding;
+  std::string quantize_skip;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -83,6 +85,8 @@ int run_lower(const LowerOptions& o) {
   lo.out = o.out;
   lo.per_op = o.per_op;
   lo.quantize = o.quantize;
+  lo.quantize_embedding = o.quantize_embedding;
+  lo.quantize_skip = o.quantize_skip;
   lo.verify = o.verify;
   lo.debug_map = o.debug_map;
   if (!o.quiet)
@@ -92,6 +96,7 @@ int run_lower(const LowerOptions& o) {
   pt2::ModelSpec spec = pt2::read_model_spec(o.spec);
   check(o.out.empty() || fs::path(o.out).extension() == ".pte", "--out {}: the output must end in .pte", o.out);
   const LowerResult r = kiln::lower(spec, lo);
+  for (const auto& w : r.warnings) fmt::print(stderr, "kiln lower: warning: {}\n", w);
   const emit::EmitReport& report = r.report;
   const double size = static_cast<double>(r.pte_size);
 
@@ -102,6 +107,9 @@ int run_lower(const LowerOptions& o) {
   fmt::print("  planned memory {:.2f} MB (naive {:.2f} MB); {} nodes folded ahead of time, {} views shared\n",
              static_cast<double>(report.planned_bytes) / 1e6, static_cast<double>(report.naive_bytes) / 1e6,
              r.lowering.folded_nodes, report.aliased_views);
+  if (r.embedding_quantization != "none")
+    fmt::print("  quantized: {} embedding table{} ({})\n", r.quantized_embeddings,
+               r.quantized_embeddings == 1 ? "" : "s", r.embedding_quantization);
   if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
   if (!r.debug_map_path.empty())
@@ -123,7 +131,13 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--per-op", opts->per_op, "xnnpack: delegate every supported node as a call of its own");
   cmd->add_option("--quantize", opts->quantize,
                   "xnnpack: 8da4w[:32|64|128|256] (int8 activations per token x int4 weights per group of inputs, "
-                  "default 32) or 8da8w (x int8 weights per channel); linear layers only, the tied LM head stays fp32");
+                  "default 32) or 8da8w (x int8 weights per channel); linear layers only (the tied LM head included)");
+  cmd->add_option("--quantize-embedding", opts->quantize_embedding,
+                  "4[:GROUP] (int4, groups of 32 columns by default) or 8[:GROUP] (int8, one scale per row by "
+                  "default): embedding tables as ExecuTorch's quantized embedding lookups");
+  cmd->add_option("--quantize-skip", opts->quantize_skip,
+                  "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
+                  "matches (e.g. lm_head)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

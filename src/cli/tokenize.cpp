@@ -94,7 +94,7 @@ int run_tokenize(const TokenizeOptions& o) {
 void add_tokenize_command(CLI::App& app, std::function<int()>& run) {
   auto o = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Token ids of a text (or the text of ids) with a tokenizer.json");
-  cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face tokenizer.json (byte-level BPE)")->required();
+  cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face tokenizer.json (byte-level BPE) or a SentencePiece .model")->required();
   auto* text = cmd->add_option("--text", o->text, "the text to encode");
   auto* file = cmd->add_option("--file", o->file, "a UTF-8 file to encode")->excludes(text);
   cmd->add_option("--decode", o->decode, "comma-separated ids to decode instead")->excludes(text)->excludes(file);

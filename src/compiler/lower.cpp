@@ -4,6 +4,7 @@
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/compiler/debug_map.h"
 #include "kiln/core/error.h"
+#include "kiln/passes/dynamic.h"
 #include "kiln/pt2/pt2_reader.h"
 #include "kiln/pte/pte_writer.h"
 #include "kiln/runtime/backend.h"
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 namespace kiln {
 namespace {
@@ -79,8 +81,11 @@ std::string metadata(const LowerResult& r) {
                           {"payload_bytes", report.delegate_payload_bytes},
                           {"partition_rounds", d.partition_rounds},
                           {"quantization", d.quantization},
-                          {"quantized_nodes", d.quantized_nodes}};
+                          {"quantized_nodes", d.quantized_nodes},
+                          {"kept_fp32_nodes", d.kept_fp32_nodes}};
   }
+  meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
+                                    {"quantized_embeddings", r.quantized_embeddings}};
   meta["program"] = {{"kernel_calls", report.kernel_calls},
                      {"delegate_calls", report.delegate_calls},
                      {"operators", report.operators},
@@ -149,6 +154,22 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     check(q.has_value(), "{}", why);
     quant = *q;
   }
+  std::optional<std::regex> skip;
+  if (!o.quantize_skip.empty()) {
+    check(!o.quantize.empty(), "--quantize-skip {}: --quantize-skip needs --quantize", o.quantize_skip);
+    try {
+      skip.emplace(o.quantize_skip, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      fail("invalid --quantize-skip regex '{}': {}", o.quantize_skip, e.what());
+    }
+  }
+  backends::xnnpack::EmbeddingQuant embedding_quant;
+  if (!o.quantize_embedding.empty()) {
+    std::string why;
+    auto q = backends::xnnpack::parse_embedding_quant(o.quantize_embedding, &why);
+    check(q.has_value(), "{}", why);
+    embedding_quant = *q;
+  }
   const std::string_view backend = lower_backend_name(o.backend);
 
   LowerResult r;
@@ -166,17 +187,51 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   const double t_read = seconds_since(t0);
 
   progress(fmt::format("lowering {} nodes to edge form", ep.graph.nodes.size()));
-  passes::EdgeProgram edge = passes::to_edge(ep, &r.lowering);
+  // A program with symbolic sizes is lowered at its upper bounds and its size expressions recovered (dynamic.h).
+  passes::EdgeProgram edge =
+      ep.graph.symbols.empty() ? passes::to_edge(ep, &r.lowering) : passes::to_edge_dynamic(ep, &r.lowering);
+  if (embedding_quant.bits != 0) {
+    progress(fmt::format("quantizing embedding tables (int{})", embedding_quant.bits));
+    r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant);
+    r.embedding_quantization = embedding_quant.name();
+  }
   const double t_edge = seconds_since(t0);
+  if (edge.dynamic)
+    check(!xnnpack, "{}: dynamic shapes are lowered for --backend portable only so far (XNNPACK delegates of "
+                    "dynamic programs are not supported yet)",
+          spec.exported_program);
 
   std::optional<partition::XnnpackDelegation> delegation;
   if (xnnpack) {
     progress(fmt::format("partitioning {} edge nodes for XNNPACK{}, building payloads", edge.graph.nodes.size(),
                          o.per_op ? " (one region per node)" : ""));
     backends::xnnpack::PayloadOptions payload_options;
-    payload_options.quantize = quant;
+    std::function<bool(const graph::Node&, graph::ValueId)> keep_fp32;
+    if (skip)  // the layer's module path, its node's name, its weight's value name and parameter name
+      keep_fp32 = [&](const graph::Node& n, graph::ValueId w) {
+        auto hit = [&](const std::string& s) { return !s.empty() && std::regex_search(s, *skip); };
+        const auto c = edge.constants.find(w);
+        return hit(n.module_path) || hit(n.name) || hit(edge.graph.value(w).name) ||
+               (c != edge.constants.end() && hit(c->second.name));
+      };
+    backends::xnnpack::WeightOnlyStats weight_only;
+    if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {
+      progress("quantizing linear weights to int8 (weight only)");
+      weight_only = backends::xnnpack::quantize_weights_int8_only(edge, keep_fp32);
+    } else {
+      payload_options.quantize = quant;
+      payload_options.keep_fp32 = keep_fp32;
+    }
     delegation = partition::delegate_to_xnnpack(edge, partition::PartitionOptions{o.per_op}, payload_options);
     r.delegation = delegation->summary;
+    if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {
+      r.delegation->quantization = quant.name();
+      r.delegation->quantized_nodes = weight_only.quantized;  // dequantize nodes (one per weight)
+      r.delegation->kept_fp32_nodes = weight_only.kept_fp32;
+    }
+    if (skip && r.delegation->kept_fp32_nodes == 0)
+      r.warnings.push_back(fmt::format("--quantize-skip '{}' matches no linear layer: every layer is quantized",
+                                       o.quantize_skip));
   }
   const double t_partition = seconds_since(t0);
 

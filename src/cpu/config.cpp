@@ -9,6 +9,19 @@
 #include <cstring>
 #include <iterator>
 
+#ifdef KILN_CPU_ARM64
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1UL << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1UL << 13)
+#endif
+#endif
+
 namespace kiln::cpu {
 namespace {
 
@@ -20,8 +33,12 @@ bool cpu_has(Isa isa) {
     case Isa::Avx2: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v3");
     case Isa::Avx512: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v4");
 #endif
-    // AArch64 goes here: getauxval(AT_HWCAP) / AT_HWCAP2 bits (HWCAP_ASIMDDP, HWCAP2_I8MM, ...)
-    // for the NEON levels, once there are variants for them.
+#ifdef KILN_CPU_ARM64
+    // the kernel's view of the CPU (what qemu-user's -cpu models too); each level includes the one below
+    case Isa::Neon: return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+    case Isa::Dotprod: return cpu_has(Isa::Neon) && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+    case Isa::I8mm: return cpu_has(Isa::Dotprod) && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#endif
     default: return false;
   }
 }
@@ -32,10 +49,16 @@ bool cpu_has(Isa isa) {
 #else
 #define KILN_X86_ONLY(...)
 #endif
+#ifdef KILN_CPU_ARM64
+#define KILN_ARM64_ONLY(...) __VA_ARGS__,
+#else
+#define KILN_ARM64_ONLY(...)
+#endif
 
 const F32GemmVariant kF32Gemm[] = {
     KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512})
-    KILN_X86_ONLY({"f32_gemm_6x16__avx2", Isa::Avx2, 6, 16, 512, f32_gemm_6x16__avx2})
+    KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2})
+    KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon})
     {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic},
 };
 
@@ -70,6 +93,8 @@ const Qd8GemmVariant kQd8Gemm[] = {
     KILN_X86_ONLY(KILN_QD8_ROW(avx512vnni, Avx512, true))
     KILN_X86_ONLY(KILN_QD8_ROW(avx512, Avx512, false))
     KILN_X86_ONLY(KILN_QD8_ROW(avx2, Avx2, false))
+    KILN_ARM64_ONLY(KILN_QD8_ROW(i8mm, I8mm, false))
+    KILN_ARM64_ONLY(KILN_QD8_ROW(dotprod, Dotprod, false))
     KILN_QD8_ROW(generic, Generic, false),
 };
 
@@ -87,6 +112,27 @@ const F32RowsVariant kF32Rows[] = {
     KILN_X86_ONLY({"f32_rows__avx2", Isa::Avx2, 8, f32_softmax__avx2})
     {"f32_rows__generic", Isa::Generic, 4, f32_softmax__generic},
 };
+
+#ifdef KILN_CPU_ARM64
+constexpr const char* kIsaChoices = "generic|neon|dotprod|i8mm";
+constexpr Isa kLevels[] = {Isa::I8mm, Isa::Dotprod, Isa::Neon};  // this build's levels above Generic, widest first
+#else
+constexpr const char* kIsaChoices = "generic|avx2|avx512";
+constexpr Isa kLevels[] = {Isa::Avx512, Isa::Avx2};
+#endif
+
+// x86 (1) or Arm (2) for the levels above Generic (0)
+int isa_family(Isa isa) {
+  switch (isa) {
+    case Isa::Generic: return 0;
+    case Isa::Avx2:
+    case Isa::Avx512: return 1;
+    case Isa::Neon:
+    case Isa::Dotprod:
+    case Isa::I8mm: return 2;
+  }
+  return 0;
+}
 
 // The widest variant of a family at or below `isa` (every family has a generic one).
 template <typename V, size_t N>
@@ -113,8 +159,8 @@ const Tables& tables() {
     bool warning = false;
     const Isa isa = resolve_isa(request, best, &warning);
     if (warning)
-      std::fprintf(stderr, "kiln: KILN_CPU_ISA=%s is not an ISA this CPU runs (generic|avx2|avx512); using %s\n",
-                   request, isa_name(isa));
+      std::fprintf(stderr, "kiln: KILN_CPU_ISA=%s is not an ISA this CPU runs (%s); using %s\n", request,
+                   kIsaChoices, isa_name(isa));
     const Qd8GemmVariant* qd8 = &kQd8Gemm[std::size(kQd8Gemm) - 1];
     for (const Qd8GemmVariant& v : kQd8Gemm)
       if (v.isa <= isa && (!v.vnni || cpu_has_vnni())) {
@@ -133,13 +179,16 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return "avx512";
     case Isa::Avx2: return "avx2";
+    case Isa::Neon: return "neon";
+    case Isa::Dotprod: return "dotprod";
+    case Isa::I8mm: return "i8mm";
     case Isa::Generic: break;
   }
   return "generic";
 }
 
 bool parse_isa(const char* name, Isa* isa) {
-  for (Isa i : {Isa::Generic, Isa::Avx2, Isa::Avx512})
+  for (Isa i : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm})
     if (name != nullptr && std::strcmp(name, isa_name(i)) == 0) {
       *isa = i;
       return true;
@@ -148,13 +197,14 @@ bool parse_isa(const char* name, Isa* isa) {
 }
 
 bool isa_supported(Isa isa) {
-  bool built = false;
+  bool built = false;  // some family has a variant for it (Dotprod and I8mm: only qd8-gemm)
   for (const F32GemmVariant& v : kF32Gemm) built = built || v.isa == isa;
+  for (const Qd8GemmVariant& v : kQd8Gemm) built = built || v.isa == isa;
   return built && cpu_has(isa);
 }
 
 Isa best_isa() {
-  for (Isa isa : {Isa::Avx512, Isa::Avx2})
+  for (Isa isa : kLevels)
     if (isa_supported(isa)) return isa;
   return Isa::Generic;
 }
@@ -163,7 +213,7 @@ Isa resolve_isa(const char* request, Isa best, bool* warning) {
   if (warning) *warning = false;
   if (request == nullptr || request[0] == '\0') return best;
   Isa isa;
-  if (!parse_isa(request, &isa) || isa > best) {
+  if (!parse_isa(request, &isa) || isa > best || (isa != Isa::Generic && isa_family(isa) != isa_family(best))) {
     if (warning) *warning = true;
     return best;
   }

@@ -14,3 +14,6 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KILN_CPU_X86 1
 #endif
+#if defined(__aarch64__) && defined(__GNUC__)
+#define KILN_CPU_ARM64 1
+#endif

@@ -18,8 +18,11 @@ namespace kiln::cpu {
 
 KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic);
 #ifdef KILN_CPU_X86
-KILN_DECLARE_F32_GEMM(f32_gemm_6x16__avx2);
+KILN_DECLARE_F32_GEMM(f32_gemm_4x24__avx2);
 KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512);
+#endif
+#ifdef KILN_CPU_ARM64
+KILN_DECLARE_F32_GEMM(f32_gemm_8x8__neon);
 #endif
 
 // f32-gemv: the streaming products for a few rows (see kiln/cpu/config.h).
@@ -75,6 +78,13 @@ KILN_DECLARE_QD8_GEMM(generic);
 KILN_DECLARE_QD8_GEMM(avx2);
 KILN_DECLARE_QD8_GEMM(avx512);
 KILN_DECLARE_QD8_GEMM(avx512vnni);
+#endif
+#ifdef KILN_CPU_ARM64
+KILN_DECLARE_QD8_GEMM(dotprod);
+KILN_DECLARE_QD8_GEMM(i8mm);
+// NEON activation quantization (the baseline on AArch64; qd8_quantize_rows calls it): one row of
+// k inputs into dst (row_bytes zeroed bytes), the same results as the generic loop.
+void qd8_quantize_row__neon(const float* x, int64_t k, bool nibbles, uint8_t* dst, float* scale, int32_t* zp);
 #endif
 
 }  // namespace kiln::cpu

@@ -2,6 +2,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/emit/memory_plan.h"
+#include "kiln/passes/dynamic.h"
 #include "kiln/passes/op_table.h"
 
 #include <xxhash.h>
@@ -203,7 +204,9 @@ class Emitter {
       auto i = static_cast<size_t>(step.index);
       const auto& n = g.nodes[i];
       auto outs = n.output_ids();
-      if (passes::is_view_like(n.target) && outs.size() == 1) {
+      // A view of a dynamic size is a kernel call: its shape is computed per call.
+      const bool dynamic_out = p_.dynamic && outs.size() == 1 && p_.dynamic->is_dynamic(outs[0]);
+      if (passes::is_view_like(n.target) && outs.size() == 1 && !dynamic_out) {
         ValueId in = n.inputs.at(0).arg.tensor_ids().at(0);
         bool same_dtype = g.value(in).meta.dtype == g.value(outs[0]).meta.dtype;
         if (same_dtype && !is_input[static_cast<size_t>(in)] && !p_.is_constant(in) &&
@@ -388,6 +391,7 @@ class Emitter {
     t.sizes = to_i32(meta.sizes);
     t.dim_order.resize(meta.sizes.size());
     std::iota(t.dim_order.begin(), t.dim_order.end(), uint8_t{0});
+    t.dynamic_bound = p_.dynamic && p_.dynamic->is_dynamic(v);
     if (auto c = constant_index_.find(v); c != constant_index_.end()) {
       t.constant_index = c->second;
     } else if (p_.is_constant(v)) {
@@ -466,18 +470,77 @@ class Emitter {
     fail("argument kind '{}' cannot be emitted", graph::argument_kind_name(a.kind));
   }
 
-  int32_t operator_index(const passes::OpSchema& s) {
-    std::string key = fmt::format("{}.{}", s.kernel, s.overload);
+  int32_t operator_index(const passes::OpSchema& s) { return operator_index(s.kernel, s.overload); }
+
+  int32_t operator_index(std::string_view name, std::string_view overload) {
+    std::string key = fmt::format("{}.{}", name, overload);
     if (auto it = operator_index_.find(key); it != operator_index_.end()) return it->second;
-    plan_.operators.push_back({std::string(s.kernel), std::string(s.overload)});
+    plan_.operators.push_back({std::string(name), std::string(overload)});
     auto index = static_cast<int32_t>(plan_.operators.size() - 1);
     operator_index_[key] = index;
     return index;
   }
 
+  // ---- dynamic sizes: Int values computed at run time -------------------------
+  // Each symbol is read once from the input dim that has its size (aten::sym_size.int),
+  // and each expression is built from those with executorch_prim mul/add, as
+  // ExecuTorch's emitter does for the SymInt nodes of its graphs.
+  int32_t scalar_call(std::string_view name, std::string_view overload, std::vector<int32_t> args) {
+    int32_t out = add_value(int64_t{0});
+    pte::KernelCall call;
+    call.op_index = operator_index(name, overload);
+    call.args = std::move(args);
+    call.args.push_back(out);
+    plan_.instructions.push_back(std::move(call));
+    ++report_->kernel_calls;
+    ++report_->operators[fmt::format("{}.{}", name, overload)];
+    return out;
+  }
+
+  void emit_symbols() {
+    const auto& d = *p_.dynamic;
+    for (size_t k = 0; k < d.symbols.size(); ++k) {
+      if (d.sources[k].input < 0) continue;
+      symbol_value_[d.symbols[k].name] =
+          scalar_call("aten::sym_size", "int", {tensor_value(d.sources[k].input), int_value(d.sources[k].dim)});
+    }
+  }
+
+  int32_t expression_value(const graph::SymExpr& e) {
+    if (e.is_constant()) return int_value(e.constant);
+    const std::string key = e.str();
+    if (auto it = expression_value_.find(key); it != expression_value_.end()) return it->second;
+    int32_t acc = -1;
+    for (const auto& [name, coef] : e.terms) {
+      auto s = symbol_value_.find(name);
+      check(s != symbol_value_.end(), "internal: symbol '{}' has no run-time value", name);
+      int32_t term = coef == 1 ? s->second : scalar_call("executorch_prim::mul", "Scalar", {s->second, int_value(coef)});
+      acc = acc < 0 ? term : scalar_call("executorch_prim::add", "Scalar", {acc, term});
+    }
+    if (e.constant != 0) acc = scalar_call("executorch_prim::add", "Scalar", {acc, int_value(e.constant)});
+    expression_value_[key] = acc;
+    return acc;
+  }
+
+  // An int argument of node `node` whose value depends on the symbols, or -1.
+  int32_t dynamic_argument_value(size_t node, std::string_view name, const graph::Argument& a) {
+    if (!p_.dynamic) return -1;
+    auto it = p_.dynamic->int_args.find({static_cast<int32_t>(node), std::string(name)});
+    if (it == p_.dynamic->int_args.end()) return -1;
+    if (a.kind == Argument::Kind::Int) return expression_value(it->second.at(0));
+    check(a.kind == Argument::Kind::Ints,
+          "dynamic shapes: argument '{}' of node '{}' is a {} computed from a dynamic size; kiln computes integer "
+          "sizes only",
+          name, p_.graph.nodes[node].name, graph::argument_kind_name(a.kind));
+    pte::IntList l;
+    for (const auto& e : it->second) l.items.push_back(expression_value(e));
+    return add_value(std::move(l));
+  }
+
   // ---- instructions ----------------------------------------------------------
   void emit_instructions() {
     const auto& g = p_.graph;
+    if (p_.dynamic) emit_symbols();
     for (const Step& step : steps_) {
       if (step.region) {
         emit_delegate_call(regions_[static_cast<size_t>(step.index)]);
@@ -492,7 +555,13 @@ class Emitter {
       check(s != nullptr, "node '{}': no kernel for '{}'", n.name, n.target);
       pte::KernelCall call;
       call.op_index = operator_index(*s);
-      for (const auto& a : passes::ordered_arguments(*s, n)) call.args.push_back(argument_value(a));
+      const auto ordered = passes::ordered_arguments(*s, n);
+      std::vector<int32_t> arg_values;
+      for (size_t k = 0; k < ordered.size(); ++k) {
+        int32_t dyn = k < s->args.size() ? dynamic_argument_value(i, s->args[k].name, ordered[k]) : -1;
+        arg_values.push_back(dyn >= 0 ? dyn : argument_value(ordered[k]));
+      }
+      call.args = std::move(arg_values);
       auto outs = n.output_ids();
       // Outs, then the return slot ExecuTorch's kernel calls carry: the out
       // itself, the out list, or a list of the outs (an in-place call: its self).
@@ -562,6 +631,8 @@ class Emitter {
   std::map<ValueId, int32_t> tensor_index_;
   std::map<ValueId, ValueId> inplace_of_;  // output of an in-place node -> its self
   std::map<std::string, int32_t> operator_index_;
+  std::map<std::string, int32_t> symbol_value_;      // symbol -> its Int value (dynamic programs)
+  std::map<std::string, int32_t> expression_value_;  // expression text -> its Int value
   int32_t none_index_ = -1;
 };
 

@@ -96,3 +96,27 @@ std::map<std::string, int64_t> Graph::operator_histogram() const {
 }
 
 }  // namespace kiln::graph
+
+namespace kiln::graph {
+
+int64_t SymExpr::eval(const std::map<std::string, int64_t, std::less<>>& binding) const {
+  int64_t v = constant;
+  for (const auto& [name, coef] : terms) {
+    auto it = binding.find(name);
+    check(it != binding.end(), "size expression {} names symbol '{}', which has no value", str(), name);
+    v += coef * it->second;
+  }
+  return v;
+}
+
+std::string SymExpr::str() const {
+  std::string s;
+  for (const auto& [name, coef] : terms) {
+    if (!s.empty()) s += " + ";
+    s += coef == 1 ? name : fmt::format("{}*{}", coef, name);
+  }
+  if (constant != 0 || s.empty()) s += s.empty() ? fmt::format("{}", constant) : fmt::format(" + {}", constant);
+  return s;
+}
+
+}  // namespace kiln::graph

@@ -77,6 +77,7 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     xnn::Payload payload = xnn::build_payload(g, xr, payload_options);
     d.summary.xnnpack_nodes += payload.stats.xnodes;
     d.summary.quantized_nodes += payload.stats.quantized_nodes;
+    d.summary.kept_fp32_nodes += payload.stats.kept_fp32_nodes;
     d.summary.named_constants += payload.stats.named_constants;
     d.summary.constant_inputs += std::count_if(r.inputs.begin(), r.inputs.end(),
                                                [&](graph::ValueId v) { return program.is_constant(v); });

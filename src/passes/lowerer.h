@@ -77,8 +77,10 @@ class Lowerer {
     bind_inputs();
     for (const Node& n : ep_.graph.nodes) {
       current_ = &n;
+      no_fold_ = n.symbolic;  // its sizes change with a symbol: computed per call, never a constant
       lower(n);
     }
+    no_fold_ = false;
     current_ = nullptr;
     bind_outputs();
     if (!buffer_writes_.empty()) finish_state();
@@ -241,7 +243,7 @@ class Lowerer {
   }
 
   bool try_fold(const Node& node, const OpSchema& schema) {
-    if (!all_inputs_constant(node)) return false;
+    if (no_fold_ || !all_inputs_constant(node)) return false;
     std::vector<ValueId> outs = node.output_ids();
     if (is_view_like(node.target)) {  // same bytes, new shape: share the constant's data
       ValueId in = node.inputs[0].arg.tensor_ids().at(0);
@@ -816,6 +818,7 @@ class Lowerer {
   std::map<std::string, int64_t> storage_uses_;
   std::map<ValueId, ValueId> transpose_of_shared_;  // permute(W,[1,0]) -> W, for tied weights
   const Node* current_ = nullptr;
+  bool no_fold_ = false;  // the node being lowered has symbolic arguments
   int64_t folded_ = 0;
   int name_counter_ = 0;
   bool force_fold_ = false;

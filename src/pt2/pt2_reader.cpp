@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -75,13 +76,256 @@ struct Reader {
     return {it.key(), &it.value()};
   }
 
-  // SymInt: kiln supports static shapes only.
-  int64_t sym_int(const json& j, const std::string& where) const {
+  // Dynamic programs: the symbols' values the graph is read at, and the
+  // expression of every named SymInt of the graph (sym_int_values).
+  SymbolBinding binding;
+  std::map<std::string, graph::SymExpr, std::less<>> sym_values;
+
+  // A size expression as torch writes it (sympy's srepr: "Mul(Integer(4),
+  // Symbol('s0', positive=True, integer=True))"), reduced to kiln's linear form.
+  // Hand-written: a dozen lines for the four forms torch.export emits for
+  // Dim-based sizes; no Debian package parses sympy's repr.
+  graph::SymExpr expression(const std::string& text, const std::string& where) const {
+    size_t pos = 0;
+    graph::SymExpr e = parse_expr(text, pos, where);
+    skip_space(text, pos);
+    if (pos != text.size()) bad(where, fmt::format("cannot read size expression '{}'", text));
+    return e;
+  }
+
+  static void skip_space(const std::string& t, size_t& pos) {
+    while (pos < t.size() && (t[pos] == ' ')) ++pos;
+  }
+
+  static graph::SymExpr normalize(std::map<std::string, int64_t> terms, int64_t constant) {
+    graph::SymExpr e;
+    e.constant = constant;
+    for (auto& [k, c] : terms)
+      if (c != 0) e.terms.emplace_back(k, c);
+    return e;
+  }
+
+  graph::SymExpr parse_expr(const std::string& t, size_t& pos, const std::string& where) const {
+    skip_space(t, pos);
+    auto unreadable = [&]() -> graph::SymExpr {
+      bad(where, fmt::format("size expression '{}' is not one kiln lowers (integer constants, symbols, sums, "
+                             "products by constants, exact divisions)", t));
+    };
+    size_t start = pos;
+    if (pos < t.size() && (t[pos] == '-' || std::isdigit(static_cast<unsigned char>(t[pos])))) {
+      ++pos;
+      while (pos < t.size() && std::isdigit(static_cast<unsigned char>(t[pos]))) ++pos;
+      return normalize({}, std::stoll(t.substr(start, pos - start)));
+    }
+    while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
+    std::string head = t.substr(start, pos - start);
+    if (head.empty()) return unreadable();
+    skip_space(t, pos);
+    if (pos >= t.size() || t[pos] != '(') {  // a bare symbol name (str form)
+      if (!binding.contains(head)) bad(where, fmt::format("size expression names unknown symbol '{}'", head));
+      return normalize({{head, 1}}, 0);
+    }
+    ++pos;
+    // Arguments up to the matching parenthesis; keyword arguments (positive=True) are skipped.
+    std::vector<graph::SymExpr> args;
+    std::string symbol_name;
+    for (;;) {
+      skip_space(t, pos);
+      if (pos < t.size() && t[pos] == ')') {
+        ++pos;
+        break;
+      }
+      if (pos < t.size() && t[pos] == '\'') {
+        size_t end = t.find('\'', pos + 1);
+        if (end == std::string::npos) return unreadable();
+        symbol_name = t.substr(pos + 1, end - pos - 1);
+        pos = end + 1;
+      } else {
+        size_t save = pos;
+        while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
+        skip_space(t, pos);
+        if (pos < t.size() && t[pos] == '=') {  // keyword: skip its value
+          ++pos;
+          while (pos < t.size() && t[pos] != ',' && t[pos] != ')') ++pos;
+        } else {
+          pos = save;
+          args.push_back(parse_expr(t, pos, where));
+        }
+      }
+      skip_space(t, pos);
+      if (pos < t.size() && t[pos] == ',') ++pos;
+      else if (pos >= t.size() || t[pos] != ')') return unreadable();
+    }
+    if (head == "Symbol") {
+      if (symbol_name.empty()) return unreadable();
+      if (!binding.contains(symbol_name))
+        bad(where, fmt::format("size expression names symbol '{}', which range_constraints does not bound",
+                               symbol_name));
+      return normalize({{symbol_name, 1}}, 0);
+    }
+    if (head == "Integer" && args.size() == 1 && args[0].is_constant()) return args[0];
+    if (head == "Add" && !args.empty()) {
+      std::map<std::string, int64_t> terms;
+      int64_t c = 0;
+      for (const auto& a : args) {
+        c += a.constant;
+        for (const auto& [k, v] : a.terms) terms[k] += v;
+      }
+      return normalize(terms, c);
+    }
+    if (head == "Mul" && !args.empty()) {
+      graph::SymExpr acc = normalize({}, 1);
+      for (const auto& a : args) {
+        if (!acc.is_constant() && !a.is_constant())
+          bad(where, fmt::format("size expression '{}' multiplies symbols; kiln lowers linear sizes only", t));
+        const graph::SymExpr& k = acc.is_constant() ? acc : a;
+        const graph::SymExpr& x = acc.is_constant() ? a : acc;
+        std::map<std::string, int64_t> terms;
+        for (const auto& [n, v] : x.terms) terms[n] = v * k.constant;
+        acc = normalize(terms, x.constant * k.constant);
+      }
+      return acc;
+    }
+    if ((head == "FloorDiv" || head == "CleanDiv") && args.size() == 2 && args[1].is_constant() &&
+        args[1].constant > 0) {
+      const int64_t d = args[1].constant;
+      bool exact = args[0].constant % d == 0;
+      for (const auto& [n, v] : args[0].terms) exact = exact && v % d == 0;
+      if (!exact) bad(where, fmt::format("size expression '{}' divides inexactly; kiln lowers linear sizes only", t));
+      std::map<std::string, int64_t> terms;
+      for (const auto& [n, v] : args[0].terms) terms[n] = v / d;
+      return normalize(terms, args[0].constant / d);
+    }
+    return unreadable();
+  }
+
+  // The value of a sympy repr at the binding, for strides and offsets (which may be
+  // products of symbols: a [1, 1, T, T] tensor's outer strides are T**2).
+  int64_t evaluate(const std::string& t, size_t& pos, const std::string& where) const {
+    skip_space(t, pos);
+    size_t start = pos;
+    if (pos < t.size() && (t[pos] == '-' || std::isdigit(static_cast<unsigned char>(t[pos])))) {
+      ++pos;
+      while (pos < t.size() && std::isdigit(static_cast<unsigned char>(t[pos]))) ++pos;
+      return std::stoll(t.substr(start, pos - start));
+    }
+    while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
+    std::string head = t.substr(start, pos - start);
+    skip_space(t, pos);
+    if (pos >= t.size() || t[pos] != '(') {
+      auto it = binding.find(head);
+      if (it == binding.end()) bad(where, fmt::format("cannot evaluate size expression '{}'", t));
+      return it->second;
+    }
+    ++pos;
+    std::vector<int64_t> args;
+    std::string symbol_name;
+    for (;;) {
+      skip_space(t, pos);
+      if (pos < t.size() && t[pos] == ')') {
+        ++pos;
+        break;
+      }
+      if (pos < t.size() && t[pos] == '\'') {
+        size_t end = t.find('\'', pos + 1);
+        if (end == std::string::npos) bad(where, fmt::format("cannot evaluate size expression '{}'", t));
+        symbol_name = t.substr(pos + 1, end - pos - 1);
+        pos = end + 1;
+      } else {
+        size_t save = pos;
+        while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
+        skip_space(t, pos);
+        if (pos < t.size() && t[pos] == '=') {
+          ++pos;
+          while (pos < t.size() && t[pos] != ',' && t[pos] != ')') ++pos;
+        } else {
+          pos = save;
+          args.push_back(evaluate(t, pos, where));
+        }
+      }
+      skip_space(t, pos);
+      if (pos < t.size() && t[pos] == ',') ++pos;
+      else if (pos >= t.size() || t[pos] != ')') bad(where, fmt::format("cannot evaluate size expression '{}'", t));
+    }
+    if (head == "Symbol") {
+      auto it = binding.find(symbol_name);
+      if (it == binding.end()) bad(where, fmt::format("size expression names unbound symbol '{}'", symbol_name));
+      return it->second;
+    }
+    if (head == "Integer" && args.size() == 1) return args[0];
+    if (head == "Add" && !args.empty()) {
+      int64_t v = 0;
+      for (int64_t a : args) v += a;
+      return v;
+    }
+    if (head == "Mul" && !args.empty()) {
+      int64_t v = 1;
+      for (int64_t a : args) v *= a;
+      return v;
+    }
+    if (head == "Pow" && args.size() == 2 && args[1] >= 0 && args[1] < 64) {
+      int64_t v = 1;
+      for (int64_t k = 0; k < args[1]; ++k) v *= args[0];
+      return v;
+    }
+    if ((head == "FloorDiv" || head == "CleanDiv") && args.size() == 2 && args[1] > 0) {
+      int64_t q = args[0] / args[1];
+      if (args[0] % args[1] != 0 && args[0] < 0) --q;
+      return q;
+    }
+    bad(where, fmt::format("cannot evaluate size expression '{}'", t));
+  }
+
+  // A stride or offset SymInt at the binding (any expression torch writes for them).
+  int64_t sym_int_value(const json& j, const std::string& where) const {
+    auto [kind, v] = union_member(j, where);
+    if (kind != "as_expr") return sym_int_expr(j, where, nullptr);
+    if (binding.empty()) bad(where, "symbolic (dynamic) size, but the archive's range_constraints bound no symbol");
+    const std::string& text = as_string(field(*v, "expr_str", where), where);
+    size_t pos = 0;
+    int64_t value = evaluate(text, pos, where);
+    return value;
+  }
+
+  // A SymInt ({"as_int": 3} or {"as_expr": {"expr_str": ...}}) at the binding;
+  // `expr` (if given) receives its expression.
+  int64_t sym_int_expr(const json& j, const std::string& where, graph::SymExpr* expr) const {
+    auto [kind, v] = union_member(j, where);
+    if (kind == "as_int") {
+      int64_t x = as_int(*v, where);
+      if (expr) *expr = normalize({}, x);
+      return x;
+    }
+    if (kind == "as_expr") {
+      if (binding.empty())
+        bad(where, "symbolic (dynamic) size, but the archive's range_constraints bound no symbol");
+      graph::SymExpr e = expression(as_string(field(*v, "expr_str", where), where), where);
+      if (expr) *expr = e;
+      return e.eval(binding);
+    }
+    bad(where, fmt::format("unknown SymInt kind '{}'", kind));
+  }
+
+  int64_t sym_int(const json& j, const std::string& where) const { return sym_int_expr(j, where, nullptr); }
+
+  // A SymInt argument: {"as_int": 3} or {"as_name": "sym_size_int_1"} (a named graph SymInt).
+  int64_t sym_int_argument(const json& j, const std::string& where) const {
     auto [kind, v] = union_member(j, where);
     if (kind == "as_int") return as_int(*v, where);
-    if (kind == "as_expr")
-      bad(where, "symbolic (dynamic) size; kiln lowers static shapes only (export without dynamic_shapes)");
-    bad(where, fmt::format("unknown SymInt kind '{}'", kind));
+    if (kind == "as_name") {
+      const auto& name = as_string(*v, where);
+      auto it = sym_values.find(name);
+      if (it == sym_values.end()) bad(where, fmt::format("refers to unknown SymInt '{}'", name));
+      return it->second.eval(binding);
+    }
+    bad(where, fmt::format("unknown SymInt argument kind '{}'", kind));
+  }
+
+  bool sym_bool_argument(const json& j, const std::string& where) const {
+    auto [kind, v] = union_member(j, where);
+    if (kind == "as_bool") return as_bool(*v, where);
+    bad(where, fmt::format("symbolic bool argument '{}'; kiln lowers symbolic sizes, not conditions on them",
+                           kind == "as_name" ? as_string(*v, where) : kind));
   }
 
   ScalarType scalar_type(const json& j, const std::string& where) const {
@@ -94,15 +338,22 @@ struct Reader {
   TensorMeta tensor_meta(const json& j, const std::string& where) const {
     TensorMeta m;
     m.dtype = scalar_type(field(j, "dtype", where), where + " dtype");
-    m.sizes = list_of(field(j, "sizes", where), where + " sizes", &Reader::sym_int);
-    m.strides = list_of(field(j, "strides", where), where + " strides", &Reader::sym_int);
+    bool dynamic = false;
+    for (const auto& d : as_array(field(j, "sizes", where), where + " sizes")) {
+      graph::SymExpr e;
+      m.sizes.push_back(sym_int_expr(d, where + " sizes", &e));
+      dynamic = dynamic || !e.is_constant();
+      m.sym_sizes.push_back(std::move(e));
+    }
+    if (!dynamic) m.sym_sizes.clear();
+    m.strides = list_of(field(j, "strides", where), where + " strides", &Reader::sym_int_value);
     if (m.strides.size() != m.sizes.size())
       bad(where, fmt::format("{} sizes but {} strides", m.sizes.size(), m.strides.size()));
     for (size_t i = 0; i < m.sizes.size(); ++i) {
       if (m.sizes[i] < 0) bad(where, fmt::format("negative size {} in dim {}", m.sizes[i], i));
       if (m.strides[i] < 0) bad(where, fmt::format("negative stride {} in dim {}", m.strides[i], i));
     }
-    if (auto it = j.find("storage_offset"); it != j.end()) m.storage_offset = sym_int(*it, where + " storage_offset");
+    if (auto it = j.find("storage_offset"); it != j.end()) m.storage_offset = sym_int_value(*it, where + " storage_offset");
     if (m.storage_offset < 0) bad(where, "negative storage offset");
     if (auto it = j.find("requires_grad"); it != j.end() && it->is_boolean()) m.requires_grad = it->get<bool>();
     if (auto it = j.find("layout"); it != j.end() && it->is_number_integer() && it->get<int64_t>() != 7)
@@ -178,9 +429,12 @@ struct Reader {
       return {K::Layout, code == 7 ? graph::Layout::Strided : code == 0 ? graph::Layout::Unknown : graph::Layout::Other};
     }
     if (kind == "as_device") return {K::Device, device(v, where)};
-    if (kind == "as_sym_int" || kind == "as_sym_ints" || kind == "as_sym_bool" || kind == "as_sym_bools" ||
-        kind == "as_sym_float" || kind == "as_sym_floats")
-      bad(where, fmt::format("symbolic argument '{}'; kiln lowers static shapes only", kind));
+    if (kind == "as_sym_int") return {K::Int, sym_int_argument(v, where)};
+    if (kind == "as_sym_ints") return {K::Ints, list_of(v, where, &Reader::sym_int_argument)};
+    if (kind == "as_sym_bool") return {K::Bool, sym_bool_argument(v, where)};
+    if (kind == "as_sym_bools") return {K::Bools, list_of(v, where, &Reader::sym_bool_argument)};
+    if (kind == "as_sym_float" || kind == "as_sym_floats")
+      bad(where, fmt::format("symbolic float argument '{}'; kiln lowers symbolic integer sizes only", kind));
     if (kind == "as_graph" || kind == "as_custom_obj" || kind == "as_operator" || kind == "as_complex" ||
         kind == "as_nested_tensors" || kind == "as_int_lists" || kind == "as_string_to_argument" ||
         kind == "as_float_lists")
@@ -359,7 +613,62 @@ uint32_t ExportedProgram::content_crc32(const ConstantTensor& c) const {
   return static_cast<uint32_t>(crc);
 }
 
-ExportedProgram read_pt2(const std::string& path) {
+// True for a node that only computes or checks symbols: a SymInt/SymBool
+// output (aten.sym_size.int, operator.mul), or a runtime assert on a SymBool.
+bool is_symbolic_node(const json& jn) {
+  auto outs = jn.find("outputs");
+  if (outs != jn.end() && outs->is_array())
+    for (const auto& o : *outs)
+      if (o.is_object() && o.size() == 1 &&
+          (o.contains("as_sym_int") || o.contains("as_sym_bool") || o.contains("as_sym_float")))
+        return true;
+  auto target = jn.find("target");
+  if (target == jn.end() || !target->is_string()) return false;
+  const std::string& t = target->get_ref<const std::string&>();
+  if (t.find("_assert_scalar") == std::string::npos && t.find("sym_constrain_range") == std::string::npos)
+    return false;
+  auto ins = jn.find("inputs");
+  if (ins != jn.end() && ins->is_array())
+    for (const auto& i : *ins)
+      if (auto a = i.find("arg"); a != i.end() && a->is_object() && (a->contains("as_sym_bool") || a->contains("as_sym_int")))
+        return true;
+  return false;
+}
+
+// True for an argument that names a graph SymInt ({"as_sym_int": {"as_name": ...}} or a list with one).
+bool has_symbol_reference(const json& arg) {
+  if (!arg.is_object()) return false;
+  auto named = [](const json& e) { return e.is_object() && e.contains("as_name"); };
+  if (auto it = arg.find("as_sym_int"); it != arg.end()) return named(*it);
+  if (auto it = arg.find("as_sym_ints"); it != arg.end() && it->is_array())
+    for (const auto& e : *it)
+      if (named(e)) return true;
+  return false;
+}
+
+// range_constraints -> symbols (each with a finite upper bound).
+std::vector<graph::Symbol> read_symbols(const Reader& r, const json& doc) {
+  std::vector<graph::Symbol> out;
+  auto it = doc.find("range_constraints");
+  if (it == doc.end() || !it->is_object()) return out;
+  for (auto rc = it->begin(); rc != it->end(); ++rc) {
+    std::string where = fmt::format("range_constraints '{}'", rc.key());
+    graph::Symbol s;
+    s.name = rc.key();
+    const json& lo = r.field(rc.value(), "min_val", where);
+    const json& hi = r.field(rc.value(), "max_val", where);
+    s.min = lo.is_number_integer() ? lo.get<int64_t>() : 0;
+    if (!hi.is_number_integer() || hi.get<int64_t>() > (int64_t{1} << 31))
+      r.bad(where, "dynamic size has no upper bound; kiln plans memory at the bound: export with "
+                   "torch.export.Dim(name, max=N)");
+    s.max = hi.get<int64_t>();
+    if (s.max < s.min || s.max < 0) r.bad(where, fmt::format("empty range [{}, {}]", s.min, s.max));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) {
   ExportedProgram ep;
   ep.path = path;
   auto archive = std::make_shared<Pt2Archive>(path);
@@ -376,7 +685,7 @@ ExportedProgram read_pt2(const std::string& path) {
     check(order == "little", "{}: byteorder is '{}'; kiln reads little-endian archives only", path, order);
   }
 
-  Reader r{path, &ep.graph};
+  Reader r{path, &ep.graph, {}, {}};
   const std::string model_entry = root + "models/" + model_name + ".json";
   json doc;
   try {
@@ -396,6 +705,24 @@ ExportedProgram read_pt2(const std::string& path) {
   const json& gm = r.field(doc, "graph_module", model_entry);
   const json& g = r.field(gm, "graph", "graph_module");
 
+  // Symbols and the values the graph is read at.
+  ep.graph.symbols = read_symbols(r, doc);
+  for (const auto& s : ep.graph.symbols) {
+    int64_t v = s.max;
+    if (binding) {
+      auto it = binding->find(s.name);
+      if (it != binding->end()) v = it->second;
+      if (v < s.min || v > s.max) r.bad("range_constraints", fmt::format("{} = {} is outside [{}, {}]", s.name, v, s.min, s.max));
+    }
+    r.binding[s.name] = v;
+  }
+  if (auto sv = g.find("sym_int_values"); sv != g.end() && sv->is_object())
+    for (auto it = sv->begin(); it != sv->end(); ++it) {
+      graph::SymExpr e;
+      r.sym_int_expr(it.value(), fmt::format("SymInt '{}'", it.key()), &e);
+      r.sym_values[it.key()] = std::move(e);
+    }
+
   // Tensor values first: every node argument refers to them by name.
   const json& tvs = r.field(g, "tensor_values", "graph");
   if (!tvs.is_object()) r.bad("graph.tensor_values", "expected an object");
@@ -410,6 +737,7 @@ ExportedProgram read_pt2(const std::string& path) {
 
   int32_t index = 0;
   for (const auto& jn : r.as_array(r.field(g, "nodes", "graph"), "graph.nodes")) {
+    if (!ep.graph.symbols.empty() && is_symbolic_node(jn)) continue;  // its values are known at the binding
     graph::Node node;
     std::string where = fmt::format("node #{}", index);
     if (auto it = jn.find("name"); it != jn.end() && it->is_string()) node.name = *it;
@@ -421,6 +749,7 @@ ExportedProgram read_pt2(const std::string& path) {
       na.name = r.as_string(r.field(ji, "name", where), where);
       na.arg = r.argument(r.field(ji, "arg", where), fmt::format("{} input '{}'", where, na.name));
       if (auto it = ji.find("kind"); it != ji.end() && it->is_number_integer()) na.keyword = it->get<int64_t>() == 2;
+      node.symbolic = node.symbolic || has_symbol_reference(r.field(ji, "arg", where));
       node.inputs.push_back(std::move(na));
     }
     for (const auto& jo : r.as_array(r.field(jn, "outputs", where), where)) {

@@ -277,7 +277,7 @@ Offset<fbs::Tensor> build_tensor(FlatBufferBuilder& b, const TensorValue& t) {
   return fbs::CreateTensor(b, static_cast<fbs::ScalarType>(t.dtype), /*storage_offset=*/0, sizes, dim_order,
                            /*requires_grad=*/false, t.constant_index > 0 ? t.constant_index : t.mutable_index,
                            allocation, /*layout=*/0,
-                           fbs::TensorShapeDynamism::STATIC);
+                           t.dynamic_bound ? fbs::TensorShapeDynamism::DYNAMIC_BOUND : fbs::TensorShapeDynamism::STATIC);
 }
 
 // The union wrappers: an EValue or Instruction holding `member`, of the type `type` names.

@@ -89,16 +89,17 @@ Result<std::vector<TensorView>> Module::forward(std::span<const TensorView> inpu
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const rt::Tensor& t = method.input(i);
-    if (inputs[i].dtype != t.dtype || !t.same_shape(inputs[i].shape)) {
+    if (inputs[i].dtype != t.dtype || (!method.input_is_dynamic(i) && !t.same_shape(inputs[i].shape))) {
       m.error.set("input %zu: dtype or shape differs from the program's (%.20s, rank %d)", i,
                   std::string(dtype_name(t.dtype)).c_str(), t.dim);
       return Status::InvalidArgument;
     }
-    if (inputs[i].data == nullptr && t.nbytes() > 0) {
+    if (inputs[i].data == nullptr && inputs[i].nbytes() > 0) {
       m.error.set("input %zu has no data", i);
       return Status::InvalidArgument;
     }
-    if (Status s = method.set_input(i, inputs[i].data, inputs[i].nbytes(), &m.error); s != Status::Ok) return s;
+    if (Status s = method.set_input(i, inputs[i].data, inputs[i].nbytes(), inputs[i].shape, &m.error); s != Status::Ok)
+      return s;
   }
   if (Status s = method.execute(&m.error); s != Status::Ok) return s;
   std::vector<TensorView> out;

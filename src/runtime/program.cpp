@@ -36,6 +36,13 @@ Status failure(ErrorMessage* error, Status s, const char* format, ...) {
   return s;
 }
 
+void shape_text(char* buf, size_t n, std::span<const int64_t> shape) {
+  size_t at = static_cast<size_t>(std::snprintf(buf, n, "["));
+  for (size_t d = 0; d < shape.size() && at < n; ++d)
+    at += static_cast<size_t>(std::snprintf(buf + at, n - at, "%s%lld", d ? ", " : "", static_cast<long long>(shape[d])));
+  if (at < n) std::snprintf(buf + at, n - at, "]");
+}
+
 }  // namespace
 
 Method::Method(Method&& o) noexcept = default;  // moved-from vectors are empty: nothing freed twice
@@ -58,6 +65,8 @@ Method& Method::operator=(Method&& o) noexcept {
   inputs_ = std::move(o.inputs_);
   outputs_ = std::move(o.outputs_);
   input_planned_ = std::move(o.input_planned_);
+  input_dynamic_ = std::move(o.input_dynamic_);
+  int_refresh_ = std::move(o.int_refresh_);
   buffers_ = std::move(o.buffers_);
   planned_bytes_ = o.planned_bytes_;
   delegates_ = std::move(o.delegates_);
@@ -120,6 +129,33 @@ Status Method::set_input(size_t i, const void* data, size_t bytes, ErrorMessage*
   return Status::Ok;
 }
 
+Status Method::set_input(size_t i, const void* data, size_t bytes, std::span<const int64_t> shape,
+                         ErrorMessage* error) {
+  if (i >= inputs_.size())
+    return failure(error, Status::OutOfRange, "input %zu: the method has %zu inputs", i, inputs_.size());
+  Tensor& t = *values_[static_cast<size_t>(inputs_[i])].scalar.t;
+  if (!t.same_shape(shape)) {
+    char want[160], have[160];
+    shape_text(have, sizeof(have), t.shape());
+    shape_text(want, sizeof(want), shape);
+    if (!input_dynamic_[i])
+      return failure(error, Status::InvalidArgument, "input %zu: shape %s given, the static input is %s", i, want,
+                     have);
+    if (shape.size() != static_cast<size_t>(t.dim))
+      return failure(error, Status::InvalidArgument, "input %zu: shape %s given, the input has rank %d", i, want,
+                     t.dim);
+    size_t numel = 1;
+    for (int64_t d : shape) numel *= d < 0 ? 0 : static_cast<size_t>(d);
+    if (numel * static_cast<size_t>(element_size(t.dtype)) != bytes)
+      return failure(error, Status::InvalidArgument, "input %zu: %zu bytes given for shape %s", i, bytes, want);
+    if (resize_tensor(t, shape) != Status::Ok)
+      return failure(error, Status::InvalidArgument,
+                     "input %zu: shape %s exceeds the program's upper bound (%zu bytes planned)", i, want,
+                     t.capacity_bytes);
+  }
+  return set_input(i, data, bytes, error);
+}
+
 Status Method::execute(ErrorMessage* error) {
   using Clock = std::chrono::steady_clock;
   KernelContext ctx;
@@ -145,6 +181,8 @@ Status Method::execute(ErrorMessage* error) {
         in.fn(ctx, args);
         if (!ctx.ok())
           return failure(error, ctx.status(), "instruction %zu (%s): %s", pc, instruction_label(pc), ctx.message());
+        for (uint32_t r = in.refresh_begin; r < in.refresh_begin + in.refresh_count; ++r)
+          int_arena_[int_refresh_[r].first] = values_[static_cast<size_t>(int_refresh_[r].second)].scalar.i;
         break;
       case Instruction::Kind::Delegate: {
         const DelegateHandle& d = delegates_[static_cast<size_t>(in.op_or_delegate)];
@@ -243,6 +281,7 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
   m.bool_arena_.reset(new (std::nothrow) bool[n_bools + 1]);
   m.tensor_ptr_arena_.resize(n_tensor_ptrs);
   size_t ti = 0, ii = 0, di = 0, bi = 0, pi = 0;
+  std::vector<int32_t> int_source(n_ints, -1);  // per int_arena_ slot: the Int value it copies
   std::vector<size_t> tensor_of_value(n, SIZE_MAX);
   // Tensors first: lists refer to them by index.
   for (size_t i = 0; i < n; ++i) {
@@ -337,6 +376,7 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
           int64_t idx = items->Get(static_cast<flatbuffers::uoffset_t>(k));
           if (!value_index_ok(idx) || values->Get(static_cast<flatbuffers::uoffset_t>(idx))->val_type() != KernelTypes::Int)
             return failure(error, Status::InvalidProgram, "value %zu: int list item %zu is not an Int value", i, k);
+          int_source[ii] = static_cast<int32_t>(idx);
           m.int_arena_[ii++] = values->Get(static_cast<flatbuffers::uoffset_t>(idx))->val_as_Int()->int_val();
         }
         e.tag = EValue::Tag::IntList;
@@ -392,6 +432,8 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
     if (Status s = tensor_slot(idx, "input", k); s != Status::Ok) return s;
     m.inputs_.push_back(idx);
     m.input_planned_.push_back(m.values_[static_cast<size_t>(idx)].scalar.t->data != nullptr);
+    const fb::Tensor* ft = values->Get(static_cast<flatbuffers::uoffset_t>(idx))->val_as_Tensor();
+    m.input_dynamic_.push_back(ft != nullptr && ft->shape_dynamism() == fb::TensorShapeDynamism::DYNAMIC_BOUND);
   }
   for (size_t k = 0; k < len(plan.outputs()); ++k) {
     int32_t idx = plan.outputs()->Get(static_cast<flatbuffers::uoffset_t>(k));
@@ -418,6 +460,7 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
 
   // Operators -> kernels.
   std::vector<KernelFn> kernels;
+  std::vector<bool> keeps_result;  // scalar instructions: their result slot is their output
   for (size_t k = 0; k < len(plan.operators()); ++k) {
     const fb::Operator* op = plan.operators()->Get(static_cast<flatbuffers::uoffset_t>(k));
     const char* opname = op->name() ? op->name()->c_str() : "";
@@ -426,6 +469,8 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
     if (fn == nullptr)
       return failure(error, Status::NotFound, "operator %s.%s has no kernel in kiln's runtime", opname, overload);
     kernels.push_back(fn);
+    const std::string_view on(opname);
+    keeps_result.push_back(on.starts_with("executorch_prim::") || (on == "aten::sym_size" && std::string_view(overload) == "int"));
     m.operator_labels_.push_back(*overload ? std::string(opname) + "." + overload : std::string(opname));
   }
 
@@ -534,7 +579,10 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
       mi.args_begin = static_cast<uint32_t>(m.arg_ptrs_.size());
       size_t count = len(args);
       // ExecuTorch's kernel calls end with a return-value slot that repeats the outs: not passed to kernels.
-      if (mi.kind == Method::Instruction::Kind::Kernel && count > 0) --count;
+      // Scalar instructions (sym_size, executorch_prim) have no outs: their last slot is the value they write.
+      if (mi.kind == Method::Instruction::Kind::Kernel && count > 0 &&
+          !keeps_result[static_cast<size_t>(mi.op_or_delegate)])
+        --count;
       for (size_t a = 0; a < len(args); ++a) {
         int32_t idx = args->Get(static_cast<flatbuffers::uoffset_t>(a));
         if (!value_index_ok(idx))
@@ -544,6 +592,17 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
         if (a < count) m.arg_ptrs_.push_back(&m.values_[static_cast<size_t>(idx)]);
       }
       mi.args_count = static_cast<uint32_t>(count);
+      if (mi.kind == Method::Instruction::Kind::Kernel && keeps_result[static_cast<size_t>(mi.op_or_delegate)] &&
+          len(args) > 0) {
+        const int32_t result = args->Get(static_cast<flatbuffers::uoffset_t>(len(args) - 1));
+        if (m.values_[static_cast<size_t>(result)].tag != EValue::Tag::Int)
+          return failure(error, Status::InvalidProgram, "instruction %zu (%s): its result value %d is not an Int", k,
+                         m.operator_labels_[static_cast<size_t>(mi.op_or_delegate)].c_str(), result);
+        mi.refresh_begin = static_cast<uint32_t>(m.int_refresh_.size());
+        for (size_t slot = 0; slot < int_source.size(); ++slot)
+          if (int_source[slot] == result) m.int_refresh_.emplace_back(static_cast<uint32_t>(slot), result);
+        mi.refresh_count = static_cast<uint32_t>(m.int_refresh_.size()) - mi.refresh_begin;
+      }
     }
     m.instructions_.push_back(mi);
   }

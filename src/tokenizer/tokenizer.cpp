@@ -1,6 +1,8 @@
 // Byte-level BPE from a Hugging Face tokenizer.json (see tokenizer.h).
 #include "kiln/tokenizer/tokenizer.h"
 
+#include "sentencepiece.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -245,6 +247,7 @@ struct Tokenizer::Impl {
 };
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(std::unique_ptr<detail::SentencePiece> sp) : sp_(std::move(sp)) {}
 Tokenizer::~Tokenizer() = default;
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path, std::string* error) {
@@ -254,6 +257,14 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path, std::string*
       *error = fmt::format("{}: cannot open the tokenizer file", path);
       return nullptr;
     }
+    if (char c = ' '; (in >> std::ws).get(c) && c != '{') {  // not JSON: a SentencePiece model (a protobuf)
+      std::string why;
+      if (auto sp = detail::SentencePiece::load(path, &why)) return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(sp)));
+      *error = fmt::format("{}: neither a tokenizer.json nor a SentencePiece model ({})", path, why);
+      return nullptr;
+    }
+    in.clear();
+    in.seekg(0);
     json j = json::parse(in);
     auto impl = std::make_unique<Impl>();
     const json& model = j.at("model");
@@ -330,6 +341,7 @@ bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::st
     return false;
   }
   ids->clear();
+  if (sp_) return sp_->encode(text, ids, error);
   try {
     auto encode_plain = [&](std::string_view seg) {
       if (seg.empty()) return;
@@ -367,6 +379,7 @@ bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::st
 }
 
 std::string Tokenizer::token_bytes(int32_t id) const {
+  if (sp_) return sp_->token_bytes(id);
   if (id < 0 || static_cast<size_t>(id) >= impl_->tokens.size()) return {};
   const std::string& t = impl_->tokens[static_cast<size_t>(id)];
   if (impl_->added_id[static_cast<size_t>(id)]) return t;
@@ -382,6 +395,7 @@ std::string Tokenizer::token_bytes(int32_t id) const {
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  if (sp_) return sp_->decode(ids);  // the library drops control symbols either way
   std::string out;
   for (int32_t id : ids) {
     if (skip_special && is_special(id)) continue;
@@ -390,9 +404,10 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   return out;
 }
 
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->tokens.size()); }
+int32_t Tokenizer::vocab_size() const { return sp_ ? sp_->vocab_size() : static_cast<int32_t>(impl_->tokens.size()); }
 
 std::optional<int32_t> Tokenizer::id_of(std::string_view token) const {
+  if (sp_) return sp_->id_of(token);
   for (const Added& a : impl_->added)
     if (a.content == token) return a.id;
   if (auto it = impl_->vocab.find(std::string(token)); it != impl_->vocab.end()) return it->second;
@@ -400,8 +415,12 @@ std::optional<int32_t> Tokenizer::id_of(std::string_view token) const {
 }
 
 bool Tokenizer::is_special(int32_t id) const {
+  if (sp_) return sp_->is_special(id);
   return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[static_cast<size_t>(id)];
 }
+
+std::optional<int32_t> Tokenizer::bos_id() const { return sp_ ? sp_->bos_id() : std::nullopt; }
+std::optional<int32_t> Tokenizer::eos_id() const { return sp_ ? sp_->eos_id() : std::nullopt; }
 
 size_t complete_utf8_prefix(std::string_view s) {
   size_t i = 0, ok = 0;

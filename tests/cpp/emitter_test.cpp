@@ -129,7 +129,7 @@ TEST(Emitter, MutableBufferIsPlannedInitialisedAndWrittenInPlace) {
   // out = new_cache + r. The in-place call's output is the cache's own value and storage, its return slot is the
   // cache, every reader of the old cache runs before it, and the cache's initial bytes are mutable data.
   EdgeBuilder b;
-  ValueId pos = b.p.graph.add_value("pos", graph::TensorMeta{ScalarType::Long, {1}, {1}});
+  ValueId pos = b.p.graph.add_value("pos", graph::TensorMeta{ScalarType::Long, {1}, {1}, 0, false, {}});
   b.p.graph.inputs.push_back(pos);
   ValueId v = b.input({1, 2});
   ValueId cache = b.p.graph.add_value("cache", meta({4, 2}));

@@ -35,9 +35,9 @@ TEST(Graph, ValuesAreUniqueByName) {
 
 TEST(Graph, OperatorHistogramCountsCallSites) {
   Graph g;
-  g.nodes.push_back(Node{"n0", "aten.add.Tensor", {}, {}, {}});
-  g.nodes.push_back(Node{"n1", "aten.view.default", {}, {}, {}});
-  g.nodes.push_back(Node{"n2", "aten.add.Tensor", {}, {}, {}});
+  g.nodes.push_back(Node{"n0", "aten.add.Tensor", {}, {}, {}, {}});
+  g.nodes.push_back(Node{"n1", "aten.view.default", {}, {}, {}, {}});
+  g.nodes.push_back(Node{"n2", "aten.add.Tensor", {}, {}, {}, {}});
   auto h = g.operator_histogram();
   EXPECT_EQ(h.size(), 2u);
   EXPECT_EQ(h["aten.add.Tensor"], 2);

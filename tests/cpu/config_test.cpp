@@ -1,6 +1,7 @@
 // The selection tables: ISA names, KILN_CPU_ISA resolution, what was selected.
 #include "kiln/cpu/config.h"
 #include "kiln/cpu/gemm.h"
+#include "kiln/cpu/quant.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +12,17 @@
 namespace kiln::cpu {
 namespace {
 
+// This build's ISA levels (lowest first) and the other family's, which it never runs.
+#if defined(__aarch64__)
+const Isa kLevels[] = {Isa::Generic, Isa::Neon, Isa::Dotprod, Isa::I8mm};
+const Isa kOtherFamily[] = {Isa::Avx2, Isa::Avx512};
+#else
+const Isa kLevels[] = {Isa::Generic, Isa::Avx2, Isa::Avx512};
+const Isa kOtherFamily[] = {Isa::Neon, Isa::Dotprod, Isa::I8mm};
+#endif
+
 TEST(Config, IsaNamesRoundTrip) {
-  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm}) {
     Isa parsed = Isa::Generic;
     ASSERT_TRUE(parse_isa(isa_name(isa), &parsed)) << isa_name(isa);
     EXPECT_EQ(parsed, isa);
@@ -43,14 +53,38 @@ TEST(Config, ResolveIsaRequest) {
   EXPECT_EQ(resolve_isa("neon-bf16", Isa::Avx2, &warn), Isa::Avx2);  // unknown: the best, with a warning
   EXPECT_TRUE(warn);
   EXPECT_EQ(resolve_isa("avx512", Isa::Avx512, nullptr), Isa::Avx512);
+  // the Arm levels, and the two families never mixed
+  EXPECT_EQ(resolve_isa("dotprod", Isa::I8mm, &warn), Isa::Dotprod);
+  EXPECT_FALSE(warn);
+  EXPECT_EQ(resolve_isa("neon", Isa::Dotprod, &warn), Isa::Neon);
+  EXPECT_FALSE(warn);
+  EXPECT_EQ(resolve_isa("generic", Isa::I8mm, &warn), Isa::Generic);
+  EXPECT_FALSE(warn);
+  EXPECT_EQ(resolve_isa("i8mm", Isa::Dotprod, &warn), Isa::Dotprod);  // a Cortex-A76 has no i8mm
+  EXPECT_TRUE(warn);
+  EXPECT_EQ(resolve_isa("avx2", Isa::I8mm, &warn), Isa::I8mm);
+  EXPECT_TRUE(warn);
+  EXPECT_EQ(resolve_isa("neon", Isa::Avx512, &warn), Isa::Avx512);
+  EXPECT_TRUE(warn);
+  EXPECT_EQ(resolve_isa("dotprod", Isa::Generic, &warn), Isa::Generic);
+  EXPECT_TRUE(warn);
 }
 
 TEST(Config, IsaLevelsAreOrdered) {
   EXPECT_TRUE(isa_supported(Isa::Generic));
   const Isa best = best_isa();
   EXPECT_TRUE(isa_supported(best));
-  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512})
+  for (Isa isa : kLevels)
     EXPECT_EQ(isa_supported(isa), isa <= best) << isa_name(isa) << " (best: " << isa_name(best) << ")";
+  for (Isa isa : kOtherFamily) EXPECT_FALSE(isa_supported(isa)) << isa_name(isa);
+}
+
+// The widest variant of a family at or below `want` (what the selection must have taken).
+template <typename V>
+const char* widest_at_or_below(std::span<const V> variants, Isa want) {
+  for (const V& v : variants)
+    if (v.isa <= want) return v.name;
+  return "(none)";
 }
 
 // The tables follow KILN_CPU_ISA (ctest also runs this with it set to generic and avx2).
@@ -58,13 +92,19 @@ TEST(Config, SelectionFollowsEnvironment) {
   const char* request = std::getenv("KILN_CPU_ISA");
   const Isa want = resolve_isa(request, best_isa(), nullptr);
   EXPECT_EQ(active_isa(), want) << "KILN_CPU_ISA=" << (request ? request : "(unset)");
+  EXPECT_STREQ(f32_gemm_config().name, widest_at_or_below(f32_gemm_variants(), want));
+  EXPECT_STREQ(f32_gemv_config().name, widest_at_or_below(f32_gemv_variants(), want));
+  EXPECT_STREQ(f32_vunary_config().name, widest_at_or_below(f32_vunary_variants(), want));
+  EXPECT_STREQ(f32_vbinary_config().name, widest_at_or_below(f32_vbinary_variants(), want));
+  EXPECT_STREQ(f32_rows_config().name, widest_at_or_below(f32_rows_variants(), want));
+  EXPECT_LE(f32_gemm_config().isa, want);
+  EXPECT_EQ(sgemm_isa(), f32_gemm_config().isa);
+  EXPECT_STREQ(sgemm_isa_name(sgemm_isa()), isa_name(f32_gemm_config().isa));
+#if !defined(__aarch64__)
+  // on x86-64 every family has a variant per level
   EXPECT_EQ(f32_gemm_config().isa, want) << f32_gemm_config().name;
-  EXPECT_EQ(f32_gemv_config().isa, want) << f32_gemv_config().name;
-  EXPECT_EQ(f32_vunary_config().isa, want) << f32_vunary_config().name;
-  EXPECT_EQ(f32_vbinary_config().isa, want) << f32_vbinary_config().name;
   EXPECT_EQ(f32_rows_config().isa, want) << f32_rows_config().name;
-  EXPECT_EQ(sgemm_isa(), want);
-  EXPECT_STREQ(sgemm_isa_name(sgemm_isa()), isa_name(want));
+#endif
 }
 
 template <typename V>
@@ -104,10 +144,13 @@ TEST(Config, VariantTables) {
 
 TEST(Config, SgemmWithRefusesWhatTheCpuLacks) {
   const float a[1] = {2}, b[1] = {3};
-  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512}) {
+  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm}) {
+    bool has_gemm = false;  // Dotprod and I8mm have qd8 variants only
+    for (const F32GemmVariant& v : f32_gemm_variants()) has_gemm = has_gemm || v.isa == isa;
+    const bool runs = has_gemm && isa_supported(isa);
     float c[1] = {7};
-    EXPECT_EQ(sgemm_with(isa, 1, 1, 1, 1.0f, a, 1, b, 1, false, c, 1), isa_supported(isa)) << isa_name(isa);
-    EXPECT_EQ(c[0], isa_supported(isa) ? 6.0f : 7.0f) << isa_name(isa);
+    EXPECT_EQ(sgemm_with(isa, 1, 1, 1, 1.0f, a, 1, b, 1, false, c, 1), runs) << isa_name(isa);
+    EXPECT_EQ(c[0], runs ? 6.0f : 7.0f) << isa_name(isa);
   }
 }
 

@@ -27,6 +27,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln {
 
@@ -44,6 +45,14 @@ struct LowerOptions {
   // XNNPACK only: "8da4w[:32|64|128|256]" or "8da8w" quantizes the linear
   // layers' weights (backends/xnnpack/quantize.h); empty: fp32.
   std::string quantize;
+  // "4[:G]" or "8[:G]": embedding tables of constants become ExecuTorch's
+  // quantized_decomposed::embedding_4bit / embedding_byte lookups (portable
+  // kernels; backends/xnnpack/quantize.h); empty: fp32. Either backend.
+  std::string quantize_embedding;
+  // With `quantize`: linear layers whose module path (the .pt2's nn_module_stack,
+  // "lm_head", "model.layers.0.mlp.down_proj"), node name or weight name the
+  // regex (ECMAScript, searched) matches stay fp32. Matching none is a warning.
+  std::string quantize_skip;
   bool verify = true;   // load the written program back before it takes its name
   // Write the debug map beside the .pte (X.pte -> X.debug.json, docs/PROFILING.md).
   bool debug_map = true;
@@ -68,11 +77,14 @@ struct LowerResult {
   passes::LoweringStats lowering;
   emit::EmitReport report;
   std::optional<partition::DelegationSummary> delegation;  // XNNPACK lowerings
+  std::string embedding_quantization = "none";  // --quantize-embedding ("4:32", "8")
+  int64_t quantized_embeddings = 0;              // embedding lookups rewritten to quantized tables
   // Verification: whether it ran, and the delegate backends kiln's runtime
   // lacked (then only the loader checked the file, the method was not prepared).
   bool verified = false;
   std::set<std::string> unverified_backends;
   LowerTimings seconds;
+  std::vector<std::string> warnings;  // one line each (e.g. a --quantize-skip regex that matched nothing)
   std::string metadata_json;  // what was written to metadata_path
 };
 

@@ -19,13 +19,36 @@ namespace kiln::graph {
 
 using ValueId = int32_t;
 
+// A dynamic size as torch.export records it, kept simple: an integer constant
+// plus a sum of symbols times integer coefficients ("4*s0 + 1"). Products of
+// symbols and divisions that do not come out exact are refused by the reader.
+struct SymExpr {
+  int64_t constant = 0;
+  std::vector<std::pair<std::string, int64_t>> terms;  // sorted by symbol name, non-zero coefficients
+
+  bool is_constant() const { return terms.empty(); }
+  // The value with every symbol bound; throws kiln::Error naming an unbound symbol.
+  int64_t eval(const std::map<std::string, int64_t, std::less<>>& binding) const;
+  std::string str() const;
+  bool operator==(const SymExpr&) const = default;
+};
+
+// A symbol of a dynamic program (torch.export.Dim) and its inclusive range.
+struct Symbol {
+  std::string name;
+  int64_t min = 0, max = 0;
+};
+
 // Static tensor metadata: dtype, sizes, strides (in elements) and storage offset.
+// A dynamic program's tensors also carry sym_sizes (one expression per dim);
+// `sizes` then holds the sizes at the reader's binding (the upper bounds by default).
 struct TensorMeta {
   ScalarType dtype = ScalarType::Float;
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;
   int64_t storage_offset = 0;
   bool requires_grad = false;
+  std::vector<SymExpr> sym_sizes;  // empty for a static tensor
 
   int64_t numel() const;
   int64_t nbytes() const { return numel() * element_size(dtype); }
@@ -105,6 +128,7 @@ struct Node {
   std::vector<std::string> source_nodes;
   std::string module_path;
   std::string module_type;
+  bool symbolic = false;          // a dynamic program's node with a SymInt argument (never folded ahead of time)
 
   const NamedArgument* input(std::string_view name) const;
   std::vector<ValueId> output_ids() const;
@@ -150,6 +174,7 @@ class Graph {
   std::vector<Node> nodes;       // topological order
   std::vector<ValueId> inputs;   // placeholders, in order
   std::vector<Argument> outputs; // returned arguments, in order
+  std::vector<Symbol> symbols;   // a dynamic program's symbols (empty when static)
 
   // Adds a value; fails if the name is already taken.
   ValueId add_value(std::string name, TensorMeta meta);

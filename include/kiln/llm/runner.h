@@ -39,6 +39,10 @@ class Runner {
   // one before the call's failing token.
   bool feed(std::span<const int32_t> tokens, std::span<const float>* logits, std::string* error);
 
+  // Starts over at position 0 (what the cache holds past the position is
+  // overwritten before it is read again, and masked until then).
+  void reset() { pos_ = 0; }
+
  private:
   Runner() = default;
   std::unique_ptr<rt::Program> program_;

@@ -35,6 +35,7 @@ struct DelegationSummary {
   int64_t partition_rounds = 0;
   std::string quantization = "none";    // --quantize scheme ("8da4w:32", "8da8w")
   int64_t quantized_nodes = 0;          // fully connected nodes on quantized weights
+  int64_t kept_fp32_nodes = 0;          // linear layers kept fp32 by --quantize-skip
 };
 
 struct XnnpackDelegation {

@@ -33,6 +33,8 @@ struct MutableBuffer {
   std::string name;          // its fully qualified name
 };
 
+struct DynamicShapes;  // kiln/passes/dynamic.h
+
 struct EdgeProgram {
   const pt2::ExportedProgram* exported = nullptr;  // the .pt2 the constants stream from
   graph::Graph graph;                      // graph.inputs: user inputs only
@@ -40,6 +42,8 @@ struct EdgeProgram {
   std::map<graph::ValueId, ConstantData> constants;
   std::string inputs_spec, outputs_spec;   // pytree specs from the .pt2 (may be empty)
   std::vector<MutableBuffer> mutable_buffers;  // empty for a stateless program
+  // A dynamic program's symbolic sizes (graph at the upper bounds); null when static.
+  std::shared_ptr<const DynamicShapes> dynamic;
 
   const MutableBuffer* mutable_buffer(graph::ValueId v) const {
     for (const auto& b : mutable_buffers)

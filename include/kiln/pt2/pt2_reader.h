@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -59,6 +60,15 @@ struct ExportedProgram {
 
 // Reads and validates `path`. Throws kiln::Error with a one-line message that
 // names the file and the offending entry, node or argument.
-ExportedProgram read_pt2(const std::string& path);
+//
+// A program exported with dynamic_shapes has symbols (graph.symbols, from the
+// archive's range_constraints; each must have a finite upper bound). The graph
+// is read at one value per symbol, `binding` (default: every symbol at its
+// upper bound): sizes and symbolic int arguments are those values, tensors keep
+// their size expressions in TensorMeta::sym_sizes, and the nodes that only
+// compute or check symbols (aten.sym_size.int, operator.mul on SymInts,
+// _assert_scalar) are left out: their values are known.
+using SymbolBinding = std::map<std::string, int64_t, std::less<>>;
+ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding = nullptr);
 
 }  // namespace kiln::pt2

@@ -42,6 +42,7 @@ struct TensorValue {
   uint32_t constant_index = 0;     // > 0: Program::constants[constant_index]
   std::optional<Allocation> allocation;  // planned memory for non-constants; none for user inputs fed at run time
   uint32_t mutable_index = 0;      // > 0 (with an allocation): initial contents in Program::mutable_data[mutable_index]
+  bool dynamic_bound = false;      // DYNAMIC_BOUND: `sizes` are the upper bounds; kernels resize it per call
 };
 
 struct NoneValue {};

@@ -70,6 +70,13 @@ class Method {
   // for an input the program did not plan, points the input at `data`, which
   // must stay valid through execute(). InvalidArgument if the size differs.
   Status set_input(size_t i, const void* data, size_t bytes, ErrorMessage* error = nullptr);
+  // As above, for an input of another shape: a DYNAMIC_BOUND input takes any
+  // shape of its rank within its planned (upper-bound) size; a static input
+  // only its own. Kernels then compute every output's shape from it.
+  Status set_input(size_t i, const void* data, size_t bytes, std::span<const int64_t> shape,
+                   ErrorMessage* error = nullptr);
+  // True when input i is DYNAMIC_BOUND (its shape may change per call).
+  bool input_is_dynamic(size_t i) const { return input_dynamic_[i]; }
 
   // Runs every instruction once.
   Status execute(ErrorMessage* error = nullptr);
@@ -105,6 +112,7 @@ class Method {
     uint32_t args_begin = 0, args_count = 0;  // into arg_ptrs_
     int32_t op_or_delegate = 0;               // operator index or delegate index
     int32_t a = 0, b = 0;                     // move from/to, jump cond/destination, free value
+    uint32_t refresh_begin = 0, refresh_count = 0;  // int_refresh_ entries to apply after it runs
   };
 
   std::string name_;
@@ -120,6 +128,10 @@ class Method {
   std::vector<std::string> delegate_labels_;
   std::vector<int32_t> inputs_, outputs_;
   std::vector<bool> input_planned_;
+  std::vector<bool> input_dynamic_;
+  // Int list items computed at run time (sym_size, executorch_prim): after the
+  // instruction that writes the Int value, its copy in int_arena_ is updated.
+  std::vector<std::pair<uint32_t, int32_t>> int_refresh_;  // (int_arena_ slot, value index)
   std::vector<std::byte*> buffers_;  // planned memory, index = memory_id
   uint64_t planned_bytes_ = 0;
   std::vector<DelegateHandle> delegates_;

@@ -8,6 +8,10 @@
 //
 // No exceptions cross this interface; a tokenizer is immutable once loaded
 // and may be used from several threads.
+//
+// SentencePiece models (tokenizer.model: Llama 2, Gemma) load through the same
+// interface: Tokenizer::load reads any file that is not JSON as one, with
+// Debian's libsentencepiece (src/tokenizer/sentencepiece.h).
 #pragma once
 
 #include <cstdint>
@@ -19,17 +23,22 @@
 #include <vector>
 
 namespace kiln::tok {
+namespace detail {
+class SentencePiece;
+}
 
 class Tokenizer {
  public:
-  // Reads `path` (tokenizer.json); null and *error (one line) if it cannot.
+  // Reads `path` (tokenizer.json, or a SentencePiece model); null and *error (one line) if it cannot.
   static std::unique_ptr<Tokenizer> load(const std::string& path, std::string* error);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
   // Token ids of `text` (UTF-8). Added tokens in the text are matched first
-  // when `special` (as the tokenizers package does by default). False and
+  // when `special` (as the tokenizers package does by default; a SentencePiece
+  // model matches its user-defined symbols always, its control symbols never,
+  // as the library does). No BOS is added (see bos_id). False and
   // *error when the text is not valid UTF-8.
   bool encode(std::string_view text, std::vector<int32_t>* ids, std::string* error, bool special = true) const;
 
@@ -43,11 +52,19 @@ class Tokenizer {
   int32_t vocab_size() const;                            // largest id + 1
   std::optional<int32_t> id_of(std::string_view token) const;  // an added token's or a vocabulary entry's id
   bool is_special(int32_t id) const;
+  // The token a prompt starts with: a SentencePiece model's BOS (its encoder
+  // never adds it); none for tokenizer.json files.
+  std::optional<int32_t> bos_id() const;
+  // A SentencePiece model's EOS; none for tokenizer.json files (their eos token
+  // is named in tokenizer_config.json).
+  std::optional<int32_t> eos_id() const;
 
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  explicit Tokenizer(std::unique_ptr<detail::SentencePiece> sp);
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<detail::SentencePiece> sp_;  // set instead of impl_ for a SentencePiece model
 };
 
 // How many leading bytes of `s` are complete UTF-8 characters (what a

@@ -69,6 +69,11 @@ void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Lay
   auto* zp = reinterpret_cast<int32_t*>(scale + m);
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * ldx;
+#ifdef KILN_CPU_ARM64
+    std::memset(data + r * stride, 0, static_cast<size_t>(stride));
+    qd8_quantize_row__neon(xr, k, layout == Qd8Layout::Nibbles, data + r * stride, scale + r, zp + r);
+    continue;
+#endif
     float lo = 0.0f, hi = 0.0f;  // min(min(x), 0), max(max(x), 0)
     for (int64_t i = 0; i < k; ++i) {
       lo = std::min(lo, xr[i]);

@@ -33,6 +33,7 @@
 #include "kiln/pte/program_model.h"
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -81,6 +82,7 @@ struct PayloadStats {
   int64_t named_constants = 0;       // constant_data entries (all name program data)
   int64_t made_constants = 0;        // of those, constants the builder made (scalars, reduction rows, zeros)
   int64_t quantized_nodes = 0;       // fully connected nodes on quantized weights (--quantize)
+  int64_t kept_fp32_nodes = 0;       // linear layers PayloadOptions::keep_fp32 kept in fp32 (--quantize-skip)
 };
 
 struct PayloadOptions {
@@ -90,6 +92,9 @@ struct PayloadOptions {
   // input count the scheme does not divide stay fp32. (The tied LM head, a
   // product with the constant on the left, stays fp32.)
   QuantScheme quantize;
+  // A linear layer (the product node, its constant weight) for which this
+  // returns true stays fp32 (--quantize-skip). Empty: none.
+  std::function<bool(const graph::Node&, graph::ValueId)> keep_fp32;
 };
 
 struct Payload {

@@ -14,20 +14,34 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+namespace kiln::graph {
+struct Node;
+using ValueId = int32_t;
+}  // namespace kiln::graph
+namespace kiln::passes {
+struct EdgeProgram;
+}
+
 namespace kiln::backends::xnnpack {
 
 struct QuantScheme {
-  enum class Kind : uint8_t { None, Int4Groups, Int8Channels } kind = Kind::None;
+  // Int8WeightOnly (int8w): per-channel int8 weights, fp32 activations. ExecuTorch
+  // lowers torchao's weight-only int8 into its XNNPACK fully connected node itself
+  // (fp32 input x qcint8 filter); kiln's runtime has no such kernel yet, so kiln emits
+  // the other form ExecuTorch's runtime runs: quantized_decomposed::dequantize_per_channel
+  // on the portable path feeding the fp32 product (quantize_weights_int8_only).
+  enum class Kind : uint8_t { None, Int4Groups, Int8Channels, Int8WeightOnly } kind = Kind::None;
   int64_t group = 32;  // Int4Groups
-  std::string name() const;  // "8da4w:32", "8da8w", "none"
+  std::string name() const;  // "8da4w:32", "8da8w", "int8w", "none"
 };
 
-// "8da4w", "8da4w:64", "8da8w"; std::nullopt and *error set otherwise.
+// "8da4w", "8da4w:64", "8da8w", "int8w"; std::nullopt and *error set otherwise.
 std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string* error);
 
 struct QuantizedWeights {
@@ -37,5 +51,42 @@ struct QuantizedWeights {
 
 // w: [n, k] row-major fp32. Int4Groups needs k % group == 0 and k even.
 QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme);
+
+// ---- embedding tables (kiln lower --quantize-embedding 4[:G] | 8[:G]) -----------
+// torchao's IntxWeightOnlyConfig rules (SYMMETRIC, fp32 scales), as ExecuTorch's
+// LLM export quantizes embeddings: scale = max(|w|) / 7.5 (int4) or / 127.5
+// (int8) over each group of G columns of a row (G = the row by default for 8,
+// 32 for 4), q = clamp(round(w / scale)). Stored as ExecuTorch's
+// quantized_decomposed::embedding_4bit / embedding_byte operands: int4 two per
+// byte, the even column in the HIGH nibble, as q + 8 (uint8 [V, D/2]); int8 as
+// is (int8 [V, D]); scales fp32 [V, D/G]; no zero points.
+struct EmbeddingQuant {
+  int bits = 0;       // 0: none; 4 or 8
+  int64_t group = 0;  // columns per scale; 0: the whole row
+  std::string name() const;  // "4:32", "8", "none"
+};
+
+// "4", "4:64", "8", "8:128"; std::nullopt and *error set otherwise.
+std::optional<EmbeddingQuant> parse_embedding_quant(std::string_view text, std::string* error);
+
+// w: [v, d] row-major fp32; d % group == 0 (and d even for 4 bits).
+QuantizedWeights quantize_embedding_table(const float* w, int64_t v, int64_t d, const EmbeddingQuant& q);
+
+// Rewrites every aten.embedding of a constant fp32 [V, D] table in `program`
+// into the quantized lookup on new constants; the fp32 table stays only if
+// something else still reads it (a tied LM head). Throws kiln::Error when a
+// table's row does not divide into groups. Returns the tables rewritten.
+int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& q);
+
+// int8w: every linear layer's constant fp32 weight (the mat2 of mm/addmm, as is or
+// through permute_copy [1,0]) becomes an int8 constant with fp32 scales per output
+// channel (8da8w's rules) and a quantized_decomposed.dequantize_per_channel node
+// computing the fp32 weight before the product. `keep_fp32` (may be empty) is asked
+// per layer as in PayloadOptions. Returns {quantized, kept fp32}.
+struct WeightOnlyStats {
+  int64_t quantized = 0, kept_fp32 = 0;
+};
+WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
+                                           const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
 
 }  // namespace kiln::backends::xnnpack

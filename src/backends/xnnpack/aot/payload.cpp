@@ -833,6 +833,14 @@ class PayloadBuilder {
     }
     if (constants_.contains(a)) {
       // a @ b = (b^T @ a^T)^T: a fully connected node on b^T with a [M,K] as the filter.
+      // Quantized (the tied LM head's form) when b = x^T and out^T is what is read.
+      if (auto x = tied_input_.find(node_index_), q = tied_output_.find(node_index_);
+          x != tied_input_.end() && q != tied_output_.end()) {
+        const graph::ValueId xin = x->second, qout = q->second;
+        auto no_bias = [] { return std::optional<uint32_t>{}; };
+        auto into_out = [&](auto&& product) { product(write(qout)); };
+        if (quantized_fc(xin, a, false, qout, no_bias, into_out)) return;
+      }
       uint32_t filter = read(a);
       uint32_t bt = 0;
       if (auto x = tied_input_.find(node_index_); x != tied_input_.end()) {
@@ -871,7 +879,16 @@ class PayloadBuilder {
     const auto& meta = g_.value(wv).meta;
     if (meta.sizes.size() != 2 || meta.dtype != ScalarType::Float) return false;
     const int64_t n = kn ? meta.sizes[1] : meta.sizes[0], k = kn ? meta.sizes[0] : meta.sizes[1];
-    if (q.kind == Kind::Int4Groups && (k % q.group != 0 || k % 2 != 0)) return false;
+    const graph::Node& product = node(node_index_);
+    if (opts_.keep_fp32 && opts_.keep_fp32(product, wv)) {
+      ++stats_.kept_fp32_nodes;
+      return false;
+    }
+    check(q.kind != Kind::Int4Groups || k % q.group == 0,
+          "--quantize {}: linear layer '{}'{} has {} input features, not a multiple of the group size {} (a smaller "
+          "group, or --quantize-skip to keep it fp32)",
+          q.name(), product.module_path.empty() ? product.name : product.module_path,
+          product.module_path.empty() ? "" : fmt::format(" (node {})", product.name), k, q.group);
     std::vector<std::byte> raw = collect(*constants_.at(wv));
     std::vector<float> w(static_cast<size_t>(n * k));
     const auto* src = reinterpret_cast<const float*>(raw.data());

@@ -1,12 +1,17 @@
 // Weight quantization for kiln lower --quantize (see quantize.h for the rules).
 #include "kiln/backends/xnnpack/quantize.h"
 
+#include "kiln/core/error.h"
+#include "kiln/passes/edge_program.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 
 namespace kiln::backends::xnnpack {
 namespace {
@@ -35,6 +40,7 @@ std::string QuantScheme::name() const {
   switch (kind) {
     case Kind::Int4Groups: return fmt::format("8da4w:{}", group);
     case Kind::Int8Channels: return "8da8w";
+    case Kind::Int8WeightOnly: return "int8w";
     case Kind::None: break;
   }
   return "none";
@@ -51,6 +57,10 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string
     s.kind = QuantScheme::Kind::Int8Channels;
     return s;
   }
+  if (base == "int8w" && group.empty()) {
+    s.kind = QuantScheme::Kind::Int8WeightOnly;
+    return s;
+  }
   if (base == "8da4w") {
     s.kind = QuantScheme::Kind::Int4Groups;
     if (!group.empty()) {
@@ -65,7 +75,7 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string
     }
     return s;
   }
-  *error = fmt::format("unknown quantization scheme '{}' (8da4w[:32|64|128|256] or 8da8w)", text);
+  *error = fmt::format("unknown quantization scheme '{}' (8da4w[:32|64|128|256], 8da8w or int8w)", text);
   return std::nullopt;
 }
 
@@ -100,6 +110,277 @@ QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const Qu
     for (int64_t i = 0; i < k; ++i) out[j * k + i] = static_cast<int8_t>(quantize(w[j * k + i], inv, -128, 127));
   }
   return q;
+}
+
+std::string EmbeddingQuant::name() const {
+  if (bits == 0) return "none";
+  return group ? fmt::format("{}:{}", bits, group) : fmt::format("{}", bits);
+}
+
+std::optional<EmbeddingQuant> parse_embedding_quant(std::string_view text, std::string* error) {
+  std::string_view base = text, group;
+  if (auto colon = text.find(':'); colon != std::string_view::npos) {
+    base = text.substr(0, colon);
+    group = text.substr(colon + 1);
+  }
+  EmbeddingQuant q;
+  if (base == "4") q.bits = 4, q.group = 32;
+  else if (base == "8") q.bits = 8, q.group = 0;
+  else {
+    *error = fmt::format("unknown embedding quantization '{}' (4[:GROUP] or 8[:GROUP])", text);
+    return std::nullopt;
+  }
+  if (!group.empty()) {
+    int64_t g = 0;
+    for (char c : group) {
+      if (c < '0' || c > '9' || g > (int64_t{1} << 40)) {
+        g = -1;
+        break;
+      }
+      g = g * 10 + (c - '0');
+    }
+    if (g <= 0 || (q.bits == 4 && g % 2 != 0)) {
+      *error = fmt::format("bad group size '{}' in --quantize-embedding {} (a positive{} number of columns)", group,
+                           text, q.bits == 4 ? " even" : "");
+      return std::nullopt;
+    }
+    q.group = g;
+  }
+  return q;
+}
+
+QuantizedWeights quantize_embedding_table(const float* w, int64_t v, int64_t d, const EmbeddingQuant& q) {
+  const int64_t g = q.group ? q.group : d, groups = d / g;
+  const float half_range = q.bits == 4 ? 7.5f : 127.5f;
+  const int qmin = q.bits == 4 ? -8 : -128, qmax = q.bits == 4 ? 7 : 127;
+  QuantizedWeights out;
+  out.data.assign(static_cast<size_t>(q.bits == 4 ? v * (d / 2) : v * d), std::byte{0});
+  out.scales.resize(static_cast<size_t>(v * groups) * 4);
+  auto* bytes = reinterpret_cast<uint8_t*>(out.data.data());
+  for (int64_t r = 0; r < v; ++r)
+    for (int64_t b = 0; b < groups; ++b) {
+      const float* x = w + r * d + b * g;
+      const float scale = symmetric_scale(x, g, half_range), inv = 1.0f / scale;
+      std::memcpy(out.scales.data() + static_cast<size_t>(r * groups + b) * 4, &scale, 4);
+      for (int64_t i = 0; i < g; ++i) {
+        const int64_t col = b * g + i;
+        const int qv = quantize(x[i], inv, qmin, qmax);
+        if (q.bits == 8) {
+          bytes[r * d + col] = static_cast<uint8_t>(static_cast<int8_t>(qv));
+        } else {  // ExecuTorch's embedding_4bit order: the even column in the high nibble
+          const auto u = static_cast<uint8_t>(qv + 8);
+          bytes[r * (d / 2) + col / 2] |= static_cast<uint8_t>((col & 1) ? u : u << 4);
+        }
+      }
+    }
+  return out;
+}
+
+int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& q) {
+  if (q.bits == 0) return 0;
+  graph::Graph& g = program.graph;
+  auto reads_of = [&](graph::ValueId v) {
+    int64_t n = 0;
+    for (const auto& node : g.nodes)
+      for (const auto& in : node.inputs)
+        for (graph::ValueId id : in.arg.tensor_ids()) n += id == v;
+    for (const auto& o : g.outputs)
+      for (graph::ValueId id : o.tensor_ids()) n += id == v;
+    return n;
+  };
+  int64_t rewritten = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].target != "aten.embedding.default") continue;
+    const graph::NamedArgument* wa = g.nodes[i].input("weight");
+    const graph::NamedArgument* ia = g.nodes[i].input("indices");
+    if (!wa || !ia || wa->arg.kind != graph::Argument::Kind::Tensor) continue;
+    const auto w = std::get<graph::ValueId>(wa->arg.payload);
+    if (!program.is_constant(w)) continue;
+    const graph::TensorMeta meta = g.value(w).meta;
+    if (meta.dtype != ScalarType::Float || meta.sizes.size() != 2) continue;
+    const int64_t v = meta.sizes[0], d = meta.sizes[1];
+    const int64_t group = q.group ? q.group : d;
+    const std::string node_name = g.nodes[i].name, table = program.constants.at(w).name;
+    check(d % group == 0, "--quantize-embedding {}: the group size {} does not divide the {} columns of embedding '{}' ({})",
+          q.name(), group, d, node_name, table);
+    check(q.bits == 8 || d % 2 == 0, "--quantize-embedding {}: embedding '{}' has an odd row width {}", q.name(),
+          node_name, d);
+    const std::vector<std::byte> raw = program.constant_bytes(w);
+    QuantizedWeights qw = quantize_embedding_table(reinterpret_cast<const float*>(raw.data()), v, d, q);
+    auto contiguous = [](ScalarType dt, std::vector<int64_t> sizes) {
+      graph::TensorMeta m;
+      m.dtype = dt;
+      m.sizes = sizes;
+      m.strides.assign(sizes.size(), 1);
+      for (size_t k = sizes.size(); k-- > 1;) m.strides[k - 1] = m.strides[k] * sizes[k];
+      return m;
+    };
+    auto fresh = [&](std::string base) {
+      std::string name = base;
+      for (int k = 1; g.find_value(name); ++k) name = fmt::format("{}_{}", base, k);
+      return name;
+    };
+    const graph::ValueId qv = g.add_value(fresh(node_name + "_qweight"),
+                                          contiguous(q.bits == 4 ? ScalarType::Byte : ScalarType::Char,
+                                                     {v, q.bits == 4 ? d / 2 : d}));
+    program.constants[qv] = passes::ConstantData{
+        nullptr, std::make_shared<const std::vector<std::byte>>(std::move(qw.data)),
+        fmt::format("{} (int{} embedding)", table, q.bits)};
+    const graph::ValueId sv = g.add_value(fresh(node_name + "_qscales"), contiguous(ScalarType::Float, {v, d / group}));
+    program.constants[sv] = passes::ConstantData{
+        nullptr, std::make_shared<const std::vector<std::byte>>(std::move(qw.scales)),
+        fmt::format("{} (int{} embedding scales)", table, q.bits)};
+    graph::Node& n = g.nodes[i];  // re-fetched: add_value does not move nodes, but keep it obvious
+    const graph::Argument indices = n.input("indices")->arg;
+    n.target = q.bits == 4 ? "quantized_decomposed.embedding_4bit.default" : "quantized_decomposed.embedding_byte.default";
+    n.inputs = {{"weight", graph::Argument::tensor(qv), false},
+                {"weight_scales", graph::Argument::tensor(sv), false},
+                {"weight_zero_points", graph::Argument::none(), false},
+                {"weight_quant_min", graph::Argument::integer(q.bits == 4 ? -8 : -128), false},
+                {"weight_quant_max", graph::Argument::integer(q.bits == 4 ? 7 : 127), false},
+                {"indices", indices, false}};
+    if (reads_of(w) == 0) program.constants.erase(w);
+    ++rewritten;
+  }
+  return rewritten;
+}
+
+WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
+                                           const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+  graph::Graph& g = program.graph;
+  using K = graph::Argument::Kind;
+  auto tensor_arg = [](const graph::Node& n, std::string_view name) -> std::optional<graph::ValueId> {
+    const graph::NamedArgument* a = n.input(name);
+    if (!a || a->arg.kind != K::Tensor) return std::nullopt;
+    return std::get<graph::ValueId>(a->arg.payload);
+  };
+  auto is_weight = [&](graph::ValueId v) {
+    const auto& m = g.value(v).meta;
+    return program.is_constant(v) && m.dtype == ScalarType::Float && m.sizes.size() == 2;
+  };
+  // (the reader node to rewire, its argument name, the weight, the channel axis, the product node)
+  struct Site {
+    size_t reader;
+    std::string arg;
+    graph::ValueId weight;
+    int64_t axis;
+    size_t product;
+  };
+  std::vector<Site> sites;
+  WeightOnlyStats stats;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const graph::Node& n = g.nodes[i];
+    if (n.target != "aten.mm.default" && n.target != "aten.addmm.default") continue;
+    auto mat2 = tensor_arg(n, "mat2");
+    if (!mat2) continue;
+    std::optional<Site> site;
+    if (auto self = tensor_arg(n, "self"); n.target == "aten.mm.default" && self && is_weight(*self) &&
+                                           !is_weight(*mat2)) {
+      site = Site{i, "self", *self, 0, i};  // W @ x^T (a tied LM head's form): W [N, K], channels along dim 0
+    } else if (is_weight(*mat2)) {
+      site = Site{i, "mat2", *mat2, 1, i};  // [K, N]: output channels along dim 1
+    } else if (const int32_t p = g.value(*mat2).producer; p >= 0) {
+      const graph::Node& t = g.nodes[static_cast<size_t>(p)];
+      auto w = tensor_arg(t, "self");
+      const graph::NamedArgument* dims = t.input("dims");
+      if (t.target == "aten.permute_copy.default" && w && is_weight(*w) && dims && dims->arg.kind == K::Ints &&
+          std::get<std::vector<int64_t>>(dims->arg.payload) == std::vector<int64_t>{1, 0})
+        site = Site{static_cast<size_t>(p), "self", *w, 0, i};  // W [N, K] read through its transpose
+    }
+    if (!site) continue;
+    if (keep_fp32 && keep_fp32(g.nodes[site->product], site->weight)) {
+      ++stats.kept_fp32;
+      continue;
+    }
+    sites.push_back(*site);
+  }
+  // one dequantize per weight, however many readers; inserted before the first reader
+  std::map<graph::ValueId, graph::ValueId> dequantized;
+  std::map<size_t, std::vector<graph::Node>> insert_before;
+  for (const Site& s : sites) {
+    auto [it, fresh_weight] = dequantized.try_emplace(s.weight, 0);
+    if (fresh_weight) {
+      const graph::TensorMeta meta = g.value(s.weight).meta;
+      const int64_t rows = meta.sizes[0], cols = meta.sizes[1], channels = meta.sizes[static_cast<size_t>(s.axis)];
+      const std::vector<std::byte> raw = program.constant_bytes(s.weight);
+      const auto* src = reinterpret_cast<const float*>(raw.data());
+      std::vector<float> w(static_cast<size_t>(rows * cols));  // as [channels, inputs]
+      const int64_t inputs = rows * cols / channels;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          w[static_cast<size_t>(s.axis == 0 ? r * cols + c : c * rows + r)] = src[r * cols + c];
+      QuantScheme q8;
+      q8.kind = QuantScheme::Kind::Int8Channels;
+      QuantizedWeights qw = quantize_weights(w.data(), channels, inputs, q8);
+      std::vector<std::byte> data(qw.data.size());  // back to the weight's own layout
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          data[static_cast<size_t>(r * cols + c)] = qw.data[static_cast<size_t>(s.axis == 0 ? r * cols + c : c * rows + r)];
+      graph::TensorMeta qm = meta;
+      qm.dtype = ScalarType::Char;
+      graph::TensorMeta sm;
+      sm.dtype = ScalarType::Float;
+      sm.sizes = {channels};
+      sm.strides = {1};
+      auto fresh = [&](std::string base) {
+        std::string name = base;
+        for (int k = 1; g.find_value(name); ++k) name = fmt::format("{}_{}", base, k);
+        return name;
+      };
+      const std::string base = g.value(s.weight).name, fqn = program.constants.at(s.weight).name;
+      const graph::ValueId qv = g.add_value(fresh(base + "_int8"), qm);
+      program.constants[qv] = passes::ConstantData{
+          nullptr, std::make_shared<const std::vector<std::byte>>(std::move(data)), fqn + " (int8 per channel)"};
+      const graph::ValueId sv = g.add_value(fresh(base + "_scales"), sm);
+      program.constants[sv] = passes::ConstantData{
+          nullptr, std::make_shared<const std::vector<std::byte>>(std::move(qw.scales)), fqn + " (int8 scales)"};
+      graph::Node dq;
+      dq.name = fresh(base + "_dequantized");
+      dq.target = "quantized_decomposed.dequantize_per_channel.default";
+      dq.module_path = g.nodes[s.product].module_path;
+      dq.stack_trace = g.nodes[s.product].stack_trace;
+      graph::Argument dtype_arg;
+      dtype_arg.kind = K::ScalarType;
+      dtype_arg.payload = ScalarType::Char;
+      dq.inputs = {{"input", graph::Argument::tensor(qv), false},
+                   {"scales", graph::Argument::tensor(sv), false},
+                   {"zero_points", graph::Argument::none(), false},
+                   {"axis", graph::Argument::integer(s.axis), false},
+                   {"quant_min", graph::Argument::integer(-128), false},
+                   {"quant_max", graph::Argument::integer(127), false},
+                   {"dtype", dtype_arg, false}};
+      const graph::ValueId out = g.add_value(dq.name, meta);
+      dq.outputs = {graph::Argument::tensor(out)};
+      it->second = out;
+      insert_before[s.reader].push_back(std::move(dq));
+      ++stats.quantized;
+    }
+    for (auto& in : g.nodes[s.reader].inputs)
+      if (in.name == s.arg) in.arg = graph::Argument::tensor(it->second);
+  }
+  if (insert_before.empty()) return stats;
+  std::vector<graph::Node> nodes;
+  nodes.reserve(g.nodes.size() + dequantized.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (auto it = insert_before.find(i); it != insert_before.end())
+      for (auto& n : it->second) nodes.push_back(std::move(n));
+    nodes.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  for (auto& v : g.values) v.producer = -1;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (graph::ValueId v : g.nodes[i].output_ids()) g.values[static_cast<size_t>(v)].producer = static_cast<int32_t>(i);
+  // fp32 weights nothing reads any more
+  for (const auto& [w, dq] : dequantized) {
+    bool read = false;
+    for (const auto& n : g.nodes)
+      for (const auto& in : n.inputs)
+        for (graph::ValueId id : in.arg.tensor_ids()) read = read || id == w;
+    for (const auto& o : g.outputs)
+      for (graph::ValueId id : o.tensor_ids()) read = read || id == w;
+    if (!read) program.constants.erase(w);
+  }
+  return stats;
 }
 
 }  // namespace kiln::backends::xnnpack

