@@ -334,10 +334,11 @@ int run_profile(const ProfileOptions& o) {
       }
     }
   }
-  m.enable_profiling(false);
-
   // Totals: kernel calls as timed; a delegate call as its steps plus the rest of its time.
-  const auto prof = m.profile();
+  // Read while profiling is on: enable_profiling (on or off) starts the counters from zero.
+  for (size_t d = 0; d < m.num_delegates(); ++d) m.delegate_steps(d, steps[d]);
+  const std::vector<rt::InstructionProfile> prof(m.profile().begin(), m.profile().end());
+  m.enable_profiling(false);
   uint64_t profiled_ns = 0;
   for (size_t i = 0; i < m.num_instructions(); ++i) {
     Item& it = items[item_of_instruction[i]];
