@@ -96,6 +96,7 @@ def test_debug_map_points_at_pt2_nodes_and_source_lines(tiny_gpt2, backend, tmp_
             for h in r["debug_handles"]:
                 assert nodes[h]["region"] == i["region"] and nodes[h]["instruction"] == k
             d = plan.delegates[i["delegate"]]
+            (tmp_path / f"payload{k}").mkdir()
             graph = decode_graph(program.backend_delegate_data[d.processed.index].data, tmp_path / f"payload{k}")
             handles = [x["debug_handle"] for x in graph["xnodes"]]
             assert handles and set(handles) <= set(r["debug_handles"]), (handles, r["debug_handles"])
