@@ -26,6 +26,8 @@ void add_lower_command(CLI::App& app, std::function<int()>& run);
 void add_generate_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln tokenize`.
 void add_tokenize_command(CLI::App& app, std::function<int()>& run);
+// Adds `kiln profile`.
+void add_profile_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln bench-llm`.
 void add_bench_llm_command(CLI::App& app, std::function<int()>& run);
 // Adds `kiln view`.

@@ -27,6 +27,7 @@ struct LowerOptions {
   std::string out;
   bool quiet = false;
   bool verify = true;
+  bool debug_map = true;
   bool per_op = false;
   std::string quantize;
   std::string quantize_embedding;
@@ -87,6 +88,7 @@ int run_lower(const LowerOptions& o) {
   lo.quantize_embedding = o.quantize_embedding;
   lo.quantize_skip = o.quantize_skip;
   lo.verify = o.verify;
+  lo.debug_map = o.debug_map;
   if (!o.quiet)
     lo.progress = [t0](std::string_view what) {
       fmt::print(stderr, "kiln lower: [{:6.2f}s] {}\n", seconds_since(t0), what);
@@ -110,6 +112,8 @@ int run_lower(const LowerOptions& o) {
                r.quantized_embeddings == 1 ? "" : "s", r.embedding_quantization);
   if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
+  if (!r.debug_map_path.empty())
+    fmt::print("  debug map {} ({:.2f} s)\n", r.debug_map_path, r.seconds.debug_map);
   return 0;
 }
 
@@ -135,6 +139,9 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
                   "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
                   "matches (e.g. lm_head)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
+  cmd->add_flag("!--no-debug-map", opts->debug_map,
+                "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "
+                "module paths, delegate regions; docs/PROFILING.md)");
   cmd->callback([opts, &run] { run = [opts] { return run_lower(*opts); }; });
 }
 

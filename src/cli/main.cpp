@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_bench_command(app, run);
   kiln::cli::add_tokenize_command(app, run);
   kiln::cli::add_generate_command(app, run);
+  kiln::cli::add_profile_command(app, run);
   kiln::cli::add_bench_llm_command(app, run);
   kiln::cli::add_view_command(app, run);
   try {

@@ -2,6 +2,7 @@
 #include "kiln/compiler/lower.h"
 
 #include "kiln/backends/xnnpack/runtime.h"
+#include "kiln/compiler/debug_map.h"
 #include "kiln/core/error.h"
 #include "kiln/passes/dynamic.h"
 #include "kiln/pt2/pt2_reader.h"
@@ -102,7 +103,8 @@ std::string metadata(const LowerResult& r) {
                       {"removed_nodes", lstats.removed_nodes}};
   const LowerTimings& t = r.seconds;
   meta["lowering_seconds"] = {{"read_pt2", t.read_pt2}, {"to_edge", t.to_edge}, {"partition", t.partition},
-                              {"emit", t.emit},         {"write", t.write},     {"total", t.total}};
+                              {"emit", t.emit},         {"write", t.write},     {"total", t.total},
+                              {"debug_map", t.debug_map}};
   return meta.dump(2) + "\n";
 }
 
@@ -280,6 +282,17 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   r.pte_size = fs::file_size(out);
   r.seconds = {t_read, t_edge - t_read, t_partition - t_edge, t_emit - t_partition, t_write - t_emit, total};
 
+  if (o.debug_map) {  // X.pte -> X.debug.json
+    const auto t_map = Clock::now();
+    r.debug_map_path = fs::path(out).replace_extension(".debug.json").string();
+    DebugMapInput dm{&edge, delegation ? &*delegation : nullptr, &r.report, fs::path(out).filename().string(),
+                     spec.exported_program, std::string(backend)};
+    write_text_atomically(r.debug_map_path, debug_map_json(dm));
+    r.seconds.debug_map = seconds_since(t_map);
+  } else {  // a map from an earlier lowering would describe another program
+    std::error_code rm;
+    fs::remove(fs::path(out).replace_extension(".debug.json"), rm);
+  }
   r.metadata_json = metadata(r);
   write_text_atomically(r.metadata_path, r.metadata_json);
   return r;

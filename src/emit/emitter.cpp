@@ -544,6 +544,8 @@ class Emitter {
     for (const Step& step : steps_) {
       if (step.region) {
         emit_delegate_call(regions_[static_cast<size_t>(step.index)]);
+        report_->instruction_node.push_back(-1);
+        report_->instruction_region.push_back(step.index);
         continue;
       }
       auto i = static_cast<size_t>(step.index);
@@ -579,6 +581,8 @@ class Emitter {
         else call.args.push_back(add_value(pte::TensorList{out_values}));
       }
       plan_.instructions.push_back(std::move(call));
+      report_->instruction_node.push_back(static_cast<int32_t>(i));
+      report_->instruction_region.push_back(-1);
       ++report_->kernel_calls;
       ++report_->operators[s->overload.empty() ? std::string(s->kernel) : fmt::format("{}.{}", s->kernel, s->overload)];
     }

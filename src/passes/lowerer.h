@@ -206,7 +206,12 @@ class Lowerer {
       node.name = fmt::format("{}_{}", base, ++name_counter_);
     node.target = std::string(target);
     node.inputs = std::move(args);
-    if (current_) node.stack_trace = current_->stack_trace, node.module_path = current_->module_path;
+    if (current_) {  // debug information: what it was lowered from
+      node.stack_trace = current_->stack_trace;
+      node.source_nodes = {current_->name};
+      node.module_path = current_->module_path;
+      node.module_type = current_->module_type;
+    }
     std::vector<ValueId> outs;
     for (size_t i = 0; i < metas.size(); ++i)
       outs.push_back(out_.graph.add_value(metas.size() == 1 ? node.name : fmt::format("{}_{}", node.name, i), metas[i]));

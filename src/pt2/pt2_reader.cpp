@@ -488,6 +488,54 @@ void read_payload_config(const Reader& r, const Pt2Archive& archive, const std::
     out[it.key()] = {root + data_dir, it.value()};
 }
 
+
+// The innermost module of a node's serialized nn_module_stack: entries
+// "key,path,type" joined by ';', outermost first (torch.export's serializer);
+// a path may hold commas inside brackets or quotes ("L['self'].h[0]"). The
+// path comes back as an attribute path: "transformer.h.0.attn".
+void innermost_module(const std::string& stack, std::string* path, std::string* type) {
+  std::string_view last(stack);
+  if (auto semi = last.rfind(';'); semi != std::string_view::npos) last = last.substr(semi + 1);
+  std::vector<std::string> parts(1);
+  int depth = 0;
+  char quote = 0;
+  for (char c : last) {
+    if (quote) {
+      if (c == quote) quote = 0;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == '[' || c == '(' || c == '{') {
+      ++depth;
+    } else if ((c == ']' || c == ')' || c == '}') && depth > 0) {
+      --depth;
+    } else if (c == ',' && depth == 0) {
+      parts.emplace_back();
+      continue;
+    }
+    parts.back() += c;
+  }
+  if (parts.size() < 3) return;
+  *type = parts.back();
+  std::string raw = parts[1];
+  for (size_t k = 2; k + 1 < parts.size(); ++k) raw += "," + parts[k];
+  // L['self'].a.b[0]['c'] / L__self__.a -> a.b.0.c
+  for (std::string_view root : {"L['self']", "L[\"self\"]", "L__self__", "self"})
+    if (raw.starts_with(root) && (raw.size() == root.size() || raw[root.size()] == '.' || raw[root.size()] == '[')) {
+      raw = raw.substr(root.size());
+      break;
+    }
+  std::string out;
+  for (char c : raw) {
+    if (c == '[') {
+      out += '.';
+    } else if (c != ']' && c != '\'' && c != '"') {
+      out += c;
+    }
+  }
+  while (!out.empty() && out.front() == '.') out.erase(out.begin());
+  *path = out;
+}
+
 }  // namespace
 
 std::string_view constant_kind_name(ConstantTensor::Kind kind) {
@@ -718,14 +766,10 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) 
     }
     if (auto md = jn.find("metadata"); md != jn.end() && md->is_object()) {
       if (auto st = md->find("stack_trace"); st != md->end() && st->is_string()) node.stack_trace = *st;
-      // "key,path,type;key,path,type;...": outermost first; the innermost module's path
-      if (auto ms = md->find("nn_module_stack"); ms != md->end() && ms->is_string()) {
-        const std::string& stack = ms->get_ref<const std::string&>();
-        const size_t start = stack.rfind(';') == std::string::npos ? 0 : stack.rfind(';') + 1;
-        const size_t first = stack.find(',', start), last = stack.rfind(',');
-        if (first != std::string::npos && last > first) node.module_path = stack.substr(first + 1, last - first - 1);
-      }
+      if (auto ms = md->find("nn_module_stack"); ms != md->end() && ms->is_string())
+        innermost_module(ms->get<std::string>(), &node.module_path, &node.module_type);
     }
+    node.source_nodes = {node.name};
     ep.graph.nodes.push_back(std::move(node));
     ++index;
   }

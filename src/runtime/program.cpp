@@ -85,8 +85,15 @@ Method::~Method() {
 
 void Method::enable_profiling(bool on) {
   profiling_ = on;
+  for (auto& p : profile_) p = InstructionProfile{};  // as the backends do: a profile starts from zero
   for (auto& d : delegates_)
     if (d.backend && d.backend->enable_profiling) d.backend->enable_profiling(d.state, on);
+}
+
+size_t Method::delegate_steps(size_t d, std::span<BackendStepProfile> out) const {
+  if (d >= delegates_.size()) return 0;
+  const DelegateHandle& h = delegates_[d];
+  return h.backend && h.backend->step_profile ? h.backend->step_profile(h.state, out) : 0;
 }
 
 size_t Method::delegate_profile(size_t d, std::span<BackendProfileEntry> out) const {
@@ -208,9 +215,12 @@ Status Method::execute(ErrorMessage* error) {
       case Instruction::Kind::Free: break;  // planned memory: nothing to release
     }
     if (profiling_) {
-      profile_[pc].calls++;
-      profile_[pc].total_ns +=
-          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+      const Clock::time_point end = Clock::now();
+      InstructionProfile& p = profile_[pc];
+      p.calls++;
+      p.total_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
+      p.last_start_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count());
+      p.last_end_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count());
     }
     pc = next;
   }

@@ -5,6 +5,8 @@
 // hook itself works.
 //
 //   kiln_alloc_check FILE.pte   -> {"allocations_during_execute": 0, "hook_counted": 1}
+//   kiln_alloc_check FILE.pte --profile   the same with profiling on (every instruction
+//                                          and delegate step timed, as kiln profile runs it)
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/runtime/program.h"
 
@@ -54,8 +56,9 @@ int posix_memalign(void** out, size_t a, size_t n) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: kiln_alloc_check FILE.pte\n");
+  const bool profile = argc == 3 && std::strcmp(argv[2], "--profile") == 0;
+  if (argc != 2 && !profile) {
+    std::fprintf(stderr, "usage: kiln_alloc_check FILE.pte [--profile]\n");
     return 2;
   }
   // delegated programs: the XNNPACK backend with a thread pool, as `kiln bench --threads 2` runs them
@@ -71,6 +74,8 @@ int main(int argc, char** argv) {
   }
   kiln::rt::MethodOptions options;
   options.backend.threads = 2;
+  options.backend.profiling_detail = profile;
+  options.profiling = profile;
   auto method = program->load_method("forward", options, &err);
   if (!method.ok()) {
     std::fprintf(stderr, "load_method: %s\n", err.c_str());

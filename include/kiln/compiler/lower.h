@@ -54,6 +54,8 @@ struct LowerOptions {
   // regex (ECMAScript, searched) matches stay fp32. Matching none is a warning.
   std::string quantize_skip;
   bool verify = true;   // load the written program back before it takes its name
+  // Write the debug map beside the .pte (X.pte -> X.debug.json, docs/PROFILING.md).
+  bool debug_map = true;
   // Called once per stage with a one-line description (no newline); may be empty.
   std::function<void(std::string_view)> progress;
 };
@@ -61,6 +63,7 @@ struct LowerOptions {
 // Seconds per stage (wall clock).
 struct LowerTimings {
   double read_pt2 = 0, to_edge = 0, partition = 0, emit = 0, write = 0, total = 0;
+  double debug_map = 0;  // after total: writing X.debug.json
 };
 
 struct LowerResult {
@@ -69,6 +72,7 @@ struct LowerResult {
   bool per_op = false;
   std::string pte_path;
   std::string metadata_path;
+  std::string debug_map_path;  // empty when LowerOptions::debug_map is off
   uint64_t pte_size = 0;  // bytes
   passes::LoweringStats lowering;
   emit::EmitReport report;

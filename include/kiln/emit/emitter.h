@@ -38,6 +38,11 @@ struct EmitReport {
   uint64_t delegate_payload_bytes = 0;
   int64_t mutable_buffers = 0;               // buffers kept across calls (planned, initialised from mutable data)
   uint64_t mutable_buffer_bytes = 0;
+  // Debug information, per instruction of the "forward" plan: the edge node a
+  // kernel call runs (its debug handle, see docs/PROFILING.md) or -1, and the
+  // delegated region a delegate call runs or -1.
+  std::vector<int32_t> instruction_node;
+  std::vector<int32_t> instruction_region;
 };
 
 pte::Program emit_program(const passes::EdgeProgram& program, EmitReport* report = nullptr);

@@ -121,7 +121,14 @@ struct Node {
   std::vector<NamedArgument> inputs;
   std::vector<Argument> outputs;  // Tensor, Tensors or None per operator return
   std::string stack_trace;        // user source location, for error messages
-  std::string module_path;        // innermost module of the .pt2's nn_module_stack ("model.layers.0.mlp.up_proj")
+  std::string module_path;        // innermost module of the .pt2's nn_module_stack ("transformer.h.3.attn")
+  // Debug information (kiln lower's X.debug.json, docs/PROFILING.md): the
+  // innermost module's class, and the .pt2 node(s) this node came from
+  // (itself, for a node read from the .pt2; the node a decomposition or
+  // fusion was lowering, for what it emitted). Default-initialised, so
+  // aggregate initialisers that stop at module_path stay complete.
+  std::string module_type{};
+  std::vector<std::string> source_nodes{};
   bool symbolic = false;          // a dynamic program's node with a SymInt argument (never folded ahead of time)
 
   const NamedArgument* input(std::string_view name) const;

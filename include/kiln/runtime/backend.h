@@ -34,6 +34,21 @@ struct BackendProfileEntry {
   uint64_t total_ns = 0;
 };
 
+// One step of a delegate, in execution order, as a profile sees it: its
+// label, the debug handles of the payload nodes it runs (XNNPACK:
+// XNode.debug_handle; kiln's payloads put the edge node's index there, which
+// kiln lower's X.debug.json maps to the .pt2), its totals since profiling was
+// enabled and its last run's start and end (steady clock, ns since its epoch).
+struct BackendStepProfile {
+  const char* label = nullptr;
+  const uint32_t* debug_handles = nullptr;
+  size_t num_debug_handles = 0;
+  uint64_t calls = 0;
+  uint64_t total_ns = 0;
+  uint64_t last_start_ns = 0;
+  uint64_t last_end_ns = 0;
+};
+
 // What the caller of Program::load_method asks of the method's delegates
 // (MethodOptions::backend). Per method, not per process: two methods may run
 // with different settings side by side. Each backend documents what it reads.
@@ -64,6 +79,9 @@ struct Backend {
   // own steps. profile() fills up to out.size() entries and returns how many it has.
   void (*enable_profiling)(void* state, bool on) = nullptr;
   size_t (*profile)(const void* state, std::span<BackendProfileEntry> out) = nullptr;
+  // Optional: every step's profile (BackendStepProfile), up to out.size(); returns how many steps there are.
+  // Reads what execute() recorded while profiling; allocates nothing.
+  size_t (*step_profile)(const void* state, std::span<BackendStepProfile> out) = nullptr;
 };
 
 // The backend registered under `id`, or nullptr.

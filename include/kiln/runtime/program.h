@@ -39,6 +39,8 @@ class Program;
 struct InstructionProfile {
   uint64_t calls = 0;
   uint64_t total_ns = 0;
+  uint64_t last_start_ns = 0;  // the last run's start and end (steady clock, ns since its epoch)
+  uint64_t last_end_ns = 0;
 };
 
 // How a method is prepared: what its delegates may use, whether it profiles.
@@ -94,6 +96,8 @@ class Method {
   const char* delegate_label(size_t d) const { return delegate_labels_[d].c_str(); }
   // Fills up to out.size() entries of delegate d's profile; returns how many it has (0: none).
   size_t delegate_profile(size_t d, std::span<BackendProfileEntry> out) const;
+  // Fills up to out.size() of delegate d's steps (kiln/runtime/backend.h); returns how many it has (0: none).
+  size_t delegate_steps(size_t d, std::span<BackendStepProfile> out) const;
 
   // Bytes of planned memory this method allocated.
   uint64_t planned_bytes() const { return planned_bytes_; }

@@ -173,8 +173,11 @@ struct Step {
   std::vector<float> scratch;         // tasks x per-task floats
   std::vector<float*> slot_ptr;       // tasks x slots: where each slot's row is, this row
   int64_t scratch_per_task = 0;
-  // profiling
+  // profiling: totals, the last run's times (steady clock), the payload
+  // nodes' debug handles (XNode.debug_handle) of the nodes the step runs
   uint64_t calls = 0, total_ns = 0;
+  uint64_t last_start_ns = 0, last_end_ns = 0;
+  std::vector<uint32_t> debug_handles;
 };
 
 inline const float* Operand::data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const {

@@ -188,6 +188,12 @@ class Builder {
   Status make_steps(State& st);
   Status subgraph_step(State& st, size_t begin, size_t end);
   Status kiln_step(State& st, size_t index);
+  // The debug handles of nodes [begin, end) a step runs (not views, not chain members).
+  void add_handles(Step& step, size_t begin, size_t end) const {
+    for (size_t i = begin; i < end; ++i)
+      if (!skip_[i] && chain_of_[i] < 0)
+        step.debug_handles.push_back(graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->debug_handle());
+  }
   template <class ConstantAt>
   Status quant_params(const fbx::XNNQuantizedTensorValue& qv, uint32_t id, Value& val, const ConstantAt& constant_at);
   Status quantized_rows(State& st);
@@ -980,6 +986,7 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
   } else {
     step.label = fcs ? "xnnpack subgraph (fully connected + elementwise)" : "xnnpack subgraph (elementwise, softmax)";
   }
+  add_handles(step, begin, end);
   st.steps.push_back(std::move(step));
   return Status::Ok;
 }
@@ -1189,6 +1196,7 @@ Status Builder::kiln_step(State& st, size_t i) {
   if (step.kind != StepKind::Unary && step.kind != StepKind::FullyConnected && step.kind != StepKind::QFullyConnected &&
       (step.lo != -INFINITY || step.hi != INFINITY))
     return failf(error_, Status::NotSupported, "node %zu: output clamp on %s", i, node_name(t));
+  add_handles(step, i, i + 1);
   st.steps.push_back(std::move(step));
   return Status::Ok;
 }
@@ -1215,6 +1223,9 @@ Status Builder::make_steps(State& st) {
           if (Status s = subgraph_step(st, begin, i); s != Status::Ok) return s;
           open = false;
         }
+        for (size_t j = c.begin; j <= c.last; ++j)
+          if (chain_of_[j] == chain_of_[i])
+            c.step.debug_handles.push_back(graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(j))->debug_handle());
         st.steps.push_back(std::move(c.step));
       }
       continue;
@@ -1258,6 +1269,8 @@ Status Builder::make_steps(State& st) {
     fused.label = "kiln LM head (x · Wᵀ, tiled)";
     fused.in = {mm.in[0], t1.out};  // W [N, K], xt [K, M]
     fused.out = t2.out;
+    for (const Step* part : {&t1, &mm, &t2})
+      fused.debug_handles.insert(fused.debug_handles.end(), part->debug_handles.begin(), part->debug_handles.end());
     fused.m = mm.n;   // sequence rows
     fused.n = mm.m;   // vocabulary
     fused.k = mm.k;
@@ -1390,8 +1403,11 @@ Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
       }
     }
     if (st.profiling) {
+      const Clock::time_point t1 = Clock::now();
       step.calls++;
-      step.total_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+      step.total_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+      step.last_start_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count());
+      step.last_end_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1.time_since_epoch()).count());
     }
   }
   return Status::Ok;
@@ -1406,7 +1422,7 @@ void destroy(void* opaque) { delete static_cast<State*>(opaque); }
 void enable_profiling(void* opaque, bool on) {
   auto& st = *static_cast<State*>(opaque);
   st.profiling = on;
-  for (Step& s : st.steps) s.calls = s.total_ns = 0;
+  for (Step& s : st.steps) s.calls = s.total_ns = s.last_start_ns = s.last_end_ns = 0;
 }
 
 // One entry per step label (summed), in order of first appearance.
@@ -1428,7 +1444,18 @@ size_t profile(const void* opaque, std::span<rt::BackendProfileEntry> out) {
   return sums.size();
 }
 
-const rt::Backend kBackend{"XnnpackBackend", init, execute, destroy, enable_profiling, profile};
+// Every step, in execution order (rt::BackendStepProfile).
+size_t step_profile(const void* opaque, std::span<rt::BackendStepProfile> out) {
+  const auto& st = *static_cast<const State*>(opaque);
+  for (size_t k = 0; k < st.steps.size() && k < out.size(); ++k) {
+    const Step& s = st.steps[k];
+    out[k] = {s.label.c_str(), s.debug_handles.data(), s.debug_handles.size(), s.calls, s.total_ns,
+              s.last_start_ns, s.last_end_ns};
+  }
+  return st.steps.size();
+}
+
+const rt::Backend kBackend{"XnnpackBackend", init, execute, destroy, enable_profiling, profile, step_profile};
 
 }  // namespace
 

@@ -1,0 +1,27 @@
+// ETDump (ExecuTorch's profile event format) for `kiln profile --etdump`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::cli {
+
+// One profiling event of a run, as ExecuTorch's ETDump ProfileEvent holds it.
+struct EtdumpEvent {
+  std::string name;              // operator events: the name; "DELEGATE_CALL", "Method::execute"
+  int32_t instruction_id = -1;   // -1: not an instruction (Method::execute)
+  int32_t delegate_id_int = -1;  // a delegate's event: an integer identifier, or -1
+  std::string delegate_id_str;   // or a string identifier ("" : none)
+  uint64_t start_ns = 0, end_ns = 0;
+};
+
+struct EtdumpRun {
+  std::string name;  // the method
+  std::vector<EtdumpEvent> events;
+};
+
+// The size-prefixed "ED00" flatbuffer ExecuTorch's devtools (Inspector) read.
+std::vector<uint8_t> etdump_bytes(const std::vector<EtdumpRun>& runs);
+
+}  // namespace kiln::cli

@@ -1,0 +1,553 @@
+// `kiln profile`: where a .pte's run time goes, per instruction and per step
+// inside kiln's XNNPACK delegates, named after the model (module paths, source
+// lines, operators, delegate regions) through the debug map `kiln lower`
+// writes beside the .pte (docs/PROFILING.md). The timing is the runtime's
+// (rt::Method::enable_profiling, rt::Method::delegate_steps); this file runs
+// the method, collects what it recorded after each run, aggregates and prints.
+#include "commands.h"
+#include "etdump.h"
+#include "kiln/core/error.h"
+#include "kiln/io/npy.h"
+#include "kiln/runtime/program.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace kiln::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct ProfileOptions {
+  std::string file;
+  std::string method = "forward";
+  std::vector<std::string> inputs;
+  int iters = 10;
+  int warmup = 1;
+  int threads = 1;
+  std::string engine = "kiln";
+  std::string trace;
+  std::string etdump;
+  std::string debug_map;
+  bool as_json = false;
+  int top = 15;
+};
+
+// One timed thing of a run: a kernel call, a delegate's step, or what a
+// delegate call spent outside its steps.
+struct Item {
+  enum class Kind { Instruction, Step, Overhead } kind = Kind::Instruction;
+  size_t instruction = 0;
+  size_t step = 0;
+  std::string label;                    // kernel ("aten::mm.out") or step label
+  std::vector<uint32_t> debug_handles;  // map keys (edge nodes)
+  // from the debug map (empty without one)
+  std::string op, module, source;
+  int64_t region = -1;
+  uint64_t calls = 0, ns = 0;
+};
+
+// The debug map beside the .pte (X.pte -> X.debug.json), if it matches the program.
+struct DebugMap {
+  bool present = false;
+  std::string path, note;
+  json nodes;                               // by debug handle
+  std::vector<int64_t> instruction_handle;  // kernel calls: their edge node, else -1
+  std::vector<int64_t> instruction_region;  // delegate calls: their region, else -1
+};
+
+DebugMap load_debug_map(const ProfileOptions& o, const rt::Method& m) {
+  DebugMap d;
+  d.path = o.debug_map.empty() ? fs::path(o.file).replace_extension(".debug.json").string() : o.debug_map;
+  std::error_code ec;
+  if (!fs::is_regular_file(d.path, ec)) {
+    check(o.debug_map.empty(), "--debug-map {}: no such file", o.debug_map);
+    d.note = fmt::format("no debug map {} (a .pte from ExecuTorch, or lowered with --no-debug-map): rows name "
+                         "kernels and delegate steps only, not the model's modules",
+                         d.path);
+    return d;
+  }
+  json j;
+  try {
+    std::ifstream in(d.path);
+    j = json::parse(in);
+  } catch (const std::exception& e) {
+    fail("{}: not a debug map: {}", d.path, e.what());
+  }
+  check(j.is_object() && j.value("format", "") == "kiln-debug-map", "{}: not a kiln debug map", d.path);
+  const json& ins = j.at("instructions");
+  if (o.method != j.value("method", "forward") || ins.size() != m.num_instructions()) {
+    d.note = fmt::format("the debug map {} describes another program ({} instructions, this method has {}); "
+                         "it is not used",
+                         d.path, ins.size(), m.num_instructions());
+    return d;
+  }
+  d.nodes = j.at("nodes");
+  for (const json& e : ins) {
+    d.instruction_handle.push_back(e.value("debug_handle", int64_t{-1}));
+    d.instruction_region.push_back(e.value("region", int64_t{-1}));
+  }
+  d.present = true;
+  return d;
+}
+
+// The deepest module that holds every one of `paths` ("a.b.c", "a.b.d" -> "a.b").
+std::string common_module(const std::vector<std::string>& paths) {
+  if (paths.empty()) return {};
+  std::string common = paths[0];
+  for (const std::string& p : paths) {
+    size_t k = 0, last_dot = 0;
+    while (k < common.size() && k < p.size() && common[k] == p[k]) {
+      if (common[k] == '.') last_dot = k;
+      ++k;
+    }
+    const bool whole = (k == common.size() && (k == p.size() || p[k] == '.')) ||
+                       (k == p.size() && (k == common.size() || common[k] == '.'));
+    common = whole ? common.substr(0, k) : common.substr(0, last_dot);
+  }
+  return common;
+}
+
+// "model.transformer.h.3.attn" -> "model.transformer.h.*.attn": every layer's copy of a module together.
+std::string module_pattern(const std::string& path) {
+  std::string out;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+    out += digits ? "*" : part;
+    if (dot == std::string::npos) break;
+    out += '.';
+    start = dot + 1;
+  }
+  return out;
+}
+
+void describe(Item& it, const DebugMap& map) {
+  if (!map.present) {
+    it.op = it.label;
+    return;
+  }
+  std::vector<std::string> modules;
+  std::vector<std::string> ops;
+  for (uint32_t h : it.debug_handles) {
+    if (h >= map.nodes.size()) continue;
+    const json& n = map.nodes[h];
+    modules.push_back(n.value("module_path", ""));
+    std::string t = n.value("target", "");
+    if (std::find(ops.begin(), ops.end(), t) == ops.end()) ops.push_back(t);
+    if (it.source.empty() && n.contains("source") && n["source"].is_object()) it.source = n["source"].value("location", "");
+  }
+  it.module = common_module(modules);
+  if (it.kind == Item::Kind::Instruction) {
+    it.op = it.label;
+  } else if (it.kind == Item::Kind::Overhead) {
+    it.op = "delegate call (outside its steps)";
+  } else {
+    it.op = ops.empty() ? it.label : fmt::format("{}", fmt::join(ops, " + "));
+  }
+  if (it.module.empty()) it.module = "(program)";
+}
+
+// Writes `bytes` to `path` through a temporary file renamed into place.
+void write_atomically(const std::string& path, const std::string& flag, const void* bytes, size_t size) {
+  const std::string tmp = path + ".kiln-tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(size));
+    f.close();
+    if (!f.good()) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      fail("{} {}: cannot write", flag, path);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    fail("{} {}: cannot rename into place", flag, path);
+  }
+}
+
+int run_profile(const ProfileOptions& o) {
+  check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+  check(o.threads >= 1, "--threads must be >= 1");
+  rt::ErrorMessage err;
+  auto program = rt::Program::load(o.file.c_str(), &err);
+  if (!program.ok()) fail("{}: {}", o.file, err.c_str());
+  rt::MethodOptions mo;
+  mo.backend.threads = static_cast<size_t>(o.threads);
+  mo.backend.engine = o.engine.c_str();
+  mo.backend.profiling_detail = true;  // XNNPACK's nodes one subgraph each, so each is timed
+  auto method = program->load_method(o.method.c_str(), mo, &err);
+  if (!method.ok()) fail("{}: method '{}': {}", o.file, o.method, err.c_str());
+  rt::Method& m = method.value();
+
+  // An LLM program (constant method use_kv_cache = true): forward(tokens[1, T], input_pos) keeps a
+  // KV cache; each run is a step at the next positions (T = 1: a decode step).
+  bool llm = false;
+  if (auto kv = program->load_method("use_kv_cache", &err); kv.ok() && kv->num_outputs() == 1) {
+    const rt::EValue& v = kv->output_value(0);
+    llm = v.tag == rt::EValue::Tag::Bool && v.scalar.b;
+  }
+  int64_t max_seq_len = 0;
+  if (auto ms = program->load_method("get_max_seq_len", &err); ms.ok() && ms->num_outputs() == 1 &&
+                                                              ms->output_value(0).tag == rt::EValue::Tag::Int)
+    max_seq_len = ms->output_value(0).scalar.i;
+
+  std::vector<std::vector<std::byte>> inputs;
+  check(o.inputs.empty() || o.inputs.size() == m.num_inputs(), "{}: {} --input given for {} input(s)", o.file,
+        o.inputs.size(), m.num_inputs());
+  for (size_t i = 0; i < m.num_inputs(); ++i) {
+    if (o.inputs.empty()) {
+      inputs.emplace_back(m.input(i).nbytes());
+    } else {
+      io::NpyArray a = io::read_npy(o.inputs[i]);
+      check(a.dtype == m.input(i).dtype && m.input(i).same_shape(a.shape), "--input {}: wrong dtype or shape",
+            o.inputs[i]);
+      inputs.push_back(std::move(a.data));
+    }
+  }
+  int64_t step_tokens = 0;
+  std::string phase = "forward";
+  if (llm && m.num_inputs() == 2 && m.input(1).dtype == ScalarType::Long && o.inputs.empty()) {
+    step_tokens = m.input(0).numel;
+    phase = step_tokens == 1 ? "decode" : "prefill";
+  }
+  int64_t pos = 0;
+  auto set_inputs = [&] {
+    if (step_tokens > 0) {  // the next positions (wrapping before the cache's end)
+      if (max_seq_len > 0 && pos + step_tokens > max_seq_len) pos = 0;
+      std::vector<int64_t> p(static_cast<size_t>(m.input(1).numel));
+      for (size_t k = 0; k < p.size(); ++k) p[k] = pos + static_cast<int64_t>(k);
+      std::memcpy(inputs[1].data(), p.data(), inputs[1].size());
+      pos += step_tokens;
+    }
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (m.set_input(i, inputs[i].data(), inputs[i].size(), &err) != rt::Status::Ok) fail("input {}: {}", i, err.c_str());
+  };
+  auto execute = [&] {
+    if (m.execute(&err) != rt::Status::Ok) fail("{}: execution failed: {}", o.file, err.c_str());
+  };
+  for (int i = 0; i < o.warmup; ++i) {
+    set_inputs();
+    execute();
+  }
+
+  const DebugMap map = load_debug_map(o, m);
+  // What each delegate's steps are (labels, debug handles); their buffers sized once.
+  std::vector<std::vector<rt::BackendStepProfile>> steps(m.num_delegates());
+  for (size_t d = 0; d < m.num_delegates(); ++d) {
+    size_t n = m.delegate_steps(d, {});
+    steps[d].resize(n);
+    m.delegate_steps(d, steps[d]);
+  }
+
+  // Runs, each timed around execute(); after each, the events it recorded.
+  struct Event {
+    std::string name, cat;
+    uint64_t start_ns, end_ns;
+    size_t item;
+    size_t run;
+  };
+  std::vector<Event> events;
+  std::vector<Item> items;
+  std::vector<size_t> item_of_instruction(m.num_instructions(), SIZE_MAX);
+  std::vector<std::vector<size_t>> item_of_step(m.num_delegates());
+  for (size_t i = 0; i < m.num_instructions(); ++i) {
+    Item it;
+    it.instruction = i;
+    it.label = m.instruction_label(i);
+    if (map.present && map.instruction_handle[i] >= 0) it.debug_handles = {static_cast<uint32_t>(map.instruction_handle[i])};
+    const int d = m.instruction_delegate(i);
+    if (d >= 0 && !steps[static_cast<size_t>(d)].empty()) {
+      it.kind = Item::Kind::Overhead;
+      it.label = fmt::format("{} call overhead", m.instruction_label(i));
+      for (size_t k = 0; k < steps[static_cast<size_t>(d)].size(); ++k) {
+        const auto& s = steps[static_cast<size_t>(d)][k];
+        Item st;
+        st.kind = Item::Kind::Step;
+        st.instruction = i;
+        st.step = k;
+        st.label = s.label ? s.label : "step";
+        st.debug_handles.assign(s.debug_handles, s.debug_handles + s.num_debug_handles);
+        st.region = map.present ? map.instruction_region[i] : d;
+        item_of_step[static_cast<size_t>(d)].push_back(items.size());
+        items.push_back(std::move(st));
+      }
+      // the call overhead belongs to the region as a whole
+      if (map.present)
+        for (const auto& s : steps[static_cast<size_t>(d)]) it.debug_handles.insert(it.debug_handles.end(), s.debug_handles, s.debug_handles + s.num_debug_handles);
+    }
+    if (d >= 0) it.region = map.present ? map.instruction_region[i] : d;
+    item_of_instruction[i] = items.size();
+    items.push_back(std::move(it));
+  }
+  for (Item& it : items) describe(it, map);
+
+  m.enable_profiling(true);
+  std::vector<double> wall_ms;
+  std::vector<uint64_t> seen(m.num_instructions(), 0);
+  std::vector<std::vector<uint64_t>> seen_step(m.num_delegates());
+  for (size_t d = 0; d < m.num_delegates(); ++d) seen_step[d].assign(steps[d].size(), 0);
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // execute's start, end
+  uint64_t measured_ns = 0;
+  for (int r = 0; r < o.iters; ++r) {
+    set_inputs();
+    const auto a = Clock::now();
+    execute();
+    const auto b = Clock::now();
+    const auto ns = [](Clock::time_point t) {
+      return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+    };
+    runs.emplace_back(ns(a), ns(b));
+    measured_ns += ns(b) - ns(a);
+    wall_ms.push_back(static_cast<double>(ns(b) - ns(a)) / 1e6);
+    const auto prof = m.profile();
+    for (size_t i = 0; i < m.num_instructions(); ++i) {
+      if (prof[i].calls == seen[i]) continue;  // not run this time
+      seen[i] = prof[i].calls;
+      const int d = m.instruction_delegate(i);
+      events.push_back({m.instruction_label(i), d >= 0 ? "delegate" : "kernel", prof[i].last_start_ns,
+                        prof[i].last_end_ns, item_of_instruction[i], static_cast<size_t>(r)});
+      if (d < 0 || steps[static_cast<size_t>(d)].empty()) continue;
+      auto& buf = steps[static_cast<size_t>(d)];
+      m.delegate_steps(static_cast<size_t>(d), buf);
+      for (size_t k = 0; k < buf.size(); ++k) {
+        if (buf[k].calls == seen_step[static_cast<size_t>(d)][k]) continue;
+        seen_step[static_cast<size_t>(d)][k] = buf[k].calls;
+        const size_t item = item_of_step[static_cast<size_t>(d)][k];
+        events.push_back({items[item].label, "step", buf[k].last_start_ns, buf[k].last_end_ns, item, static_cast<size_t>(r)});
+      }
+    }
+  }
+  // Totals: kernel calls as timed; a delegate call as its steps plus the rest of its time.
+  // Read while profiling is on: enable_profiling (on or off) starts the counters from zero.
+  for (size_t d = 0; d < m.num_delegates(); ++d) m.delegate_steps(d, steps[d]);
+  const std::vector<rt::InstructionProfile> prof(m.profile().begin(), m.profile().end());
+  m.enable_profiling(false);
+  uint64_t profiled_ns = 0;
+  for (size_t i = 0; i < m.num_instructions(); ++i) {
+    Item& it = items[item_of_instruction[i]];
+    it.calls = prof[i].calls;
+    uint64_t ns = prof[i].total_ns;
+    profiled_ns += ns;
+    const int d = m.instruction_delegate(i);
+    if (d >= 0)
+      for (size_t k = 0; k < steps[static_cast<size_t>(d)].size(); ++k) {
+        Item& st = items[item_of_step[static_cast<size_t>(d)][k]];
+        st.calls = steps[static_cast<size_t>(d)][k].calls;
+        st.ns = steps[static_cast<size_t>(d)][k].total_ns;
+        ns -= std::min(ns, st.ns);
+      }
+    it.ns = ns;
+  }
+
+  const double per_run = 1.0 / (1e6 * o.iters);  // ns summed over the runs -> ms per run
+  const double measured = static_cast<double>(measured_ns);
+  auto share = [&](uint64_t ns) { return measured > 0 ? static_cast<double>(ns) / measured : 0.0; };
+  struct Group {
+    uint64_t ns = 0, calls = 0;
+    int64_t items = 0;
+  };
+  using Table = std::map<std::string, Group>;
+  Table by_op, by_module, by_pattern, by_region;
+  for (const Item& it : items) {
+    if (it.calls == 0 && it.ns == 0) continue;
+    auto add = [&](Table& t, const std::string& key) {
+      Group& g = t[key];
+      g.ns += it.ns;
+      g.calls += it.calls;
+      g.items++;
+    };
+    add(by_op, it.op);
+    if (map.present) {
+      add(by_module, it.module);
+      add(by_pattern, module_pattern(it.module));
+    }
+    add(by_region, it.region >= 0 ? fmt::format("region {}", it.region) : "portable kernels (outside delegates)");
+  }
+  auto sorted = [](const Table& t) {
+    std::vector<std::pair<std::string, Group>> rows(t.begin(), t.end());
+    std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+    return rows;
+  };
+  std::vector<size_t> order(items.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return items[a].ns > items[b].ns; });
+  std::vector<double> sorted_wall = wall_ms;
+  std::sort(sorted_wall.begin(), sorted_wall.end());
+  const double median = sorted_wall.size() % 2 ? sorted_wall[sorted_wall.size() / 2]
+                                               : 0.5 * (sorted_wall[sorted_wall.size() / 2 - 1] + sorted_wall[sorted_wall.size() / 2]);
+  size_t num_steps = 0;
+  for (const auto& s : steps) num_steps += s.size();
+
+  if (!o.trace.empty()) {  // Chrome trace (the JSON array form with metadata), µs from the first run's start
+    const uint64_t t0 = runs.empty() ? 0 : runs.front().first;
+    auto us = [&](uint64_t ns) { return static_cast<double>(ns - std::min(ns, t0)) / 1e3; };
+    json ev = json::array();
+    ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", fmt::format("kiln profile {}", fs::path(o.file).filename().string())}}}});
+    ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "execute (calling thread)"}}}});
+    for (size_t r = 0; r < runs.size(); ++r)
+      ev.push_back({{"ph", "X"}, {"cat", "run"}, {"name", fmt::format("{} run {}", phase, r)}, {"pid", 1}, {"tid", 1},
+                    {"ts", us(runs[r].first)}, {"dur", static_cast<double>(runs[r].second - runs[r].first) / 1e3}});
+    for (const Event& e : events) {
+      const Item& it = items[e.item];
+      json args = {{"instruction", it.instruction}, {"op", it.op}};
+      if (e.cat == "step") args["step"] = it.step;
+      if (it.region >= 0) args["region"] = it.region;
+      if (map.present) {
+        args["module"] = it.module;
+        if (!it.source.empty()) args["source"] = it.source;
+        args["debug_handles"] = it.debug_handles;
+      }
+      ev.push_back({{"ph", "X"}, {"cat", e.cat}, {"name", e.name}, {"pid", 1}, {"tid", 1}, {"ts", us(e.start_ns)},
+                    {"dur", static_cast<double>(e.end_ns - std::min(e.end_ns, e.start_ns)) / 1e3}, {"args", args}});
+    }
+    json trace = {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
+    const std::string text = trace.dump() + "\n";
+    write_atomically(o.trace, "--trace", text.data(), text.size());
+  }
+
+  if (!o.etdump.empty()) {  // ETDump: one RunData per profiled run, times in ns from the first run's start
+    const uint64_t t0 = runs.empty() ? 0 : runs.front().first;
+    std::vector<EtdumpRun> er(runs.size());
+    for (size_t r = 0; r < runs.size(); ++r) {
+      er[r].name = o.method;
+      er[r].events.push_back({"Method::execute", -1, -1, "", runs[r].first - t0, runs[r].second - t0});
+    }
+    for (const Event& e : events) {
+      const Item& it = items[e.item];
+      EtdumpEvent x;
+      x.instruction_id = static_cast<int32_t>(it.instruction);
+      x.start_ns = e.start_ns - std::min(e.start_ns, t0);
+      x.end_ns = e.end_ns - std::min(e.end_ns, t0);
+      if (e.cat == "step") {  // a delegated event: Inspector names it by its identifier
+        x.name = it.label;
+        x.delegate_id_str = map.present ? fmt::format("{}: {} (#{}.{})", it.module, it.label, it.instruction, it.step)
+                                        : fmt::format("{} (#{}.{})", it.label, it.instruction, it.step);
+      } else if (e.cat == "delegate") {
+        x.name = "DELEGATE_CALL";
+      } else {
+        x.name = map.present ? fmt::format("{} ({})", it.label, it.module) : it.label;
+      }
+      er[e.run].events.push_back(std::move(x));
+    }
+    const std::vector<uint8_t> bytes = etdump_bytes(er);
+    write_atomically(o.etdump, "--etdump", bytes.data(), bytes.size());
+  }
+
+  if (o.as_json) {
+    auto table = [&](const Table& t, const char* key) {
+      json a = json::array();
+      for (const auto& [name, g] : sorted(t))
+        a.push_back({{key, name}, {"ms_per_run", static_cast<double>(g.ns) * per_run}, {"share", share(g.ns)},
+                     {"calls_per_run", static_cast<double>(g.calls) / o.iters}, {"rows", g.items}});
+      return a;
+    };
+    json rows = json::array();
+    for (size_t k : order) {
+      const Item& it = items[k];
+      json r = {{"kind", it.kind == Item::Kind::Step ? "step" : it.kind == Item::Kind::Overhead ? "delegate_overhead" : "instruction"},
+                {"label", it.label}, {"op", it.op}, {"instruction", it.instruction},
+                {"ms_per_run", static_cast<double>(it.ns) * per_run}, {"share", share(it.ns)},
+                {"calls_per_run", static_cast<double>(it.calls) / o.iters}, {"debug_handles", it.debug_handles}};
+      if (it.kind == Item::Kind::Step) r["step"] = it.step;
+      if (it.region >= 0) r["region"] = it.region;
+      if (map.present) {
+        r["module"] = it.module;
+        r["source"] = it.source;
+      }
+      rows.push_back(std::move(r));
+    }
+    json j = {{"file", o.file}, {"method", o.method}, {"phase", phase}, {"iters", o.iters}, {"threads", o.threads},
+              {"engine", o.engine}, {"instructions", m.num_instructions()}, {"delegates", m.num_delegates()},
+              {"delegate_steps", num_steps},
+              {"debug_map", map.present ? json(map.path) : json(nullptr)}, {"note", map.note},
+              {"measured_ms_per_run", measured * per_run}, {"median_ms", median}, {"times_ms", wall_ms},
+              {"profiled_ms_per_run", static_cast<double>(profiled_ns) * per_run},
+              {"rows", rows}, {"by_operator", table(by_op, "operator")}, {"by_region", table(by_region, "region")},
+              {"trace", o.trace.empty() ? json(nullptr) : json(o.trace)}, {"trace_events", events.size()},
+              {"etdump", o.etdump.empty() ? json(nullptr) : json(o.etdump)}};
+    if (map.present) {
+      j["by_module"] = table(by_module, "module");
+      j["by_module_pattern"] = table(by_pattern, "module");
+    }
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+
+  fmt::print("{}: {} instructions, {} delegate call(s) with {} step(s), {} thread(s), {} runs ({})\n", o.file,
+             m.num_instructions(), m.num_delegates(), num_steps, o.threads, o.iters,
+             step_tokens ? fmt::format("{} steps of {} token(s)", phase, step_tokens) : phase);
+  fmt::print("  execute: {:.3f} ms per run (wall time around execute(), median {:.3f} ms); the rows below cover {:.1f}% of it\n",
+             measured * per_run, median, 100.0 * share(profiled_ns));
+  if (!map.note.empty()) fmt::print("  note: {}\n", map.note);
+  auto print_table = [&](const char* title, const Table& t) {
+    fmt::print("  by {}:\n", title);
+    int n = 0;
+    for (const auto& [name, g] : sorted(t)) {
+      if (n++ == o.top) break;
+      fmt::print("    {:>9.3f} ms {:5.1f}%  {:>5} calls  {}\n", static_cast<double>(g.ns) * per_run, 100.0 * share(g.ns),
+                 g.calls / static_cast<uint64_t>(o.iters), name);
+    }
+  };
+  if (map.present) {
+    print_table("module", by_module);
+    print_table("module, every layer together", by_pattern);
+  }
+  print_table("operator", by_op);
+  print_table("delegate region", by_region);
+  fmt::print("  slowest steps:\n");
+  for (size_t k = 0; k < order.size() && static_cast<int>(k) < o.top; ++k) {
+    const Item& it = items[order[k]];
+    fmt::print("    {:>9.3f} ms {:5.1f}%  #{}{}  {}{}{}\n", static_cast<double>(it.ns) * per_run, 100.0 * share(it.ns),
+               it.instruction, it.kind == Item::Kind::Step ? fmt::format(".{}", it.step) : std::string(), it.label,
+               it.module.empty() ? "" : "  " + it.module, it.source.empty() ? "" : "  (" + it.source + ")");
+  }
+  if (!o.trace.empty()) fmt::print("  trace: {} ({} events)\n", o.trace, events.size());
+  if (!o.etdump.empty()) fmt::print("  etdump: {}\n", o.etdump);
+  return 0;
+}
+
+}  // namespace
+
+void add_profile_command(CLI::App& app, std::function<int()>& run) {
+  auto opts = std::make_shared<ProfileOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "profile", "Time every instruction and every step inside kiln's XNNPACK delegates, by operator, module and region");
+  cmd->add_option("file", opts->file, "the .pte program (its debug map X.debug.json beside it names the model's modules)")
+      ->required()->check(CLI::ExistingFile);
+  cmd->add_option("--input,-i", opts->inputs, "input tensors (.npy), one per method input (default: zeros; LLM programs: "
+                                             "tokens 0 at successive positions)");
+  cmd->add_option("--iters", opts->iters, "profiled runs")->capture_default_str();
+  cmd->add_option("--warmup", opts->warmup, "runs before profiling")->capture_default_str();
+  cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();
+  cmd->add_option("--engine", opts->engine, "kiln or xnnpack (as kiln bench)")
+      ->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
+  cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
+  cmd->add_option("--trace", opts->trace, "write a Chrome-trace JSON (chrome://tracing, ui.perfetto.dev): one event per run, "
+                                         "instruction and delegate step");
+  cmd->add_option("--etdump", opts->etdump, "write an ETDump (ExecuTorch's event format, executorch.devtools.Inspector "
+                                           "reads it): per run, Method::execute, every instruction, every delegate step");
+  cmd->add_option("--debug-map", opts->debug_map, "the debug map (default: X.debug.json beside X.pte)");
+  cmd->add_option("--top", opts->top, "rows per table")->capture_default_str();
+  cmd->add_flag("--json", opts->as_json, "print JSON (rows, by_operator, by_module, by_module_pattern, by_region, "
+                                        "measured_ms_per_run, ...)");
+  cmd->callback([opts, &run] { run = [opts] { return run_profile(*opts); }; });
+}
+
+}  // namespace kiln::cli
