@@ -127,6 +127,8 @@ def main() -> None:
     ap.add_argument("--out-md", default=str(REPO / "artifacts" / "llm_compare" / "results.md"))
     ap.add_argument("--json", default=None, help="also write every cell's runs here")
     ap.add_argument("--under-load", action="store_true", help="mark the table 'measured under load'")
+    ap.add_argument("--only", default=None, help="run only these sides (comma-separated: kiln, ExecuTorch, "
+                    "'ET runner', llama.cpp), e.g. to rerun one side's cells after a fix")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     work = Path(args.work)
@@ -141,6 +143,9 @@ def main() -> None:
                   ("fp32", "ET runner", "et_fp32", t),
                   ("fp32", "llama.cpp", "gguf_f32", t), ("8da4w / Q4_1", "kiln", "kiln_8da4w", t),
                   ("8da4w / Q4_1", "llama.cpp", "gguf_q4_1", t)]
+    if args.only:
+        keep = {x.strip() for x in args.only.split(",")}
+        cells = [c for c in cells if c[1] in keep]
     results = {c: [] for c in cells}
     errors = {}
     load0 = os.getloadavg()
@@ -157,7 +162,8 @@ def main() -> None:
                 errors[c] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]
                 log(f"  failed: {errors[c]}")
                 continue
-            j = json.loads(proc.stdout)
+            # the last line: ExecuTorch's runner logs to stdout before the script's JSON
+            j = json.loads(proc.stdout.strip().splitlines()[-1])
             row = j["results"][0]
             results[c].append((row["prefill_tokens_per_s"], row["decode_tokens_per_s"], j.get("system_info")))
     load1 = os.getloadavg()

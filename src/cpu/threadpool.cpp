@@ -1,9 +1,11 @@
 // cpu::ThreadPool (see the header for why it is not pthreadpool).
 //
-// One job at a time. A job is published by storing (epoch << 32 | 0) into
-// `claim`; a thread claims index i by a compare-exchange of (epoch, i) ->
-// (epoch, i + 1), so a thread that wakes up late can never take an index of a
-// later job with an earlier job's function. `left` counts unfinished indices;
+// One job at a time. A job is published by closing the previous one's claim
+// word ((epoch << 32 | UINT32_MAX): no index of it can be claimed), writing the
+// job's fields, then storing (epoch << 32 | 0) into `claim`; a thread claims
+// index i by a compare-exchange of (epoch, i) -> (epoch, i + 1), so a thread that
+// wakes up late can never take an index of a later job with an earlier job's
+// function, nor an index outside a job's claims. `left` counts unfinished indices;
 // the thread that finishes the last one wakes the caller if it sleeps.
 #include "kiln/cpu/threadpool.h"
 
@@ -99,7 +101,9 @@ struct ThreadPool::Impl {
     for (;;) {
       if (static_cast<uint32_t>(c >> 32) != e) return ran;
       const uint32_t i = static_cast<uint32_t>(c);
-      if (i >= n.load(std::memory_order_relaxed)) return ran;  // this job's n: it cannot end while i is unclaimed
+      // this job's n (it cannot end while i is unclaimed); acquire: a new job's n is stored after
+      // run() closed the old job's claims, so a thread that sees the new n cannot claim an old index
+      if (i >= n.load(std::memory_order_acquire)) return ran;
       void (*const f)(void*, size_t) = task.load(std::memory_order_relaxed);
       void* const x = ctx.load(std::memory_order_relaxed);
       if (!claim.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
@@ -174,12 +178,17 @@ void ThreadPool::run(size_t n, void (*task)(void*, size_t), void* ctx) const {
     for (size_t i = 0; i < n; ++i) task(ctx, i);
     return;
   }
-  // Publish: the job's fields, then the claim word, then the epoch workers watch.
+  // Publish: close the previous job's claim word, the job's fields, then the claim word, then
+  // the epoch workers watch. Closing first matters: a worker late in the previous job holds its
+  // claim word (all claimed: index == old n); had it read the new, larger n while the word still
+  // showed the old job, its compare-exchange would succeed, run an index outside the claims and
+  // count it against the new job's `left` (which then never reaches 0: the caller hung).
+  const uint32_t e = static_cast<uint32_t>(p.claim.load(std::memory_order_relaxed) >> 32) + 1;
+  p.claim.store(static_cast<uint64_t>(e) << 32 | UINT32_MAX, std::memory_order_relaxed);
   p.task.store(task, std::memory_order_relaxed);
   p.ctx.store(ctx, std::memory_order_relaxed);
-  p.n.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
   p.left.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
-  const uint32_t e = static_cast<uint32_t>(p.claim.load(std::memory_order_relaxed) >> 32) + 1;
+  p.n.store(static_cast<uint32_t>(n), std::memory_order_release);  // after the close (work() acquires it)
   p.claim.store(static_cast<uint64_t>(e) << 32, std::memory_order_release);
   p.epoch.store(e, std::memory_order_seq_cst);
   if (p.sleepers.load(std::memory_order_seq_cst) != 0) p.epoch.notify_all();

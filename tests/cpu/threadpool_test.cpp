@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -58,6 +59,23 @@ TEST(ThreadPool, BackToBackLoopsNeverMix) {
   for (int loop = 0; loop < 20000; ++loop) {
     pool.parallel_for(seen.size(), [&, loop](size_t i) { seen[i] = loop; });
     for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], loop) << "index " << i;
+  }
+}
+
+// Loops of alternating sizes back to back (a small one after a larger one and the
+// reverse), each index of each loop counted: a worker late in one loop, holding its
+// claim word while the caller publishes the next, larger loop, must not claim an index
+// outside the new loop's claims (it ran twice, and the loop's count of unfinished
+// indices went below zero: the caller waited forever; seen in an LLM's decode loop).
+TEST(ThreadPool, LoopsOfChangingSizeRunEachIndexOnce) {
+  ThreadPool pool(2);
+  constexpr size_t kMax = 16;
+  std::array<std::atomic<int>, kMax> hits{};
+  for (int loop = 0; loop < 300000; ++loop) {
+    const size_t n = 2 + static_cast<size_t>(loop % 3 == 0 ? 11 : loop % 5);
+    for (size_t i = 0; i < n; ++i) hits[i].store(0, std::memory_order_relaxed);
+    pool.parallel_for(n, [&](size_t i) { hits[i].fetch_add(1, std::memory_order_relaxed); });
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "loop " << loop << " index " << i << " of " << n;
   }
 }
 

@@ -1306,6 +1306,7 @@ Status Builder::make_steps(State& st) {
     if (gi.storage.kind == Storage::Kind::None) continue;
     mm.in[1] = t.in[0];
     mm.trans_b = true;
+    mm.debug_handles.insert(mm.debug_handles.begin(), t.debug_handles.begin(), t.debug_handles.end());
     mm.label = "kiln batch matmul (A · Bᵀ)";
     st.steps.erase(st.steps.begin() + static_cast<std::ptrdiff_t>(s));
   }

@@ -1,0 +1,112 @@
+// kiln_bandwidth: this machine's memory read bandwidth, for the roofline of a
+// memory-bound product (an LLM's decode reads every weight once per token).
+//
+//   build/kiln_bandwidth [--mb 512] [--threads 1,2] [--reps 7]
+//
+// Each thread sums its own contiguous share of one buffer far larger than the
+// caches (8 independent AVX2 accumulators where the CPU has them, so the loop is
+// bound by memory, not by the adds); the figure is bytes read / wall time, the
+// median over reps after one warm-up pass. Prints one JSON object.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+#if defined(__x86_64__)
+__attribute__((target("arch=x86-64-v3"))) float sum_avx2(const float* p, size_t n) {
+  float acc[64] = {};
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 64; ++j) acc[j] += p[i + j];
+  float s = 0;
+  for (float a : acc) s += a;
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+#endif
+
+float sum_plain(const float* p, size_t n) {
+  float acc[64] = {};
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 64; ++j) acc[j] += p[i + j];
+  float s = 0;
+  for (float a : acc) s += a;
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+float sum(const float* p, size_t n) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) return sum_avx2(p, n);
+#endif
+  return sum_plain(p, n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t mb = 512;
+  int reps = 7;
+  std::vector<int> threads{1, 2};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--mb" && i + 1 < argc) {
+      mb = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads.clear();
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        size_t comma = list.find(',', at);
+        if (comma == std::string::npos) comma = list.size();
+        threads.push_back(std::atoi(list.substr(at, comma - at).c_str()));
+        at = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: kiln_bandwidth [--mb N] [--threads 1,2] [--reps R]\n");
+      return 2;
+    }
+  }
+  if (mb < 64 || reps < 1 || threads.empty() || *std::min_element(threads.begin(), threads.end()) < 1) {
+    std::fprintf(stderr, "kiln_bandwidth: --mb at least 64, --reps and --threads at least 1\n");
+    return 2;
+  }
+  const size_t n = mb * (size_t{1} << 20) / sizeof(float);
+  std::vector<float> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 7);  // touched: every page is real
+  std::printf("{\"mb\": %zu, \"results\": [", mb);
+  volatile float sink = 0;
+  for (size_t ti = 0; ti < threads.size(); ++ti) {
+    const int t = threads[ti];
+    std::vector<double> gbs;
+    for (int r = -1; r < reps; ++r) {
+      std::vector<float> part(static_cast<size_t>(t));
+      auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::thread> pool;
+      for (int k = 0; k < t; ++k)
+        pool.emplace_back([&, k] {
+          const size_t b = n * static_cast<size_t>(k) / static_cast<size_t>(t);
+          const size_t e = n * static_cast<size_t>(k + 1) / static_cast<size_t>(t);
+          part[static_cast<size_t>(k)] = sum(buf.data() + b, e - b);
+        });
+      for (auto& th : pool) th.join();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (float v : part) sink = sink + v;
+      if (r >= 0) gbs.push_back(static_cast<double>(n * sizeof(float)) / s / 1e9);
+    }
+    std::sort(gbs.begin(), gbs.end());
+    std::printf("%s{\"threads\": %d, \"read_gb_per_s\": %.2f, \"max\": %.2f}", ti ? ", " : "", t, gbs[gbs.size() / 2],
+                gbs.back());
+  }
+  std::printf("]}\n");
+  return 0;
+}
