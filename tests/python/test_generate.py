@@ -49,6 +49,22 @@ def test_greedy_chat_matches_transformers(smollm2, index):
     for key in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mb"):
         assert got[key] > 0, (key, got)
 
+    # ExecuTorch's own LLM runner on the same .pte, greedy: the same text, up to the end of the turn
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    eos = model.config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    end = next((i for i, t in enumerate(got["tokens"]) if t in eos), None)
+    pieces = []
+    runner = TextLLMRunner(str(pte), str(spec.parent / "tokenizer.json"))
+    runner.generate(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
+                    GenerationConfig(echo=False, max_new_tokens=NEW, temperature=0.0), token_callback=pieces.append)
+    et_text = "".join(pieces)
+    if end is not None:
+        assert et_text == tok.decode(got["tokens"][:end + 1]), (et_text, tok.decode(got["tokens"]))
+    else:  # no end of turn in 64 tokens: the runner's count may stop one short
+        assert tok.decode(got["tokens"]).startswith(et_text) and len(et_text) >= len(tok.decode(got["tokens"][:NEW - 2]))
+
 
 def test_streaming_output_is_the_text(smollm2):
     spec, pte, _, _ = smollm2
