@@ -1082,28 +1082,18 @@ Status Builder::kiln_step(State& st, size_t i) {
         return bad("input, weights and output shapes do not agree");
       step.m = in.numel / step.k;
       step.in.resize(1);  // x; the weights and bias are constants
-      if (step.m < kGemvRows) {
-        // a few rows (one token): dot products with W's rows, [N, K], so that each task
-        // streams one contiguous block of W; read in place when the file has them so
-        if (!kn) {
-          step.weights = static_cast<const float*>(w.constant);
-        } else {  // [K, N] -> [N, K] once, into kiln's memory; the file's copy leaves memory
-          auto* wt = static_cast<float*>(std::aligned_alloc(kArenaAlign, (w.bytes() + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
-          if (!wt) return fail(error_, Status::OutOfMemory, "out of memory transposing weights");
-          st.owned.emplace_back(wt, &std::free);
-          transpose_blocked(static_cast<const float*>(w.constant), step.k, step.n, wt);
-          step.weights = wt;
-          if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
-        }
-        step.weights_nk = true;
-      } else if (kn) {
+      // W's layout for the product: a few rows (one token) are dot products over W's rows, [N, K], so
+      // that each task streams one contiguous block of W; many rows run the GEMM over [K, N]. A file
+      // with the other layout is transposed once, into kiln's memory, and its copy leaves memory.
+      step.weights_nk = step.m < kGemvRows;
+      if (step.weights_nk != kn) {
         step.weights = static_cast<const float*>(w.constant);  // read in place, from the file
       } else {
-        // [N, K] -> [K, N] once, into kiln's memory; the file's copy leaves memory
         auto* wt = static_cast<float*>(std::aligned_alloc(kArenaAlign, (w.bytes() + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
         if (!wt) return fail(error_, Status::OutOfMemory, "out of memory transposing weights");
         st.owned.emplace_back(wt, &std::free);
-        transpose_blocked(static_cast<const float*>(w.constant), step.n, step.k, wt);
+        const int64_t rows = kn ? step.k : step.n, cols = kn ? step.n : step.k;  // the file's [rows, cols]
+        transpose_blocked(static_cast<const float*>(w.constant), rows, cols, wt);
         step.weights = wt;
         if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
       }
