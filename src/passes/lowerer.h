@@ -771,6 +771,7 @@ class Lowerer {
                        contiguous(m.dtype, {rows, N}), "mm");
       return view(y, m.sizes);
     }
+    if (auto y = grouped_matmul(a, b, m)) return *y;
     // Batched: broadcast the batch dims, fold them into one, bmm.
     std::vector<int64_t> batch(m.sizes.begin(), m.sizes.end() - 2);
     int64_t B = std::accumulate(batch.begin(), batch.end(), int64_t{1}, std::multiplies<>());
@@ -783,6 +784,91 @@ class Lowerer {
     ValueId be = view(expand(b, with(batch, K, N)), {B, K, N});
     ValueId y = emit("aten.bmm.default", {NA("self", tensor_arg(ae)), NA("mat2", tensor_arg(be))},
                      contiguous(m.dtype, {B, M, N}), "bmm");
+    return view(y, m.sizes);
+  }
+
+  // The edge node that computes `v`, if it is `target`.
+  const Node* produced_by(ValueId v, std::string_view target) const {
+    int32_t p = out_.graph.values[static_cast<size_t>(v)].producer;
+    if (p < 0 || static_cast<size_t>(p) >= out_.graph.nodes.size()) return nullptr;
+    const Node& node = out_.graph.nodes[static_cast<size_t>(p)];
+    if (node.target != target || node.inputs.empty() || node.inputs[0].arg.kind != Argument::Kind::Tensor)
+      return nullptr;
+    return &node;
+  }
+
+  // Grouped-query attention written out (transformers' repeat_kv: x[:, :, None].expand(b, hk, G, s, d)
+  // .reshape(b, hk * G, s, d)): `v` [..., hk*G, S, D] repeats each head of x [..., hk, S, D] G times.
+  // Returns x and G when `v` is that view of that expand (heads on axis `rank - 3`).
+  struct HeadRepeat {
+    ValueId x;
+    int64_t groups;
+  };
+  std::optional<HeadRepeat> head_repeat(ValueId v) const {
+    const auto& vm = meta_of(v);
+    size_t r = vm.sizes.size();
+    const Node* view_node = produced_by(v, "aten.view_copy.default");
+    if (r < 3 || !view_node) return std::nullopt;
+    ValueId e = std::get<ValueId>(view_node->inputs[0].arg.payload);
+    const Node* expand_node = produced_by(e, "aten.expand_copy.default");
+    if (!expand_node) return std::nullopt;
+    ValueId u = std::get<ValueId>(expand_node->inputs[0].arg.payload);
+    const auto& em = meta_of(e);
+    const auto& um = meta_of(u);
+    // u [..., hk, 1, S, D] -> e [..., hk, G, S, D] -> v [..., hk*G, S, D]
+    if (em.sizes.size() != r + 1 || um.sizes.size() != r + 1 || !vm.sym_sizes.empty() || !um.sym_sizes.empty())
+      return std::nullopt;
+    size_t h = r - 3;  // heads axis of v; the group axis of e is h + 1
+    for (size_t i = 0; i <= r; ++i) {
+      if (i == h + 1) continue;
+      if (um.sizes[i] != em.sizes[i]) return std::nullopt;
+    }
+    if (um.sizes[h + 1] != 1 || em.sizes[h + 1] <= 1 || vm.sizes[h] != em.sizes[h] * em.sizes[h + 1] ||
+        vm.sizes[h + 1] != em.sizes[h + 2] || vm.sizes[h + 2] != em.sizes[h + 3])
+      return std::nullopt;
+    for (size_t i = 0; i < h; ++i)
+      if (vm.sizes[i] != em.sizes[i]) return std::nullopt;
+    std::vector<int64_t> xs = vm.sizes;
+    xs[h] = em.sizes[h];
+    return HeadRepeat{const_cast<Lowerer*>(this)->view(u, xs), em.sizes[h + 1]};
+  }
+
+  // a [..., hk*G, M, K] @ b, where b (or b with its last two axes swapped) repeats each of hk heads G times:
+  // the G query heads of a group become the rows of one bmm against the unrepeated head, so neither K
+  // nor V is copied G times (the copy is what the repeat costs: XNNPACK materialises it every call).
+  std::optional<ValueId> grouped_matmul(ValueId a, ValueId b, const TensorMeta& m) {
+    const auto& am = meta_of(a);
+    size_t r = m.sizes.size();
+    if (am.sizes.size() != r || meta_of(b).sizes.size() != r || r < 3 || no_fold_ || !am.sym_sizes.empty() ||
+        !m.sym_sizes.empty())
+      return std::nullopt;
+    for (size_t i = 0; i + 2 < r; ++i)
+      if (am.sizes[i] != m.sizes[i]) return std::nullopt;  // a's batch dims must not broadcast
+    bool transposed = false;
+    std::optional<HeadRepeat> rep = head_repeat(b);
+    if (!rep) {
+      const Node* p = produced_by(b, "aten.permute_copy.default");
+      if (!p) return std::nullopt;
+      std::vector<int64_t> swap(r);
+      std::iota(swap.begin(), swap.end(), 0);
+      std::swap(swap[r - 2], swap[r - 1]);
+      const Argument* dims = p->input("dims") ? &p->input("dims")->arg : nullptr;
+      if (!dims || dims->kind != Argument::Kind::Ints || std::get<std::vector<int64_t>>(dims->payload) != swap)
+        return std::nullopt;
+      rep = head_repeat(std::get<ValueId>(p->inputs[0].arg.payload));
+      transposed = true;
+      if (!rep) return std::nullopt;
+    }
+    const auto& xm = meta_of(rep->x);  // [..., hk, S, D]
+    int64_t G = rep->groups, M = am.sizes[r - 2], K = am.sizes[r - 1], N = m.sizes[r - 1];
+    int64_t B = xm.numel() / std::max<int64_t>(xm.sizes[r - 2] * xm.sizes[r - 1], 1);
+    bool fits = transposed ? xm.sizes[r - 1] == K && xm.sizes[r - 2] == N : xm.sizes[r - 2] == K && xm.sizes[r - 1] == N;
+    if (!fits || B * G * M * K != am.numel()) return std::nullopt;
+    ValueId a3 = view(a, {B, G * M, K});
+    ValueId b3 = view(rep->x, {B, xm.sizes[r - 2], xm.sizes[r - 1]});
+    if (transposed) b3 = permute(b3, {0, 2, 1}, "k_t");
+    ValueId y = emit("aten.bmm.default", {NA("self", tensor_arg(a3)), NA("mat2", tensor_arg(b3))},
+                     contiguous(m.dtype, {B, G * M, N}), "bmm_grouped");
     return view(y, m.sizes);
   }
 

@@ -196,3 +196,12 @@ def pytest_collection_finish(session):
     # stable: within a group pytest's own order (which keeps a parametrized session fixture's
     # instances together) is kept
     session.items.sort(key=lambda item: 0 if _group(item) in _HEAVY else 1)
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    # The controller, once a worker has collected: under `--dist loadgroup` xdist has put each test's
+    # group in its node id. If it has not (pytest 9 with xdist 3.8 drops it silently), the groups would
+    # be spread over both workers and every heavy fixture built twice: stop with the reason.
+    if node.config.getvalue("dist") == "loadgroup" and any("@" not in i for i in ids):
+        raise pytest.UsageError("pytest-xdist did not apply the xdist_group marks (node ids carry no @group): this "
+                                "pytest / pytest-xdist pair cannot run --dist loadgroup (see requirements.txt)")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_kiln
+from conftest import REPO, export_model, run_kiln
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 NEW = 64
@@ -97,13 +97,14 @@ def test_stop_string_ends_the_text(smollm2):
     assert cut == full[:full.index(word)], (cut, full)
 
 
-def test_bad_input_is_one_clear_line(smollm2, tiny_gpt2, tmp_path):
+def test_bad_input_is_one_clear_line(smollm2, tmp_path):
     spec, pte, _, _ = smollm2
     tj = spec.parent / "tokenizer.json"
     lonely = tmp_path / "alone.pte"
     shutil.copy(pte, lonely)  # no tokenizer beside it
-    gpt2_pte = tmp_path / "gpt2.pte"
-    run_kiln("lower", "--spec", tiny_gpt2, "--backend", "portable", "--out", gpt2_pte, "-q")
+    gpt2_pte = tmp_path / "gpt2.pte"  # any program that is not an LLM's (one IR flavor is enough)
+    gpt2_spec = export_model(tmp_path / "gpt2", "--config", "tiny", "--seq-len", "16")
+    run_kiln("lower", "--spec", gpt2_spec, "--backend", "portable", "--out", gpt2_pte, "-q")
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     tiny = tmp_path / "tiny"
     subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny",

@@ -278,3 +278,36 @@ def test_smollm2_64_greedy_tokens_match_transformers(smollm2, tmp_path):
     runner.generate(text, GenerationConfig(echo=False, max_new_tokens=SMOL_NEW, temperature=0.0),
                     token_callback=pieces.append)
     assert "".join(pieces) == tok.decode(want[:end + 1]), ("".join(pieces), tok.decode(want[:end + 1]))
+
+
+PER_OP_NEW = 12
+
+
+def test_smollm2_per_op_runs_in_executorch_with_its_partition_table(smollm2, tmp_path):
+    """--per-op (one XNNPACK delegate per node) on SmolLM2: ExecuTorch's runtime gives transformers' greedy
+    tokens, and the delegation report names what is delegated and what runs as a portable operator."""
+    import torch
+
+    spec, regions_pte, model, tok = smollm2
+    pte = tmp_path / "smollm2_per_op.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--per-op", "--out", pte, "-q")
+    d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
+    regions = json.loads(regions_pte.with_suffix(".json").read_text())["delegation"]
+    assert d["mode"] == "per_op"
+    # one delegate call per delegated node; the same nodes and the same portable operators as the regions mode
+    assert d["delegate_call_sites"] == d["delegated_node_count"] == regions["delegated_node_count"] > 30 * 10
+    assert d["fallback_ops"] == regions["fallback_ops"]
+    # the KV cache writes are the portable operators, one per cache (30 layers, K and V), named with a reason
+    assert d["fallback_ops"].get("aten::index_put_") == 60, d["fallback_ops"]
+    assert all(op in d.get("fallback_reasons", {}) for op in d["fallback_ops"]), d
+
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colors."}], add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    with torch.no_grad():
+        x = torch.tensor([prompt])
+        ids = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=PER_OP_NEW, do_sample=False,
+                             min_new_tokens=PER_OP_NEW, pad_token_id=tok.pad_token_id or 0)
+    tokens = ids[0].tolist()
+    want = tokens[len(prompt):]
+    got = [int(l[0, -1].argmax()) for l in _et_steps(pte, tokens[:-1])[len(prompt) - 1:]]
+    assert got == want, f"ExecuTorch runtime on --per-op: {tok.decode(got)!r} != {tok.decode(want)!r}"
