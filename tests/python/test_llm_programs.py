@@ -149,6 +149,27 @@ def test_decode_step_allocates_nothing(tiny_llm, backend, tmp_path):
     assert result["hook_counted"] >= 1 and result["allocations_during_execute"] == 0, result
 
 
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_decode_copies_no_kv_cache(tiny_llm, backend, tmp_path):
+    """No node of the decode program copies a KV cache. The tiny decoders have grouped-query attention (4
+    query heads, 2 K/V heads), exported as transformers writes it (repeat_kv: expand + reshape, a copy of the
+    cache per call): the attention products read the cached heads unrepeated, the cache rows are written in
+    place, and in kiln's runtime the K transpose is read by the product itself."""
+    arch, spec, _, _ = tiny_llm
+    pte = tmp_path / f"{arch}_{backend}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "-q")
+    targets = [n["target"] for n in json.loads(pte.with_name(pte.stem + ".debug.json").read_text())["nodes"]]
+    layers = 2
+    assert not [t for t in targets if "expand" in t or "repeat" in t or "clone" in t], sorted(set(targets))
+    assert targets.count("aten.bmm.default") == 2 * layers  # q.k^T and p.v, per layer, against the cache itself
+    assert targets.count("aten.index_put_.default") == 2 * layers  # the new rows, in place
+    assert targets.count("aten.copy_.default") == layers  # the position counters (one int64 per layer), not a cache
+    if backend == "xnnpack":
+        prof = json.loads(run_kiln("profile", pte, "--iters", "2", "--json").stdout)
+        fused = {r["operator"]: r["calls_per_run"] for r in prof["by_operator"]}
+        assert fused.get("aten.permute_copy.default + aten.bmm.default") == layers, fused
+
+
 def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
     """A second load starts from the initial cache; within one load the cache carries over."""
     import torch
