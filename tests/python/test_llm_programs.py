@@ -337,3 +337,46 @@ def test_smollm2_per_op_runs_in_executorch_with_its_partition_table(smollm2, tmp
     want = tokens[len(prompt):]
     got = [int(l[0, -1].argmax()) for l in _et_steps(pte, tokens[:-1])[len(prompt) - 1:]]
     assert got == want, f"ExecuTorch runtime on --per-op: {tok.decode(got)!r} != {tok.decode(want)!r}"
+
+
+def test_kiln_runtime_runs_executorchs_own_smollm2_pte(smollm2, tmp_path):
+    """SmolLM2 exported ExecuTorch's way (transformers' ExecuTorch integration, convert_and_export_with_cache:
+    a StaticCache, forward(input_ids, cache_position)) and lowered by ExecuTorch with its XnnpackPartitioner:
+    kiln's runtime gives transformers' greedy tokens."""
+    import copy
+
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from transformers.integrations.executorch import convert_and_export_with_cache
+
+    _, _, model, tok = smollm2
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.use_cache = True
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": 64}
+    try:
+        ep = convert_and_export_with_cache(model)
+    finally:
+        model.generation_config = saved
+    pte = tmp_path / "smollm2_et_hf.pte"
+    pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colors."}], add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    eos_saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        with torch.no_grad():
+            x = torch.tensor([prompt])
+            ids = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=PER_OP_NEW, do_sample=False,
+                                 pad_token_id=tok.pad_token_id or 0)
+    finally:
+        model.generation_config.eos_token_id = eos_saved
+    tokens = ids[0].tolist()
+    want = tokens[len(prompt):]
+    work = tmp_path / "steps"
+    work.mkdir()
+    got = [int(l[0, -1].argmax()) for l in _kiln_steps(pte, tokens[:-1], work)[len(prompt) - 1:]]
+    assert got == want, f"kiln runtime on ExecuTorch's SmolLM2 .pte: {tok.decode(got)!r} != {tok.decode(want)!r}"
