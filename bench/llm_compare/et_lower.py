@@ -2,7 +2,11 @@
 with XnnpackPartitioner, the constant methods its LLM runner reads (from model_spec.json), written
 to OUT.tmp then renamed.
 
-    .venv/bin/python bench/llm_compare/et_lower.py MODEL_SPEC.json OUT.pte
+    .venv/bin/python bench/llm_compare/et_lower.py MODEL_SPEC.json OUT.pte [8da4w:G]
+
+With 8da4w:G the program is ExecuTorch's 8da4w instead: the same wrapper module (python -m kiln_export
+llm, SmolLM2's weights, a cache of the spec's max_seq_len) quantized by torchao
+(quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup(G)))), exported, then lowered the same way.
 """
 from __future__ import annotations
 
@@ -12,6 +16,26 @@ import sys
 from pathlib import Path
 
 
+def quantized_export(spec: dict, scheme: str):
+    import torch
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerGroup, quantize_
+    from transformers import AutoModelForCausalLM
+
+    name, _, group = scheme.partition(":")
+    if name != "8da4w":
+        sys.exit(f"et_lower: unknown scheme {scheme!r} (8da4w:G)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+    from kiln_export import llm
+
+    folder, fname = os.path.split(llm.smollm2_gguf())
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
+                                                 attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
+    module = llm.make_module(model, int(spec["constant_methods"]["get_max_seq_len"]), False).eval()
+    quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+                                                            weight_granularity=PerGroup(int(group or 32))))
+    return torch.export.export(module, (torch.tensor([[1]]), torch.tensor([0])))
+
+
 def main() -> None:
     spec_path, out = Path(sys.argv[1]), sys.argv[2]
     import torch
@@ -19,7 +43,10 @@ def main() -> None:
     from executorch.exir import to_edge_transform_and_lower
 
     spec = json.loads(spec_path.read_text())
-    ep = torch.export.load(str(spec_path.parent / spec["exported_program"]))
+    if len(sys.argv) > 3:
+        ep = quantized_export(spec, sys.argv[3])
+    else:
+        ep = torch.export.load(str(spec_path.parent / spec["exported_program"]))
     prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()],
                                        constant_methods=spec["constant_methods"]).to_executorch()
     with open(out + ".tmp", "wb") as f:

