@@ -33,7 +33,9 @@ def quantized_export(spec: dict, scheme: str):
     module = llm.make_module(model, int(spec["constant_methods"]["get_max_seq_len"]), False).eval()
     quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
                                                             weight_granularity=PerGroup(int(group or 32))))
-    return torch.export.export(module, (torch.tensor([[1]]), torch.tensor([0])))
+    # strict (dynamo) export, as ExecuTorch's LLM export does: the non-strict export of the quantized
+    # wrapper (tensor-subclass weights, mutated cache buffers) fails in run_decompositions (torch 2.13)
+    return torch.export.export(module, (torch.tensor([[1]]), torch.tensor([0])), strict=True)
 
 
 def main() -> None:

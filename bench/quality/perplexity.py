@@ -98,7 +98,9 @@ def torchao_8da4w_pte(model, window: int, group: int, path: Path) -> Path:
 
     module = llm.make_module(copy.deepcopy(model), window, False).eval()
     quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group)))
-    ep = torch.export.export(module, (torch.tensor([[1]]), torch.tensor([0])))
+    # strict (dynamo) export, as ExecuTorch's LLM export does: the non-strict export of the quantized
+    # wrapper (tensor-subclass weights, mutated cache buffers) fails in run_decompositions (torch 2.13)
+    ep = torch.export.export(module, (torch.tensor([[1]]), torch.tensor([0])), strict=True)
     path.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
     return path
 
