@@ -170,6 +170,27 @@ def smollm2(tmp_path_factory):
     return out / "model_spec.json", pte, model, tok
 
 
+def greedy_chat_reference(model, tok, chat, new_tokens: int):
+    """(prompt ids, transformers' next `new_tokens` greedy ids) for a chat, past the end of the answer:
+    the model's eos is switched off for the call (and given back after)."""
+    import torch
+
+    prompt = tok.apply_chat_template(chat, add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        with torch.no_grad():
+            # the attention mask given: transformers would infer one that hides the prompt's <|im_end|>
+            # tokens (its pad token) once eos_token_id is None
+            x = torch.tensor([prompt])
+            ids = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=tok.pad_token_id or 0)[0].tolist()
+    finally:
+        model.generation_config.eos_token_id = saved
+    return prompt, ids[len(prompt):]
+
+
 # ---- parallel runs (pytest-xdist, `-n 2 --dist loadgroup`: scripts/test) ----
 # Every file is one group, so its module fixtures are built once, on one worker; the tests of the
 # session fixtures that take minutes to build (GPT-2 small's exports and ExecuTorch's lowerings of

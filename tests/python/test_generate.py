@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, export_model, run_kiln
+from conftest import REPO, export_model, greedy_chat_reference, run_kiln
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 NEW = 64
@@ -24,23 +24,9 @@ def _generate(pte, tok_json, *args):
 
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
 def test_greedy_chat_matches_transformers(smollm2, index):
-    import torch
-
     spec, pte, model, tok = smollm2
     chat = [{"role": "user", "content": PROMPTS[index]}]
-    prompt = tok.apply_chat_template(chat, add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    saved = model.generation_config.eos_token_id
-    model.generation_config.eos_token_id = None
-    try:
-        with torch.no_grad():
-            # the attention mask given: transformers would infer one that hides the prompt's <|im_end|>
-            # tokens (its pad token) once eos_token_id is None
-            x = torch.tensor([prompt])
-            ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW, do_sample=False,
-                                 pad_token_id=tok.pad_token_id or 0)[0].tolist()[len(prompt):]
-    finally:
-        model.generation_config.eos_token_id = saved
+    prompt, ref = greedy_chat_reference(model, tok, chat, NEW)
     got = _generate(pte, spec.parent / "tokenizer.json", "--chat", "--prompt", PROMPTS[index], "--max-new-tokens",
                     str(NEW), "--ignore-eos", "--threads", "2")
     assert got["prompt_tokens"] == len(prompt)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_close, run_kiln
+from conftest import REPO, assert_close, greedy_chat_reference, run_kiln
 
 MAX_SEQ = 24
 PROMPT = [3, 17, 42, 5, 99]
@@ -258,28 +258,13 @@ SMOL_NEW = 64
 
 
 def test_smollm2_64_greedy_tokens_match_transformers(smollm2, tmp_path):
-    import torch
-
     spec, pte, model, tok = smollm2
     out = spec.parent
     chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
-    prompt = tok.apply_chat_template(chat, add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
-    eos_saved = model.generation_config.eos_token_id
-    model.generation_config.eos_token_id = None  # 64 tokens: greedy does not stop at the end of the answer
-    try:
-        with torch.no_grad():
-            # the attention mask given: transformers would infer one that hides the prompt's <|im_end|>
-            # tokens (its pad token) once eos_token_id is None
-            x = torch.tensor([prompt])
-            ids = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=SMOL_NEW, do_sample=False,
-                                 pad_token_id=tok.pad_token_id or 0)
-    finally:
-        model.generation_config.eos_token_id = eos_saved
-    tokens = ids[0].tolist()
-    assert len(tokens) == len(prompt) + SMOL_NEW
+    prompt, want = greedy_chat_reference(model, tok, chat, SMOL_NEW)  # 64 tokens, past the end of the answer
+    tokens = prompt + want
+    assert len(want) == SMOL_NEW
     feed = tokens[:-1]
-    want = tokens[len(prompt):]
     work = tmp_path / "steps"
     work.mkdir()
     got_kiln = [int(l[0, -1].argmax()) for l in _kiln_steps(pte, feed, work)[len(prompt) - 1:]]
@@ -307,7 +292,6 @@ PER_OP_NEW = 12
 def test_smollm2_per_op_runs_in_executorch_with_its_partition_table(smollm2, tmp_path):
     """--per-op (one XNNPACK delegate per node) on SmolLM2: ExecuTorch's runtime gives transformers' greedy
     tokens, and the delegation report names what is delegated and what runs as a portable operator."""
-    import torch
 
     spec, regions_pte, model, tok = smollm2
     pte = tmp_path / "smollm2_per_op.pte"
@@ -322,19 +306,8 @@ def test_smollm2_per_op_runs_in_executorch_with_its_partition_table(smollm2, tmp
     assert d["fallback_ops"].get("aten.index_put_.default") == 60, d["fallback_ops"]
     assert all(op in d.get("fallback_reasons", {}) for op in d["fallback_ops"]), d
 
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colors."}], add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    eos_saved = model.generation_config.eos_token_id
-    model.generation_config.eos_token_id = None  # PER_OP_NEW tokens, past the end of the answer
-    try:
-        with torch.no_grad():
-            x = torch.tensor([prompt])
-            ids = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=PER_OP_NEW, do_sample=False,
-                                 pad_token_id=tok.pad_token_id or 0)
-    finally:
-        model.generation_config.eos_token_id = eos_saved
-    tokens = ids[0].tolist()
-    want = tokens[len(prompt):]
+    prompt, want = greedy_chat_reference(model, tok, [{"role": "user", "content": "Name three colors."}], PER_OP_NEW)
+    tokens = prompt + want
     got = [int(l[0, -1].argmax()) for l in _et_steps(pte, tokens[:-1])[len(prompt) - 1:]]
     assert got == want, f"ExecuTorch runtime on --per-op: {tok.decode(got)!r} != {tok.decode(want)!r}"
 
@@ -345,7 +318,6 @@ def test_kiln_runtime_runs_executorchs_own_smollm2_pte(smollm2, tmp_path):
     kiln's runtime gives transformers' greedy tokens."""
     import copy
 
-    import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
     from transformers.integrations.executorch import convert_and_export_with_cache
@@ -363,19 +335,8 @@ def test_kiln_runtime_runs_executorchs_own_smollm2_pte(smollm2, tmp_path):
     pte = tmp_path / "smollm2_et_hf.pte"
     pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
 
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Name three colors."}], add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-    eos_saved = model.generation_config.eos_token_id
-    model.generation_config.eos_token_id = None
-    try:
-        with torch.no_grad():
-            x = torch.tensor([prompt])
-            ids = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=PER_OP_NEW, do_sample=False,
-                                 pad_token_id=tok.pad_token_id or 0)
-    finally:
-        model.generation_config.eos_token_id = eos_saved
-    tokens = ids[0].tolist()
-    want = tokens[len(prompt):]
+    prompt, want = greedy_chat_reference(model, tok, [{"role": "user", "content": "Name three colors."}], PER_OP_NEW)
+    tokens = prompt + want
     work = tmp_path / "steps"
     work.mkdir()
     got = [int(l[0, -1].argmax()) for l in _kiln_steps(pte, tokens[:-1], work)[len(prompt) - 1:]]
