@@ -12,9 +12,10 @@ qemu-user as two CPUs: a Cortex-A76 (the Raspberry Pi 5: NEON, dotprod, no i8mm)
   for fp32;
 - `kiln generate` greedy on tiny Llama gives the x86 kiln's tokens.
 
-scripts/test-aarch64 runs a subset sized to ~3 minutes; the whole set runs with
-KILN_AARCH64_ALL=1 (`scripts/test-aarch64 --all`). CI (scripts/test) runs, for now, only the
-kiln_cpu_tests cases (the AArch64 `kiln` binary's build was not yet seen to finish here).
+scripts/test-aarch64 runs the CI set (scripts/test runs it after the cross-build): every case
+above, with kiln_cpu_tests filtered to the selection, qd8 and f32 GEMM tests (its whole binary
+takes over ten minutes per CPU under emulation here); KILN_AARCH64_ALL=1 (`scripts/test-aarch64
+--all`) runs the whole binary.
 """
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ CPU_TESTS_CI = "Config.*:Qd8*:*F32Gemm*"
 @pytest.mark.parametrize("cpu", CPUS)
 def test_cpu_kernels_under_qemu(cpu):
     args = [] if ALL else [f"--gtest_filter={CPU_TESTS_CI}"]
-    proc = qemu(cpu, arm_binary("kiln_cpu_tests"), *args, "--gtest_brief=1")
+    # the whole binary under emulation takes over ten minutes per CPU on this machine
+    proc = qemu(cpu, arm_binary("kiln_cpu_tests"), *args, "--gtest_brief=1", timeout=3600 if ALL else 600)
     assert "PASSED" in proc.stdout, proc.stdout[-2000:]
 
 
@@ -144,12 +146,10 @@ def test_selected_variants_are_the_cpus(tiny_specs, cpu):
 RUN_CASES = [(m, b, q, e) for m in ("gpt2", "llama")
              for b, q, e in (("portable", "fp32", "kiln"), ("xnnpack", "fp32", "kiln"), ("xnnpack", "fp32", "xnnpack"),
                              ("xnnpack", "8da4w", "kiln"), ("xnnpack", "8da4w", "xnnpack"))]
-RUN_CASES_CI = [("gpt2", "xnnpack", "fp32", "kiln"), ("llama", "portable", "fp32", "kiln"),
-                ("llama", "xnnpack", "8da4w", "kiln"), ("gpt2", "xnnpack", "8da4w", "xnnpack")]
 
 
-@pytest.mark.parametrize("model,backend,quant,engine", RUN_CASES if ALL else RUN_CASES_CI)
-@pytest.mark.parametrize("cpu", CPUS if ALL else ["cortex-a76"])
+@pytest.mark.parametrize("model,backend,quant,engine", RUN_CASES)
+@pytest.mark.parametrize("cpu", CPUS)
 def test_run_matches_x86(tiny_specs, model, backend, quant, engine, cpu, tmp_path):
     spec = tiny_specs[model]
     pte = _lower(spec, backend, quant)
@@ -195,8 +195,8 @@ def tiny_llama_llm(tmp_path_factory):
 GEN_CASES = [("xnnpack", "fp32"), ("xnnpack", "8da4w"), ("portable", "fp32")]
 
 
-@pytest.mark.parametrize("backend,quant", GEN_CASES if ALL else GEN_CASES[:2])
-@pytest.mark.parametrize("cpu", CPUS if ALL else ["cortex-a76"])
+@pytest.mark.parametrize("backend,quant", GEN_CASES)
+@pytest.mark.parametrize("cpu", CPUS)
 def test_generate_greedy_matches_x86(tiny_llama_llm, backend, quant, cpu):
     spec = tiny_llama_llm
     pte = _lower(spec, backend, quant)
