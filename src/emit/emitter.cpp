@@ -400,18 +400,32 @@ class Emitter {
       int32_t s = storage_of_.at(static_cast<size_t>(v));
       check(s >= 0, "internal: tensor '{}' has no storage", p_.graph.value(v).name);
       t.allocation = pte::Allocation{1, storage_offset_.at(static_cast<size_t>(s))};
-      if (const passes::MutableBuffer* b = p_.mutable_buffer(v)) t.mutable_index = initial_data(*b);
+      if (const passes::MutableBuffer* b = p_.mutable_buffer(v)) t.mutable_index = initial_data(*b);  // 0: zeros
     }
     int32_t index = add_value(std::move(t));
     tensor_index_[v] = index;
     return index;
   }
 
-  // A mutable buffer's initial contents, in the program's mutable data (copied into its planned memory at load).
+  // A mutable buffer's initial contents, in the program's mutable data (copied into its planned memory at load);
+  // none (index 0) when they are all zeros, as ExecuTorch emits a KV cache: planned memory starts zeroed.
   uint32_t initial_data(const passes::MutableBuffer& b) {
+    const uint64_t size = b.initial.bytes ? b.initial.bytes->size() : static_cast<uint64_t>(b.initial.source->meta.nbytes());
+    ++report_->mutable_buffers;
+    report_->mutable_buffer_bytes += size;
+    bool zeros = true;
+    auto check_zeros = [&zeros](std::span<const std::byte> chunk) {
+      for (std::byte x : chunk) zeros = zeros && x == std::byte{0};
+    };
+    if (b.initial.source) p_.exported->stream_constant(*b.initial.source, check_zeros);
+    else check_zeros(*b.initial.bytes);
+    if (zeros) {
+      ++report_->zero_initialized_buffers;
+      return 0;
+    }
+    report_->mutable_data_bytes += size;
     auto index = static_cast<uint32_t>(program_.mutable_data.size());
     pte::DataBlob blob;
-    const uint64_t size = b.initial.bytes ? b.initial.bytes->size() : static_cast<uint64_t>(b.initial.source->meta.nbytes());
     blob.size = size;
     if (b.initial.source) {
       const pt2::ConstantTensor* src = b.initial.source;
@@ -422,8 +436,6 @@ class Emitter {
       blob.write = [data](const std::function<void(std::span<const std::byte>)>& sink) { sink(*data); };
     }
     program_.mutable_data.push_back(std::move(blob));
-    ++report_->mutable_buffers;
-    report_->mutable_buffer_bytes += size;
     return index;
   }
 

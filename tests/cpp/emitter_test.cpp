@@ -175,6 +175,60 @@ TEST(Emitter, MutableBufferIsPlannedInitialisedAndWrittenInPlace) {
   }
 }
 
+TEST(Emitter, ZeroInitialisedBufferStoresNoData) {
+  // A cache that starts as zeros (a static KV cache) gets planned memory and no mutable data, as
+  // ExecuTorch emits it: the runtimes' planned memory starts zeroed. A non-zero buffer keeps its bytes.
+  EdgeBuilder b;
+  ValueId pos = b.p.graph.add_value("pos", graph::TensorMeta{ScalarType::Long, {1}, {1}, 0, false, {}});
+  b.p.graph.inputs.push_back(pos);
+  ValueId v = b.input({1, 2});
+  auto buffer = [&](const char* name, std::vector<float> init) {
+    ValueId c = b.p.graph.add_value(name, meta({4, 2}));
+    std::vector<std::byte> bytes(init.size() * sizeof(float));
+    std::memcpy(bytes.data(), init.data(), bytes.size());
+    b.p.mutable_buffers.push_back(
+        {c, passes::ConstantData{nullptr, std::make_shared<const std::vector<std::byte>>(bytes), name}, name});
+    return c;
+  };
+  ValueId zeros = buffer("zeros", std::vector<float>(8, 0.0f));
+  ValueId ones = buffer("ones", std::vector<float>(8, 1.0f));
+  auto write = [&](ValueId cache) {
+    return b.node1("aten.index_put_.default",
+                   {T("self", cache),
+                    {"indices", {Argument::Kind::OptionalTensors, std::vector<std::optional<ValueId>>{pos}}, false},
+                    T("values", v)},
+                   {4, 2});
+  };
+  b.output(b.node1("aten.add.Tensor", {T("self", write(zeros)), T("other", write(ones))}, {4, 2}));
+  EmitReport report;
+  pte::Program program = emit_program(b.p, &report);
+  const auto& plan = program.plans.at(0);
+  EXPECT_EQ(report.mutable_buffers, 2);
+  EXPECT_EQ(report.zero_initialized_buffers, 1);
+  EXPECT_EQ(report.mutable_buffer_bytes, 64u);
+  EXPECT_EQ(report.mutable_data_bytes, 32u);
+  int with_data = 0, planned_without = 0;
+  for (int i = 0; i < 2; ++i) {
+    const auto& k = kernel(plan, static_cast<size_t>(i));
+    const auto& t = tensor_at(plan, k.args[0]);
+    ASSERT_TRUE(t.allocation.has_value());
+    EXPECT_EQ(t.constant_index, 0u);
+    if (t.mutable_index > 0) {
+      ++with_data;
+      std::vector<std::byte> one(32);
+      for (size_t j = 0; j < 8; ++j) {
+        const float f = 1.0f;
+        std::memcpy(one.data() + j * 4, &f, 4);
+      }
+      EXPECT_EQ(blob_bytes(program.mutable_data.at(t.mutable_index)), one);
+    } else {
+      ++planned_without;
+    }
+  }
+  EXPECT_EQ(with_data, 1);
+  EXPECT_EQ(planned_without, 1);
+}
+
 TEST(Emitter, MultipleOutsThenATensorListReturn) {
   // native_layer_norm.out(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias,
   //                       float eps, *, Tensor(a!) out0, Tensor(b!) out1, Tensor(c!) out2)

@@ -36,8 +36,13 @@ struct EmitReport {
   int64_t named_data = 0;                    // distinct named-data entries (by key)
   uint64_t named_data_bytes = 0;
   uint64_t delegate_payload_bytes = 0;
-  int64_t mutable_buffers = 0;               // buffers kept across calls (planned, initialised from mutable data)
+  int64_t mutable_buffers = 0;               // buffers kept across calls (planned, in place)
   uint64_t mutable_buffer_bytes = 0;
+  // of those, the ones whose initial contents are all zeros: no mutable data in the file (the
+  // planned memory they live in starts zeroed, in kiln's runtime and ExecuTorch's, whose own
+  // LLM programs store no initial cache either)
+  int64_t zero_initialized_buffers = 0;
+  uint64_t mutable_data_bytes = 0;           // initial contents stored (the other buffers)
   // Debug information, per instruction of the "forward" plan: the edge node a
   // kernel call runs (its debug handle, see docs/PROFILING.md) or -1, and the
   // delegated region a delegate call runs or -1.
