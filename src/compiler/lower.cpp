@@ -82,7 +82,8 @@ std::string metadata(const LowerResult& r) {
                           {"partition_rounds", d.partition_rounds},
                           {"quantization", d.quantization},
                           {"quantized_nodes", d.quantized_nodes},
-                          {"kept_fp32_nodes", d.kept_fp32_nodes}};
+                          {"kept_fp32_nodes", d.kept_fp32_nodes},
+                          {"untied_weights", r.untied_weights}};
   }
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
                                     {"quantized_embeddings", r.quantized_embeddings}};
@@ -93,7 +94,10 @@ std::string metadata(const LowerResult& r) {
                      {"aliased_views", report.aliased_views}};
   meta["memory"] = {{"planned_bytes", report.planned_bytes}, {"naive_bytes", report.naive_bytes}};
   if (report.mutable_buffers > 0)  // state kept across calls (planned, in place)
-    meta["state"] = {{"mutable_buffers", report.mutable_buffers}, {"bytes", report.mutable_buffer_bytes}};
+    meta["state"] = {{"mutable_buffers", report.mutable_buffers},
+                     {"bytes", report.mutable_buffer_bytes},
+                     {"zero_initialized", report.zero_initialized_buffers},
+                     {"initial_data_bytes", report.mutable_data_bytes}};
   meta["constants"] = {{"buffers", report.constants},
                        {"bytes", report.constant_bytes},
                        {"deduplicated_values", report.deduplicated_constants}};
@@ -214,6 +218,9 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         return hit(n.module_path) || hit(n.name) || hit(edge.graph.value(w).name) ||
                (c != edge.constants.end() && hit(c->second.name));
       };
+    partition::PartitionOptions partition_options;
+    partition_options.per_op = o.per_op;
+    int64_t kept_tied = 0;  // tied linear products --quantize-skip keeps fp32
     backends::xnnpack::WeightOnlyStats weight_only;
     if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {
       progress("quantizing linear weights to int8 (weight only)");
@@ -221,9 +228,16 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     } else {
       payload_options.quantize = quant;
       payload_options.keep_fp32 = keep_fp32;
+      if (quant.kind != backends::xnnpack::QuantScheme::Kind::None) {
+        const auto untied = backends::xnnpack::untie_quantized_linear_weights(edge, keep_fp32);
+        partition_options.transformed_constants.insert(untied.copies.begin(), untied.copies.end());
+        r.untied_weights = static_cast<int64_t>(untied.copies.size());
+        kept_tied = untied.kept_fp32;
+      }
     }
-    delegation = partition::delegate_to_xnnpack(edge, partition::PartitionOptions{o.per_op}, payload_options);
+    delegation = partition::delegate_to_xnnpack(edge, partition_options, payload_options);
     r.delegation = delegation->summary;
+    r.delegation->kept_fp32_nodes += kept_tied;
     if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {
       r.delegation->quantization = quant.name();
       r.delegation->quantized_nodes = weight_only.quantized;  // dequantize nodes (one per weight)

@@ -134,6 +134,11 @@ class Partitioner {
     for (ValueId v : delegated) {
       if (home.contains(v)) continue;
       ConstantHome h = ConstantHome::Named;
+      if (options_.transformed_constants.contains(v)) {
+        digest(v);
+        home[v] = h;
+        continue;
+      }
       if (auto same = portable_by_size.find(g_.value(v).meta.nbytes()); same != portable_by_size.end()) {
         const ContentDigest d = digest(v);
         for (ValueId u : same->second)

@@ -243,6 +243,12 @@ TEST(Partitioner, IndependentRegionsMerge) {
   EXPECT_EQ(part.regions[0].outputs, (std::vector<ValueId>{t1, t2}));
 }
 
+PartitionOptions per_op_options() {
+  PartitionOptions o;
+  o.per_op = true;
+  return o;
+}
+
 TEST(Partitioner, PerOpDelegatesEachNodeAlone) {
   TestProgram t;
   ValueId x = t.input();
@@ -250,7 +256,7 @@ TEST(Partitioner, PerOpDelegatesEachNodeAlone) {
   ValueId b = t.supported({a, x});
   ValueId u = t.unsupported({b});
   t.output(t.supported({u, a}));
-  Partition part = partition_program(t.p, kSupports, kAnyBoundary, PartitionOptions{true});
+  Partition part = partition_program(t.p, kSupports, kAnyBoundary, per_op_options());
   expect_well_formed(t, part, true, true);
   EXPECT_EQ(part.regions.size(), 3u);
 }
@@ -276,6 +282,29 @@ TEST(Partitioner, ConstantsHaveOneHome) {
   EXPECT_EQ(part.constant_digest.at(k), content_digest(t.p, k));
   EXPECT_NE(content_digest(t.p, k), content_digest(t.p, w));
   EXPECT_EQ(content_digest(t.p, w_again), content_digest(t.p, w));
+}
+
+TEST(Partitioner, ConstantsTheDelegateTransformsStayNamed) {
+  // a tied weight's copy that the delegate quantizes: its bytes equal a constant the portable
+  // path reads, but the region keeps it as named data (the delegate never reads it as it is)
+  TestProgram t;
+  ValueId x = t.input();
+  ValueId w = t.constant({1, 2, 3, 4, 5, 6});
+  ValueId w_copy = t.constant({1, 2, 3, 4, 5, 6});
+  ValueId u = t.unsupported({x, w});
+  t.output(t.supported({u, w_copy}));
+  PartitionOptions o;
+  o.transformed_constants = {w_copy};
+  Partition part = partition_program(t.p, kSupports, kAnyBoundary, o);
+  EXPECT_EQ(part.constant_home.at(w), ConstantHome::Segment);
+  EXPECT_EQ(part.constant_home.at(w_copy), ConstantHome::Named);
+  ASSERT_EQ(part.regions.size(), 1u);
+  EXPECT_EQ(part.regions[0].inputs, (std::vector<ValueId>{u}));
+  EXPECT_EQ(part.regions[0].constants, (std::vector<ValueId>{w_copy}));
+  EXPECT_EQ(part.constant_digest.at(w_copy), content_digest(t.p, w));
+  // without the option the copy is read from the constant segment, as a delegate input
+  Partition plain = partition_program(t.p, kSupports, kAnyBoundary);
+  EXPECT_EQ(plain.constant_home.at(w_copy), ConstantHome::Segment);
 }
 
 TEST(Partitioner, BoundaryRefusalsMoveNodesToThePortablePath) {
@@ -334,7 +363,7 @@ TEST(Partitioner, RandomGraphsGiveConvexMaximalRegions) {
       if (rng() % 5 == 0 && v != computed.back()) t.output(v);
     SCOPED_TRACE("round " + std::to_string(round));
     expect_well_formed(t, partition_program(t.p, kSupports, kAnyBoundary), false, true);
-    expect_well_formed(t, partition_program(t.p, kSupports, kAnyBoundary, PartitionOptions{true}), true, true);
+    expect_well_formed(t, partition_program(t.p, kSupports, kAnyBoundary, per_op_options()), true, true);
     if (HasFailure()) return;
   }
 }

@@ -141,14 +141,46 @@ def test_tied_head_quantized_as_8da4w(bits, tmp_path):
     got = kiln_run(pte, [tokens.numpy()], tmp_path)[0]
     assert_close(et, ref, "tied 8da4w: ExecuTorch's runtime on kiln's file vs torchao eager")
     assert_close(got, ref, "tied 8da4w: kiln's runtime on kiln's file vs torchao eager")
-    # no fp32 copy of the table remains: against --quantize 8da4w alone (fp32 table for the lookup), the file
-    # lost the fp32 table and gained the quantized one
+    # no fp32 copy of the table remains: against --quantize 8da4w alone (the same 8da4w head, the fp32 table for
+    # the lookup), the file lost the fp32 table and gained the quantized one
     head_only = tmp_path / "h.pte"
     _lower(spec, head_only, "--quantize", "8da4w")
     saved = head_only.stat().st_size - pte.stat().st_size
     table = VOCAB * DIM * bits // 8 + VOCAB * (DIM // 32 if bits == 4 else 1) * 4  # the lookup's int table, scales
-    head = VOCAB * DIM // 2 + VOCAB * (DIM // 32) * 2  # the head's int4 weights, bf16 scales
-    assert abs(saved - (VOCAB * DIM * 4 - table - head)) <= 512, (saved, table, head)  # tensor metadata aside
+    assert abs(saved - (VOCAB * DIM * 4 - table)) <= 512, (saved, table)  # tensor metadata aside
+
+
+def test_tied_head_quantized_lookup_fp32(tmp_path):
+    """--quantize 8da4w alone on a tied embedding + LM head: the head is an 8da4w linear and the lookup keeps the
+    fp32 table, as torchao quantizes `lm_head` (an nn.Linear) and leaves the nn.Embedding alone; with
+    --quantize-skip lm_head the head stays fp32 and reads the lookup's table (one fp32 copy, no int4 head)."""
+    model = TinyLM(tied=True, seed=11).eval()
+    tokens = torch.randint(0, VOCAB, (1, 9))
+    spec = _export(model, tokens, tmp_path / "m")
+    pte = tmp_path / "q.pte"
+    meta = _lower(spec, pte, "--quantize", "8da4w")
+    d = meta["delegation"]
+    assert (d["quantized_nodes"], d["untied_weights"], d["constants_as_delegate_inputs"]) == (3, 1, 0), d
+    assert meta["embedding_quantization"]["quantized_embeddings"] == 0
+    ref_model = _torchao_8da4w(_untied_copy(model))  # the head quantized, the embedding fp32
+    with torch.no_grad():
+        ref = ref_model(tokens).numpy()
+        fp32_head = _torchao_8da4w(copy.deepcopy(model), filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear)
+                                   and fqn != "lm_head")(tokens).numpy()
+    assert np.abs(ref - fp32_head).max() > 1e-4 * np.abs(ref).max(), "the head's quantization must be visible"
+    assert_close(_et_execute(pte, [tokens.numpy()])[0], ref, "tied head 8da4w: ExecuTorch's runtime vs torchao eager")
+    for engine in ("kiln", "xnnpack"):
+        got = kiln_run(pte, [tokens.numpy()], tmp_path, "--engine", engine)[0]
+        assert_close(got, ref, f"tied head 8da4w: kiln's runtime ({engine}) vs torchao eager")
+    skip = tmp_path / "s.pte"
+    meta = _lower(spec, skip, "--quantize", "8da4w", "--quantize-skip", "lm_head")
+    d = meta["delegation"]
+    assert (d["quantized_nodes"], d["kept_fp32_nodes"], d["untied_weights"]) == (2, 1, 0), d
+    assert_close(_et_execute(skip, [tokens.numpy()])[0], fp32_head, "tied head kept fp32: ExecuTorch's runtime")
+    assert_close(kiln_run(skip, [tokens.numpy()], tmp_path)[0], fp32_head, "tied head kept fp32: kiln's runtime")
+    # the int4 head (weights and bf16 scales) is what the first file has beyond the second
+    head = VOCAB * DIM // 2 + VOCAB * (DIM // 32) * 2
+    assert abs(pte.stat().st_size - skip.stat().st_size - head) <= 512, (pte.stat().st_size, skip.stat().st_size)
 
 
 def test_gpt2_quantized_embedding(tmp_path):

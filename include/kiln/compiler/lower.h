@@ -79,6 +79,7 @@ struct LowerResult {
   std::optional<partition::DelegationSummary> delegation;  // XNNPACK lowerings
   std::string embedding_quantization = "none";  // --quantize-embedding ("4:32", "8")
   int64_t quantized_embeddings = 0;              // embedding lookups rewritten to quantized tables
+  int64_t untied_weights = 0;  // tied weights given a copy of their own for their quantized linear products
   // Verification: whether it ran, and the delegate backends kiln's runtime
   // lacked (then only the loader checked the file, the method was not prepared).
   bool verified = false;

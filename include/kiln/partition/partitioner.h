@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ using BoundaryFn = std::function<std::optional<std::string>(const graph::Graph&,
 
 struct PartitionOptions {
   bool per_op = false;  // every delegated node is a region of its own
+  // Constants the delegate does not read as they are (it quantizes them): their home is
+  // Named even when equal bytes live in the constant segment (the fp32 table of a tied
+  // LM head, which the embedding lookup reads and the delegate quantizes).
+  std::set<graph::ValueId> transformed_constants;
 };
 
 // The 128-bit XXH3 of a constant's row-major bytes, seeded with their length:

@@ -89,4 +89,20 @@ struct WeightOnlyStats {
 WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
                                            const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
 
+// 8da4w / 8da8w: a linear layer's constant weight that something other than linear
+// products also reads (a tied LM head, whose table the embedding lookup reads) gets
+// a value of its own for its products, so the XNNPACK payload quantizes it as a
+// constant of the delegate (as torchao quantizes `lm_head` and ExecuTorch's
+// partitioner lowers it) while the other readers keep the fp32 tensor. Layers
+// `keep_fp32` keeps (may be empty) stay tied. The forms: mm(W, x^T) (lowerer.h's
+// tied head) and mm/addmm reading W through permute_copy [1,0]. Returns the
+// new values (for PartitionOptions::transformed_constants) and the tied products
+// `keep_fp32` kept (the payload never sees those as quantization candidates).
+struct UntiedWeights {
+  std::vector<graph::ValueId> copies;
+  int64_t kept_fp32 = 0;
+};
+UntiedWeights untie_quantized_linear_weights(passes::EdgeProgram& program,
+                                       const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
+
 }  // namespace kiln::backends::xnnpack

@@ -383,4 +383,70 @@ WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
   return stats;
 }
 
+UntiedWeights untie_quantized_linear_weights(passes::EdgeProgram& program,
+                                       const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+  graph::Graph& g = program.graph;
+  using K = graph::Argument::Kind;
+  auto tensor_arg = [](const graph::Node& n, std::string_view name) -> std::optional<graph::ValueId> {
+    const graph::NamedArgument* a = n.input(name);
+    if (!a || a->arg.kind != K::Tensor) return std::nullopt;
+    return std::get<graph::ValueId>(a->arg.payload);
+  };
+  auto is_weight = [&](graph::ValueId v) {
+    const auto& m = g.value(v).meta;
+    return program.is_constant(v) && m.dtype == ScalarType::Float && m.sizes.size() == 2;
+  };
+  auto is_transpose = [&](const graph::Node& t) {
+    const graph::NamedArgument* dims = t.input("dims");
+    return t.target == "aten.permute_copy.default" && dims && dims->arg.kind == K::Ints &&
+           std::get<std::vector<int64_t>>(dims->arg.payload) == std::vector<int64_t>{1, 0};
+  };
+  // (reader node, its argument) of each weight read as a linear product's operand
+  struct Read {
+    size_t reader, product;
+  };
+  std::map<graph::ValueId, std::vector<Read>> product_reads;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const graph::Node& n = g.nodes[i];
+    if (n.target != "aten.mm.default" && n.target != "aten.addmm.default") continue;
+    auto self = tensor_arg(n, "self"), mat2 = tensor_arg(n, "mat2");
+    if (!mat2) continue;
+    if (n.target == "aten.mm.default" && self && is_weight(*self) && !is_weight(*mat2)) {
+      product_reads[*self].push_back({i, i});  // W @ x^T, the tied head's form
+    } else if (const int32_t p = g.value(*mat2).producer; p >= 0 && is_transpose(g.nodes[static_cast<size_t>(p)])) {
+      if (auto w = tensor_arg(g.nodes[static_cast<size_t>(p)], "self"); w && is_weight(*w))
+        product_reads[*w].push_back({static_cast<size_t>(p), i});  // x @ W^T, W transposed at run time
+    }
+  }
+  UntiedWeights untied;
+  for (auto& [w, reads] : product_reads) {
+    // readers of w: the product sites, and anything else (the embedding lookup)
+    int64_t total = 0;
+    for (const auto& n : g.nodes)
+      for (const auto& in : n.inputs)
+        for (graph::ValueId id : in.arg.tensor_ids()) total += id == w;
+    for (const auto& o : g.outputs)
+      for (graph::ValueId id : o.tensor_ids()) total += id == w;
+    std::map<size_t, int> site_reads;  // a transpose read by several products is one read of w
+    for (const Read& r : reads) site_reads[r.reader] = 1;
+    if (total <= static_cast<int64_t>(site_reads.size())) continue;  // only products read it: nothing to untie
+    if (keep_fp32 && std::any_of(reads.begin(), reads.end(),
+                                 [&](const Read& r) { return keep_fp32(g.nodes[r.product], w); })) {
+      untied.kept_fp32 += static_cast<int64_t>(reads.size());  // the head keeps sharing the table (no second copy)
+      continue;
+    }
+    const graph::Value& orig = g.value(w);
+    std::string name = orig.name + "_linear";
+    for (int k = 1; g.find_value(name); ++k) name = fmt::format("{}_linear_{}", orig.name, k);
+    const graph::TensorMeta meta = orig.meta;
+    const graph::ValueId copy = g.add_value(name, meta);
+    program.constants[copy] = program.constants.at(w);  // the same bytes (the .pt2 tensor), read on demand
+    for (const auto& site : site_reads)
+      for (auto& in : g.nodes[site.first].inputs)
+        if (in.arg.kind == K::Tensor && std::get<graph::ValueId>(in.arg.payload) == w) in.arg = graph::Argument::tensor(copy);
+    untied.copies.push_back(copy);
+  }
+  return untied;
+}
+
 }  // namespace kiln::backends::xnnpack
