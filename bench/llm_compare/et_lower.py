@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -40,20 +41,31 @@ def quantized_export(spec: dict, scheme: str):
 
 def main() -> None:
     spec_path, out = Path(sys.argv[1]), sys.argv[2]
+    t0 = time.perf_counter()
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
+    stages = {"imports": time.perf_counter() - t0}
     spec = json.loads(spec_path.read_text())
+    t = time.perf_counter()
     if len(sys.argv) > 3:
         ep = quantized_export(spec, sys.argv[3])
+        stages["load, quantize, export"] = time.perf_counter() - t
     else:
         ep = torch.export.load(str(spec_path.parent / spec["exported_program"]))
-    prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()],
-                                       constant_methods=spec["constant_methods"]).to_executorch()
+        stages["load .pt2"] = time.perf_counter() - t
+    t = time.perf_counter()
+    edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()], constant_methods=spec["constant_methods"])
+    stages["to_edge_transform_and_lower"] = time.perf_counter() - t
+    t = time.perf_counter()
+    prog = edge.to_executorch()
     with open(out + ".tmp", "wb") as f:
         f.write(prog.buffer)
     os.replace(out + ".tmp", out)
+    stages["to_executorch, write"] = time.perf_counter() - t
+    # one line for bench/llm_compare/lowering_time.py: seconds per stage
+    print("et_lower stages " + json.dumps(stages), file=sys.stderr)
 
 
 if __name__ == "__main__":

