@@ -401,7 +401,7 @@ UntiedWeights untie_quantized_linear_weights(passes::EdgeProgram& program,
     return t.target == "aten.permute_copy.default" && dims && dims->arg.kind == K::Ints &&
            std::get<std::vector<int64_t>>(dims->arg.payload) == std::vector<int64_t>{1, 0};
   };
-  // (reader node, its argument) of each weight read as a linear product's operand
+  // per weight read as a linear product's operand: (the node reading it, the product it feeds)
   struct Read {
     size_t reader, product;
   };
