@@ -34,6 +34,19 @@ int quantize(float w, float inv, int qmin, int qmax) {
   return static_cast<int>(std::clamp(std::nearbyint(w * inv), static_cast<float>(qmin), static_cast<float>(qmax)));
 }
 
+// a node's tensor argument `name`, if it has one
+std::optional<graph::ValueId> tensor_arg(const graph::Node& n, std::string_view name) {
+  const graph::NamedArgument* a = n.input(name);
+  if (!a || a->arg.kind != graph::Argument::Kind::Tensor) return std::nullopt;
+  return std::get<graph::ValueId>(a->arg.payload);
+}
+
+// a constant fp32 matrix: what a linear layer's weight is
+bool is_fp32_matrix_constant(const passes::EdgeProgram& program, graph::ValueId v) {
+  const auto& m = program.graph.value(v).meta;
+  return program.is_constant(v) && m.dtype == ScalarType::Float && m.sizes.size() == 2;
+}
+
 }  // namespace
 
 std::string QuantScheme::name() const {
@@ -249,15 +262,7 @@ WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
                                            const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
   graph::Graph& g = program.graph;
   using K = graph::Argument::Kind;
-  auto tensor_arg = [](const graph::Node& n, std::string_view name) -> std::optional<graph::ValueId> {
-    const graph::NamedArgument* a = n.input(name);
-    if (!a || a->arg.kind != K::Tensor) return std::nullopt;
-    return std::get<graph::ValueId>(a->arg.payload);
-  };
-  auto is_weight = [&](graph::ValueId v) {
-    const auto& m = g.value(v).meta;
-    return program.is_constant(v) && m.dtype == ScalarType::Float && m.sizes.size() == 2;
-  };
+  auto is_weight = [&](graph::ValueId v) { return is_fp32_matrix_constant(program, v); };
   // (the reader node to rewire, its argument name, the weight, the channel axis, the product node)
   struct Site {
     size_t reader;
@@ -387,15 +392,7 @@ UntiedWeights untie_quantized_linear_weights(passes::EdgeProgram& program,
                                        const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
   graph::Graph& g = program.graph;
   using K = graph::Argument::Kind;
-  auto tensor_arg = [](const graph::Node& n, std::string_view name) -> std::optional<graph::ValueId> {
-    const graph::NamedArgument* a = n.input(name);
-    if (!a || a->arg.kind != K::Tensor) return std::nullopt;
-    return std::get<graph::ValueId>(a->arg.payload);
-  };
-  auto is_weight = [&](graph::ValueId v) {
-    const auto& m = g.value(v).meta;
-    return program.is_constant(v) && m.dtype == ScalarType::Float && m.sizes.size() == 2;
-  };
+  auto is_weight = [&](graph::ValueId v) { return is_fp32_matrix_constant(program, v); };
   auto is_transpose = [&](const graph::Node& t) {
     const graph::NamedArgument* dims = t.input("dims");
     return t.target == "aten.permute_copy.default" && dims && dims->arg.kind == K::Ints &&
