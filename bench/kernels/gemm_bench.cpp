@@ -223,12 +223,17 @@ int main(int argc, char** argv) {
     qb4w_weight_sums(w4.data(), sc.data(), s.n, s.k, group, sums4.data());
     qc8w_weight_sums(w8.data(), sc8.data(), s.n, s.k, sums8.data());
     std::vector<float> y(static_cast<size_t>(s.m * s.n));
-    for (Qd8Layout layout : {Qd8Layout::Nibbles, Qd8Layout::Plain}) {
+    // qb4w in kiln's panels (packed once, as at load), the same weights
+    std::vector<uint8_t> pw(qb4w_panels_bytes(s.n, s.k, group) + 64);
+    auto* panels = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(pw.data()) + 63) / 64 * 64);
+    qb4w_pack_panels(w4.data(), sc.data(), s.n, s.k, group, panels);
+    const Qb4wPanels qp{panels, sums4.data(), group};
+    for (Qd8Layout layout : {Qd8Layout::Nibbles, Qd8Layout::Signed, Qd8Layout::Plain}) {
       std::vector<uint8_t> ws(qd8_rows_bytes(s.m, s.k, layout) + 64);
       void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
       Qd8Rows rows;
       const Timing tq = time_it(min_seconds / 4, 1.0, [&] { qd8_quantize_rows(x.data(), s.m, s.k, s.k, layout, aligned, &rows); });
-      const bool b4 = layout == Qd8Layout::Nibbles;
+      const bool b4 = layout != Qd8Layout::Plain, on_panels = layout == Qd8Layout::Signed;
       const Qb4wWeights qb{w4.data(), sc.data(), sums4.data(), group};
       const Qc8wWeights qc{w8.data(), sc8.data(), sums8.data()};
       for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
@@ -236,16 +241,18 @@ int main(int argc, char** argv) {
           std::printf("%-24s not run: this CPU lacks it\n", v.name);
           continue;
         }
+        if (on_panels && !v.qb4w_panels) continue;
         const double ops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
         const Timing t = time_it(min_seconds, ops, [&] {
-          if (b4) v.qb4w(rows, s.m, s.k, qb, 0, s.n, nullptr, y.data(), s.n, -INFINITY, INFINITY);
+          if (on_panels) v.qb4w_panels(rows, s.m, s.k, qp, s.n, 0, (s.n + kQb4wPanel - 1) / kQb4wPanel, nullptr, y.data(), s.n, -INFINITY, INFINITY);
+          else if (b4) v.qb4w(rows, s.m, s.k, qb, 0, s.n, nullptr, y.data(), s.n, -INFINITY, INFINITY);
           else v.qc8w(rows, s.m, s.k, qc, 0, s.n, nullptr, y.data(), s.n, -INFINITY, INFINITY);
         });
         const double wbytes = b4 ? static_cast<double>(w4.size() + 2 * sc.size()) : static_cast<double>(w8.size());
         char dims[64];
         std::snprintf(dims, sizeof(dims), "%lld x %lld x %lld", static_cast<long long>(s.m), static_cast<long long>(s.k),
                       static_cast<long long>(s.n));
-        std::printf("%-24s %-5s %-16s %-12s %5s %10.3f %10.1f %8.1f %10.3f\n", v.name, b4 ? "qb4w" : "qc8w", dims, s.what,
+        std::printf("%-24s %-5s %-16s %-12s %5s %10.3f %10.1f %8.1f %10.3f\n", v.name, on_panels ? "qb4wP" : b4 ? "qb4w" : "qc8w", dims, s.what,
                     "", t.ms, t.gflops_cpu, wbytes * t.gflops_cpu / ops, tq.ms);
       }
     }

@@ -88,14 +88,15 @@ const F32VBinaryVariant kF32VBinary[] = {
     KILN_VBINARY_ROW(generic, Generic, 4),
 };
 
-#define KILN_QD8_ROW(isa, ISA, vnni) {"qd8_gemm__" #isa, Isa::ISA, vnni, qd8_qb4w_gemm__##isa, qd8_qc8w_gemm__##isa}
+// panels: the variant's qb4w product on kiln's panels (null: it reads the file's layout)
+#define KILN_QD8_ROW(isa, ISA, vnni, panels) {"qd8_gemm__" #isa, Isa::ISA, vnni, qd8_qb4w_gemm__##isa, qd8_qc8w_gemm__##isa, panels}
 const Qd8GemmVariant kQd8Gemm[] = {
-    KILN_X86_ONLY(KILN_QD8_ROW(avx512vnni, Avx512, true))
-    KILN_X86_ONLY(KILN_QD8_ROW(avx512, Avx512, false))
-    KILN_X86_ONLY(KILN_QD8_ROW(avx2, Avx2, false))
-    KILN_ARM64_ONLY(KILN_QD8_ROW(i8mm, I8mm, false))
-    KILN_ARM64_ONLY(KILN_QD8_ROW(dotprod, Dotprod, false))
-    KILN_QD8_ROW(generic, Generic, false),
+    KILN_X86_ONLY(KILN_QD8_ROW(avx512vnni, Avx512, true, qd8_qb4w_panels__avx512vnni))
+    KILN_X86_ONLY(KILN_QD8_ROW(avx512, Avx512, false, qd8_qb4w_panels__avx512))
+    KILN_X86_ONLY(KILN_QD8_ROW(avx2, Avx2, false, nullptr))
+    KILN_ARM64_ONLY(KILN_QD8_ROW(i8mm, I8mm, false, nullptr))
+    KILN_ARM64_ONLY(KILN_QD8_ROW(dotprod, Dotprod, false, nullptr))
+    KILN_QD8_ROW(generic, Generic, false, qd8_qb4w_panels__generic),
 };
 
 bool cpu_has_vnni() {

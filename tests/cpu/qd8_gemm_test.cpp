@@ -170,6 +170,96 @@ TEST(Qd8Gemm, Qb4wVariantsMatchDequantizedProduct) {
   }
 }
 
+// The panels (kiln's load-time layout for qb4w): Signed rows hold the same quantization
+// as the other layouts, and every variant with a panels product matches the reference,
+// over panel ranges that start past 0 and a last panel cut by n.
+TEST(Qd8Gemm, Qb4wPanelsMatchDequantizedProduct) {
+  std::mt19937 g(11);
+  std::vector<Case> cases;
+  for (int64_t k : {32, 64, 96, 128, 256, 576})
+    for (int64_t group : {32, 64, 128, 256})
+      if (k % group == 0)
+        for (int64_t m : {1, 2, 3, 4, 5, 9}) cases.push_back({m, k, m % 2 ? int64_t{70} : int64_t{32}, group});
+  cases.push_back({1, 1536, 96, 32});
+  cases.push_back({16, 1536, 40, 128});
+  int ran = 0;
+  for (const Case& c : cases) {
+    std::vector<float> x = randn(size_t(c.m * c.k), g);
+    Aligned ws(qd8_rows_bytes(c.m, c.k, Qd8Layout::Signed)), wn(qd8_rows_bytes(c.m, c.k, Qd8Layout::Nibbles));
+    Qd8Rows rows, nib;
+    qd8_quantize_rows(x.data(), c.m, c.k, c.k, Qd8Layout::Signed, ws.p, &rows);
+    qd8_quantize_rows(x.data(), c.m, c.k, c.k, Qd8Layout::Nibbles, wn.p, &nib);
+    const Qd8Rows view = qd8_rows_view(ws.p, c.m, c.k, Qd8Layout::Signed);
+    ASSERT_EQ(view.sums, rows.sums);
+    ASSERT_EQ(view.sums_stride, (c.k + 31) / 32);
+    std::vector<int> q(static_cast<size_t>(c.m * c.k)), zx(static_cast<size_t>(c.m));
+    std::vector<float> sx(static_cast<size_t>(c.m));
+    for (int64_t r = 0; r < c.m; ++r) {
+      ASSERT_EQ(rows.scale[r], nib.scale[r]);
+      ASSERT_EQ(rows.zp[r], nib.zp[r] - 128);
+      sx[size_t(r)] = rows.scale[r];
+      zx[size_t(r)] = rows.zp[r];
+      for (int64_t i = 0; i < c.k; ++i) {
+        const int qi = static_cast<int8_t>(rows.data[r * rows.stride + i]);
+        ASSERT_EQ(qi, int(nib.data[r * nib.stride + layout_pos(i, Qd8Layout::Nibbles)]) - 128);
+        q[size_t(r * c.k + i)] = qi;
+      }
+      for (int64_t b = 0; b < rows.sums_stride; ++b) {
+        int t = 0;
+        for (int64_t i = 32 * b; i < std::min(c.k, 32 * b + 32); ++i) t += q[size_t(r * c.k + i)];
+        ASSERT_EQ(rows.sums[r * rows.sums_stride + b], t);
+      }
+    }
+    const int64_t ldw = c.k / 2, groups = c.k / c.group;
+    std::uniform_int_distribution<int> d4(-8, 7);
+    std::vector<int> w4(size_t(c.n * c.k));
+    for (int& v : w4) v = d4(g);
+    std::vector<uint8_t> file(size_t(c.n * ldw), 0);
+    for (int64_t j = 0; j < c.n; ++j)
+      for (int64_t i = 0; i < c.k; ++i)
+        file[size_t(j * ldw + i / 2)] |= uint8_t((w4[size_t(j * c.k + i)] + 8) << ((i & 1) * 4));
+    std::vector<uint16_t> sc(size_t(c.n * groups));
+    std::uniform_real_distribution<float> ds(0.001f, 0.1f);
+    for (uint16_t& s : sc) s = f32_to_bf16(ds(g));
+    std::vector<float> bias = randn(static_cast<size_t>(c.n), g), sums(static_cast<size_t>(c.n));
+    qb4w_weight_sums(file.data(), sc.data(), c.n, c.k, c.group, sums.data());
+    const int64_t panels = (c.n + kQb4wPanel - 1) / kQb4wPanel;
+    ASSERT_EQ(qb4w_panels_bytes(c.n, c.k, c.group), size_t(panels) * qb4w_panel_bytes(c.k, c.group));
+    Aligned packed(qb4w_panels_bytes(c.n, c.k, c.group));
+    qb4w_pack_panels(file.data(), sc.data(), c.n, c.k, c.group, reinterpret_cast<uint8_t*>(packed.p));
+    std::vector<double> ref;
+    reference_qb4w(q, sx, zx, w4, sc, bias, c, &ref);
+    double mx = 0;
+    for (double v : ref) mx = std::max(mx, std::abs(v));
+    const Qb4wPanels w{reinterpret_cast<const uint8_t*>(packed.p), sums.data(), c.group};
+    for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
+      if (!qd8_gemm_runnable(v) || !v.qb4w_panels) continue;
+      ++ran;
+      std::vector<float> y(size_t(c.m * c.n), -1.0f);
+      v.qb4w_panels(rows, c.m, c.k, w, c.n, 0, 1, bias.data(), y.data(), c.n, -INFINITY, INFINITY);
+      v.qb4w_panels(rows, c.m, c.k, w, c.n, 1, panels, bias.data(), y.data(), c.n, -INFINITY, INFINITY);
+      for (size_t i = 0; i < y.size(); ++i)
+        ASSERT_NEAR(y[i], ref[i], 1e-5 * mx + 1e-6)
+            << v.name << " m " << c.m << " k " << c.k << " n " << c.n << " group " << c.group << " at " << i;
+      // the output's row stride is ldy, not n: nothing is stored past the n outputs of a row
+      const int64_t ldy = c.n + 5;
+      std::vector<float> yc(size_t(c.m * ldy), 7.0f);
+      v.qb4w_panels(rows, c.m, c.k, w, c.n, 0, panels, nullptr, yc.data(), ldy, -0.25f, 0.5f);
+      for (int64_t r = 0; r < c.m; ++r)
+        for (int64_t j = 0; j < ldy; ++j) {
+          const float got = yc[size_t(r * ldy + j)];
+          if (j >= c.n) {
+            ASSERT_EQ(got, 7.0f) << v.name << " wrote past n";
+            continue;
+          }
+          const double want = std::min(std::max(ref[size_t(r * c.n + j)] - bias[size_t(j)], -0.25), 0.5);
+          ASSERT_NEAR(got, want, 1e-5 * mx + 1e-6) << v.name << " clamped, no bias";
+        }
+    }
+  }
+  EXPECT_GT(ran, 0);  // the generic variant has the panels product everywhere
+}
+
 TEST(Qd8Gemm, Qc8wVariantsMatchDequantizedProduct) {
   std::mt19937 g(11);
   for (int64_t k : {1, 15, 16, 17, 63, 64, 65, 576, 1000})

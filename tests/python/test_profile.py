@@ -124,10 +124,12 @@ def _check_profile(pte: Path, tmp_path: Path, iters: int, threads: int = 1):
     prof = json.loads(run_kiln("profile", pte, "--iters", iters, "--threads", threads, "--trace", trace, "--json").stdout)
     dmap = _map_of(pte)
     assert prof["debug_map"] and prof["instructions"] == len(dmap["instructions"])
-    # the rows' shares add up to the measured execute() time (the runtime's clock around each
-    # instruction vs the wall time around execute(); the difference is execute's own loop)
+    # the rows' shares are parts of the measured execute() time: every instruction's interval lies
+    # inside its run's, so they add up to at most 1 (what is left is execute's own loop and the
+    # clock reads; on a tiny portable program of ~1 us kernels that was 8% on a slow machine, so
+    # the lower bound only says the instructions, not the loop, are most of the time)
     total_share = sum(r["share"] for r in prof["rows"])
-    assert abs(total_share - 1.0) < 0.05, total_share
+    assert 0.5 < total_share <= 1.0 + 1e-9, total_share
     assert abs(sum(r["ms_per_run"] for r in prof["rows"]) - prof["profiled_ms_per_run"]) < 1e-6 * max(1, prof["profiled_ms_per_run"]) + 1e-3
     # every delegate step's debug handles are nodes of that delegate's region
     for r in prof["rows"]:

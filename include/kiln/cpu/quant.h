@@ -16,6 +16,9 @@
 //         one bf16 scale per group of `group` inputs ([n, k/group], raw bits);
 //         w_real = scale * w.
 //   qc8w: [n, k] int8, one fp32 scale per row.
+// and, for the variants that have them, qb4w repacked once at load into kiln's
+// own panels (Qb4wPanels below): 32 outputs per panel, so that one vector of
+// weights meets one broadcast word of activations (no horizontal sums).
 // The products:
 //   y[m, j] = s_x[m] * sum_k (q[m,k] - zp[m]) * w_real[j,k] + bias[j], clamped to [lo, hi]
 // computed as integer dot products per group, scaled in fp32.
@@ -33,6 +36,9 @@ enum class Qd8Layout : uint8_t {
   Plain,     // byte k of a row is input k (for qc8w); rows padded to 64 bytes
   Nibbles,   // per 128 inputs: the 64 even ones, then the 64 odd ones (for qb4w,
              // matching the weights' low/high nibbles); rows padded to 128 bytes
+  Signed,    // byte k of a row is q itself (int8, no +128), rows padded to 64 bytes, and
+             // per row the sums of q over each 32 inputs (for the qb4w panels: their
+             // weights are the unsigned w + 8, so the products subtract 8 * sum q)
 };
 
 // A block of quantized activation rows (made by qd8_quantize_rows).
@@ -40,7 +46,10 @@ struct Qd8Rows {
   const uint8_t* data = nullptr;  // q + 128, row r at data + r * stride; padding bytes are 0
   int64_t stride = 0;             // bytes per row
   const float* scale = nullptr;   // per row
-  const int32_t* zp = nullptr;    // per row: 128 + zero point (the offset the products subtract)
+  const int32_t* zp = nullptr;    // per row: the offset the products subtract from the stored
+                                  // bytes: 128 + zero point (Plain, Nibbles), the zero point (Signed)
+  const int32_t* sums = nullptr;  // Signed: row r's sums of q per 32 inputs at sums + r * sums_stride
+  int64_t sums_stride = 0;
 };
 
 // Bytes of workspace qd8_quantize_rows needs for m rows of k inputs.
@@ -73,6 +82,28 @@ struct Qc8wWeights {
   const float* scales;       // [n]
   const float* sums;         // qc8w_weight_sums
 };
+// qb4w in panels (made at load from the file's layout by qb4w_pack_panels; the
+// file's pages can then leave memory). Panel p holds outputs 32p .. 32p + 31 (past n:
+// zero weights and scales). Per group g of the panel, in order:
+//   for each 8 inputs i0 = g * group + 8t: two 64-byte vectors (outputs 0-15, 16-31),
+//     whose byte 4l + b holds output l's weights w + 8 for input i0 + b (low nibble)
+//     and i0 + 4 + b (high nibble);
+//   then the group's 32 bf16 scales (64 bytes).
+// So a vector of low (or high) nibbles times a broadcast 4 bytes of activations is one
+// u8 x s8 dot product per output.
+struct Qb4wPanels {
+  const uint8_t* data;       // qb4w_panels_bytes, 64-byte aligned
+  const float* sums;         // qb4w_weight_sums, [n]
+  int64_t group;
+};
+constexpr int64_t kQb4wPanel = 32;  // outputs per panel
+size_t qb4w_panel_bytes(int64_t k, int64_t group);  // one panel
+size_t qb4w_panels_bytes(int64_t n, int64_t k, int64_t group);
+void qb4w_pack_panels(const uint8_t* w, const uint16_t* scales_bf16, int64_t n, int64_t k, int64_t group, uint8_t* out);
+// y[0:m, 32 p0 : min(n, 32 p1)] from Signed rows.
+using Qd8Qb4wPanelsFn = void (*)(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0,
+                                 int64_t p1, const float* bias, float* y, int64_t ldy, float lo, float hi);
+
 using Qd8Qb4wGemmFn = void (*)(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
                                const float* bias, float* y, int64_t ldy, float lo, float hi);
 using Qd8Qc8wGemmFn = void (*)(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
@@ -84,6 +115,7 @@ struct Qd8GemmVariant {
   bool vnni;          // needs AVX-512 VNNI (vpdpbusd) besides the ISA level
   Qd8Qb4wGemmFn qb4w;
   Qd8Qc8wGemmFn qc8w;
+  Qd8Qb4wPanelsFn qb4w_panels;  // null: this variant reads qb4w in the file's layout (qb4w above)
 };
 
 std::span<const Qd8GemmVariant> qd8_gemm_variants();  // all built in, widest first, runnable or not

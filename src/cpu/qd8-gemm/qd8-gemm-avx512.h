@@ -95,6 +95,111 @@ inline void qb4w_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeight
   }
 }
 
+// qb4w panels (kiln/cpu/quant.h), Signed rows: lane l of a 64-byte vector of low (high)
+// nibbles holds output l's w + 8 for 4 consecutive inputs, so its dot product with
+// the row's 4 bytes for those inputs, broadcast, adds to output l's sum directly:
+// no horizontal sums, 16 outputs per instruction. Per group, fp32 accumulates
+// s_g * (dot - 8 * sum q) per output. MR rows share each decoded weight vector; for
+// one or two rows the low and high nibbles feed separate sums (two dependency chains).
+inline __m512i bcast4(const int8_t* p) {  // 4 bytes, in every 32-bit lane
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <bool Vnni, int MR>
+inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0,
+                            int64_t p1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  constexpr bool kSplit = MR <= 2;
+  const int64_t G = w.group, groups = k / G, steps = G / 8, per_group = G / 32;
+  const size_t pb = qb4w_panel_bytes(k, G);
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const int8_t* arow[MR];
+  const int32_t* srow[MR];
+  for (int r = 0; r < MR; ++r) {
+    arow[r] = reinterpret_cast<const int8_t*>(a.data + (m0 + r) * a.stride);
+    srow[r] = a.sums + (m0 + r) * a.sums_stride;
+  }
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* wp = w.data + static_cast<size_t>(p) * pb;
+    __m512 f[MR][2];
+    for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512i acc[MR][2], acc_hi[MR][2];
+      for (int r = 0; r < MR; ++r) {
+        acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+        if constexpr (kSplit) acc_hi[r][0] = acc_hi[r][1] = _mm512_setzero_si512();
+      }
+      const int64_t gi = g * G;
+      for (int64_t t = 0; t < steps; ++t, wp += 128) {
+        const __m512i v0 = _mm512_load_si512(wp), v1 = _mm512_load_si512(wp + 64);
+        const __m512i l0 = _mm512_and_si512(v0, low4), l1 = _mm512_and_si512(v1, low4);
+        const __m512i h0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
+        const __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);
+        for (int r = 0; r < MR; ++r) {
+          const int8_t* x = arow[r] + gi + 8 * t;
+          const __m512i xl = bcast4(x), xh = bcast4(x + 4);
+          acc[r][0] = dot_u8s8<Vnni>(acc[r][0], l0, xl);
+          acc[r][1] = dot_u8s8<Vnni>(acc[r][1], l1, xl);
+          if constexpr (kSplit) {
+            acc_hi[r][0] = dot_u8s8<Vnni>(acc_hi[r][0], h0, xh);
+            acc_hi[r][1] = dot_u8s8<Vnni>(acc_hi[r][1], h1, xh);
+          } else {
+            acc[r][0] = dot_u8s8<Vnni>(acc[r][0], h0, xh);
+            acc[r][1] = dot_u8s8<Vnni>(acc[r][1], h1, xh);
+          }
+        }
+      }
+      const __m512 s0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(wp))), 16));
+      const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 32))), 16));
+      wp += 64;
+      for (int r = 0; r < MR; ++r) {
+        int32_t qsum = 0;
+        for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) qsum += srow[r][c];
+        const __m512i corr = _mm512_set1_epi32(8 * qsum);
+        __m512i d0 = acc[r][0], d1 = acc[r][1];
+        if constexpr (kSplit) {
+          d0 = _mm512_add_epi32(d0, acc_hi[r][0]);
+          d1 = _mm512_add_epi32(d1, acc_hi[r][1]);
+        }
+        f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d0, corr)), s0, f[r][0]);
+        f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(d1, corr)), s1, f[r][1]);
+      }
+    }
+    // y = s_x * (acc - zp * sums) + bias, clamped; the last panel's outputs past n are not stored
+    const int64_t j0 = p * kQb4wPanel;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t left = n - (j0 + 16 * h);
+      if (left <= 0) break;
+      const __mmask16 mask = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
+      const __m512 sums = _mm512_maskz_loadu_ps(mask, w.sums + j0 + 16 * h);
+      const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + j0 + 16 * h) : _mm512_setzero_ps();
+      for (int r = 0; r < MR; ++r) {
+        const __m512 t = _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(a.zp[m0 + r])), sums, f[r][h]);
+        __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(a.scale[m0 + r]), t, b);
+        v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+        _mm512_mask_storeu_ps(y + (m0 + r) * ldy + j0 + 16 * h, mask, v);
+      }
+    }
+  }
+}
+
+template <bool Vnni>
+inline void qb4w_panels_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0,
+                               int64_t p1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  if (m == 1) return qb4w_panel_rows<Vnni, 1>(a, 0, k, w, n, p0, p1, bias, y, ldy, lo, hi);
+  for (int64_t p = p0; p < p1; ++p) {  // a panel (k / 2 * 32 bytes) stays in cache for every row block
+    int64_t m0 = 0;
+    for (; m0 + 4 <= m; m0 += 4) qb4w_panel_rows<Vnni, 4>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi);
+    switch (m - m0) {
+      case 3: qb4w_panel_rows<Vnni, 3>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi); break;
+      case 2: qb4w_panel_rows<Vnni, 2>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi); break;
+      case 1: qb4w_panel_rows<Vnni, 1>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi); break;
+      default: break;
+    }
+  }
+}
+
 // int8 weights: |a * b| reaches 255 * 128 per pair, so without VNNI the bytes are
 // widened to 16 bits first (exact).
 template <bool Vnni>

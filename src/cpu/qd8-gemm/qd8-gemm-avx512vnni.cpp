@@ -17,5 +17,10 @@ void qd8_qc8w_gemm__avx512vnni(const Qd8Rows& a, int64_t m, int64_t k, const Qc8
   qc8w_avx512<true>(a, m, k, w, n0, n1, bias, y, ldy, lo, hi);
 }
 
+void qd8_qb4w_panels__avx512vnni(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, int64_t p1,
+                                 const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  qb4w_panels_avx512<true>(a, m, k, w, n, p0, p1, bias, y, ldy, lo, hi);
+}
+
 }  // namespace kiln::cpu
 #endif

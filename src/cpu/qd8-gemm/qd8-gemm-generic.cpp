@@ -35,7 +35,7 @@ int64_t row_bytes(int64_t k, Qd8Layout layout) {
 
 // Where input k of a row lies in the layout.
 inline int64_t position(int64_t k, Qd8Layout layout) {
-  if (layout == Qd8Layout::Plain) return k;
+  if (layout != Qd8Layout::Nibbles) return k;
   const int64_t r = k % 128;
   return k - r + (r & 1) * 64 + r / 2;
 }
@@ -45,11 +45,15 @@ inline int32_t nibble(const uint8_t* row, int64_t k) {  // w + 8 of input k
   return (k & 1) ? (b >> 4) : (b & 0x0f);
 }
 
+// Signed rows' sums: one int32 per 32 inputs.
+inline int64_t sums_per_row(int64_t k, Qd8Layout layout) { return layout == Qd8Layout::Signed ? (k + 31) / 32 : 0; }
+
 }  // namespace
 
 size_t qd8_rows_bytes(int64_t m, int64_t k, Qd8Layout layout) {
   const size_t data = static_cast<size_t>(m * row_bytes(k, layout));
-  return (data + 63) / 64 * 64 + static_cast<size_t>(m) * (sizeof(float) + sizeof(int32_t)) + 64;
+  return (data + 63) / 64 * 64 + static_cast<size_t>(m) * (sizeof(float) + sizeof(int32_t)) +
+         static_cast<size_t>(m * sums_per_row(k, layout)) * sizeof(int32_t) + 64;
 }
 
 Qd8Rows qd8_rows_view(const void* workspace, int64_t m, int64_t k, Qd8Layout layout) {
@@ -57,8 +61,31 @@ Qd8Rows qd8_rows_view(const void* workspace, int64_t m, int64_t k, Qd8Layout lay
   const auto* data = static_cast<const uint8_t*>(workspace);
   const size_t data_bytes = (static_cast<size_t>(m * stride) + 63) / 64 * 64;
   const auto* scale = reinterpret_cast<const float*>(data + data_bytes);
-  return Qd8Rows{data, stride, scale, reinterpret_cast<const int32_t*>(scale + m)};
+  const auto* zp = reinterpret_cast<const int32_t*>(scale + m);
+  const int64_t ns = sums_per_row(k, layout);
+  return Qd8Rows{data, stride, scale, zp, ns ? zp + m : nullptr, ns};
 }
+
+namespace {
+
+// Plain rows (q + 128) -> Signed rows in place: q, the sums per 32 inputs, the zero point.
+void make_signed(Qd8Rows* rows, int64_t m, int64_t k, int32_t* zp, int32_t* sums) {
+  const int64_t ns = (k + 31) / 32;
+  for (int64_t r = 0; r < m; ++r) {
+    auto* q = const_cast<uint8_t*>(rows->data) + r * rows->stride;
+    for (int64_t i = 0; i < k; ++i) q[i] ^= 0x80;  // u8 q + 128 -> the int8 q's bits (padding stays 0)
+    for (int64_t c = 0; c < ns; ++c) {
+      int32_t t = 0;
+      for (int64_t i = 32 * c; i < std::min(k, 32 * c + 32); ++i) t += static_cast<int8_t>(q[i]);
+      sums[r * ns + c] = t;
+    }
+    zp[r] -= 128;
+  }
+  rows->sums = sums;
+  rows->sums_stride = ns;
+}
+
+}  // namespace
 
 void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Layout layout, void* workspace,
                        Qd8Rows* out) {
@@ -67,6 +94,17 @@ void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Lay
   const size_t data_bytes = (static_cast<size_t>(m * stride) + 63) / 64 * 64;
   auto* scale = reinterpret_cast<float*>(data + data_bytes);
   auto* zp = reinterpret_cast<int32_t*>(scale + m);
+#ifdef KILN_CPU_X86
+  if (layout != Qd8Layout::Nibbles && qd8_gemm_config().isa == Isa::Avx512) {
+    const bool is_signed = layout == Qd8Layout::Signed;
+    const int64_t ns = sums_per_row(k, layout);
+    int32_t* sums = zp + m;
+    for (int64_t r = 0; r < m; ++r)
+      qd8_quantize_row__avx512(x + r * ldx, k, is_signed, data + r * stride, stride, scale + r, zp + r, sums + r * ns);
+    *out = Qd8Rows{data, stride, scale, zp, is_signed ? sums : nullptr, ns};
+    return;
+  }
+#endif
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * ldx;
 #ifdef KILN_CPU_ARM64
@@ -92,6 +130,7 @@ void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Lay
     zp[r] = 128 + static_cast<int32_t>(z);
   }
   *out = Qd8Rows{data, stride, scale, zp};
+  if (layout == Qd8Layout::Signed) make_signed(out, m, k, zp, zp + m);
 }
 
 void qb4w_weight_sums(const uint8_t* w, const uint16_t* scales, int64_t n, int64_t k, int64_t group, float* out) {
@@ -146,6 +185,77 @@ void qd8_qc8w_gemm__generic(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWe
       float v = a.scale[r] * (w.scales[j] * static_cast<float>(dot) - static_cast<float>(a.zp[r]) * w.sums[j]) +
                 (bias ? bias[j] : 0.0f);
       y[r * ldy + j] = std::min(std::max(v, lo), hi);
+    }
+  }
+}
+
+size_t qb4w_panel_bytes(int64_t k, int64_t group) {
+  return static_cast<size_t>((k / group) * (kQb4wPanel / 2 * group + 2 * kQb4wPanel));
+}
+
+size_t qb4w_panels_bytes(int64_t n, int64_t k, int64_t group) {
+  return static_cast<size_t>((n + kQb4wPanel - 1) / kQb4wPanel) * qb4w_panel_bytes(k, group);
+}
+
+void qb4w_pack_panels(const uint8_t* w, const uint16_t* scales, int64_t n, int64_t k, int64_t group, uint8_t* out) {
+  const int64_t ldw = k / 2, groups = k / group, panels = (n + kQb4wPanel - 1) / kQb4wPanel;
+  uint8_t* o = out;
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i0 = g * group; i0 < (g + 1) * group; i0 += 8)
+        for (int64_t l = 0; l < kQb4wPanel; ++l, o += 4) {
+          const int64_t j = p * kQb4wPanel + l;
+          if (j >= n) {
+            std::memset(o, 0, 4);
+            continue;
+          }
+          // the file's 4 bytes hold inputs i0 .. i0 + 7 (even ones low); byte b of ours holds
+          // i0 + b (low) and i0 + 4 + b (high)
+          const uint8_t* src = w + j * ldw + i0 / 2;
+          o[0] = static_cast<uint8_t>((src[0] & 0x0f) | (src[2] << 4));
+          o[1] = static_cast<uint8_t>((src[0] >> 4) | (src[2] & 0xf0));
+          o[2] = static_cast<uint8_t>((src[1] & 0x0f) | (src[3] << 4));
+          o[3] = static_cast<uint8_t>((src[1] >> 4) | (src[3] & 0xf0));
+        }
+      auto* sc = reinterpret_cast<uint16_t*>(o);
+      for (int64_t l = 0; l < kQb4wPanel; ++l) {
+        const int64_t j = p * kQb4wPanel + l;
+        sc[l] = j < n ? scales[j * groups + g] : uint16_t{0};
+      }
+      o += 2 * kQb4wPanel;
+    }
+}
+
+// The panels product, plainly: per output, per group, the dot product of the unsigned
+// nibbles with the signed q, less 8 * sum q (what the + 8 added).
+void qd8_qb4w_panels__generic(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0,
+                              int64_t p1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  const int64_t G = w.group, groups = k / G;
+  const size_t pb = qb4w_panel_bytes(k, G);
+  for (int64_t r = 0; r < m; ++r) {
+    const auto* q = reinterpret_cast<const int8_t*>(a.data + r * a.stride);
+    const int32_t* qs = a.sums + r * a.sums_stride;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* panel = w.data + static_cast<size_t>(p) * pb;
+      for (int64_t l = 0; l < kQb4wPanel && p * kQb4wPanel + l < n; ++l) {
+        const int64_t j = p * kQb4wPanel + l;
+        float acc = 0.0f;
+        const uint8_t* gp = panel;
+        for (int64_t g = 0; g < groups; ++g) {
+          int32_t dot = 0, qsum = 0;
+          for (int64_t t = 0; t < G / 8; ++t) {
+            const uint8_t* b4 = gp + t * (kQb4wPanel * 4) + l * 4;
+            const int8_t* x = q + g * G + 8 * t;
+            for (int b = 0; b < 4; ++b) dot += (b4[b] & 0x0f) * x[b] + (b4[b] >> 4) * x[4 + b];
+          }
+          for (int64_t c = g * G / 32; c < (g + 1) * G / 32; ++c) qsum += qs[c];
+          gp += G / 8 * (kQb4wPanel * 4);
+          acc += bf16_to_f32(reinterpret_cast<const uint16_t*>(gp)[l]) * static_cast<float>(dot - 8 * qsum);
+          gp += 2 * kQb4wPanel;
+        }
+        float v = a.scale[r] * (acc - static_cast<float>(a.zp[r]) * w.sums[j]) + (bias ? bias[j] : 0.0f);
+        y[r * ldy + j] = std::min(std::max(v, lo), hi);
+      }
     }
   }
 }

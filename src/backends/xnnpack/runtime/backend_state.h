@@ -165,6 +165,7 @@ struct Step {
   const float* channel_scales = nullptr;             // int8: [n]
   const float* weight_sums = nullptr;                // [n], cpu::qb4w/qc8w_weight_sums (st.owned)
   int64_t group = 0;                                 // int4 group size; 0: int8 weights
+  bool qb4w_panels = false;                          // int4: qweights are cpu::Qb4wPanels (kiln's memory)
   uint8_t rows_layout = 0;                           // cpu::Qd8Layout
   // Rows: the fused chain
   std::vector<RowOp> row_ops;

@@ -161,6 +161,17 @@ void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows_bytes, float* y) {
   const cpu::Qd8Rows rows = cpu::qd8_rows_view(rows_bytes, s.m, s.k, static_cast<cpu::Qd8Layout>(s.rows_layout));
   const cpu::Qd8GemmVariant& v = cpu::qd8_gemm_config();
+  if (s.qb4w_panels) {  // tasks of whole panels (32 outputs)
+    const int64_t panels = (s.n + cpu::kQb4wPanel - 1) / cpu::kQb4wPanel;
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(panels, kTasksPerThread * ex.threads));
+    const int64_t per = (panels + tasks - 1) / tasks;
+    const cpu::Qb4wPanels wp{static_cast<const uint8_t*>(s.qweights), s.weight_sums, s.group};
+    ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
+      const int64_t p0 = static_cast<int64_t>(t) * per, p1 = std::min(panels, p0 + per);
+      if (p1 > p0) v.qb4w_panels(rows, s.m, s.k, wp, s.n, p0, p1, s.bias, y, s.n, s.lo, s.hi);
+    });
+    return;
+  }
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 15) / 16, kTasksPerThread * ex.threads));
   const int64_t cols = ((s.n + blocks - 1) / blocks + 3) / 4 * 4;
   const cpu::Qb4wWeights w4{static_cast<const uint8_t*>(s.qweights), s.group_scales, s.weight_sums, s.group};

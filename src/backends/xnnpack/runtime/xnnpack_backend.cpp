@@ -34,6 +34,7 @@
 #include <new>
 #include <numeric>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace kiln::backends::xnnpack {
@@ -205,6 +206,7 @@ class Builder {
   std::vector<NodeIO> io_;
   std::vector<bool> skip_;                 // reshapes that are views
   std::vector<bool> only_packed_;          // per value: read only as fully-connected weights
+  std::unordered_map<uint32_t, const uint8_t*> qb4w_panels_;  // int4 weights repacked (st.owned), by value
   // fused row chains (Engine::Kiln)
   Status find_chains(State& st);
   bool add_row_op(const State& st, size_t node, int64_t rows, int64_t cols, Step& step,
@@ -427,7 +429,9 @@ Status Builder::quantized_rows(State& st) {
       if (!fc)
         return failf(error_, Status::NotSupported, "node %zu (%s): reads dynamically quantized rows; kiln runs those only "
                      "in fully connected nodes with int4 or int8 weights", i, node_name(t));
-      const uint8_t layout = static_cast<uint8_t>(w.quant == Value::Quant::Int4Groups ? cpu::Qd8Layout::Nibbles : cpu::Qd8Layout::Plain);
+      // int4 weights go to kiln's panels where the CPU's variant has a product on them (read from Signed rows)
+      const cpu::Qd8Layout int4_rows = cpu::qd8_gemm_config().qb4w_panels ? cpu::Qd8Layout::Signed : cpu::Qd8Layout::Nibbles;
+      const uint8_t layout = static_cast<uint8_t>(w.quant == Value::Quant::Int4Groups ? int4_rows : cpu::Qd8Layout::Plain);
       if (v.min_bytes != 0 && v.rows_layout != layout)
         return failf(error_, Status::NotSupported, "value %u: quantized rows read by int4 and int8 weights alike", io_[i].in[j]);
       const int64_t k = v.dims[v.ndims - 1];
@@ -1054,6 +1058,22 @@ Status Builder::kiln_step(State& st, size_t i) {
           step.group_scales = w.group_scales;
           cpu::qb4w_weight_sums(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, sums);
           step.label = "kiln fully connected, int8 x int4";
+          if (step.rows_layout == static_cast<uint8_t>(cpu::Qd8Layout::Signed)) {
+            // repacked once into kiln's panels (one copy per weight, however many nodes read it);
+            // the file's pages then leave memory, so the model is held once
+            const uint8_t*& panels = qb4w_panels_[io.in[1]];
+            if (!panels) {
+              const size_t bytes = cpu::qb4w_panels_bytes(step.n, step.k, step.group);
+              auto* buf = static_cast<uint8_t*>(std::aligned_alloc(kArenaAlign, (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
+              if (!buf) return fail(error_, Status::OutOfMemory, "out of memory repacking int4 weights");
+              st.owned.emplace_back(reinterpret_cast<float*>(buf), &std::free);
+              cpu::qb4w_pack_panels(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, buf);
+              panels = buf;
+              if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
+            }
+            step.qweights = panels;
+            step.qb4w_panels = true;
+          }
         } else {
           step.channel_scales = w.channel_scales;
           cpu::qc8w_weight_sums(static_cast<const int8_t*>(w.constant), w.channel_scales, step.n, step.k, sums);
