@@ -93,7 +93,7 @@ const F32VBinaryVariant kF32VBinary[] = {
 const Qd8GemmVariant kQd8Gemm[] = {
     KILN_X86_ONLY(KILN_QD8_ROW(avx512vnni, Avx512, true, qd8_qb4w_panels__avx512vnni))
     KILN_X86_ONLY(KILN_QD8_ROW(avx512, Avx512, false, qd8_qb4w_panels__avx512))
-    KILN_X86_ONLY(KILN_QD8_ROW(avx2, Avx2, false, nullptr))
+    KILN_X86_ONLY(KILN_QD8_ROW(avx2, Avx2, false, qd8_qb4w_panels__avx2))
     KILN_ARM64_ONLY(KILN_QD8_ROW(i8mm, I8mm, false, nullptr))
     KILN_ARM64_ONLY(KILN_QD8_ROW(dotprod, Dotprod, false, nullptr))
     KILN_QD8_ROW(generic, Generic, false, qd8_qb4w_panels__generic),

@@ -83,6 +83,7 @@ KILN_DECLARE_QB4W_PANELS(generic);
 KILN_DECLARE_QD8_GEMM(avx2);
 KILN_DECLARE_QD8_GEMM(avx512);
 KILN_DECLARE_QD8_GEMM(avx512vnni);
+KILN_DECLARE_QB4W_PANELS(avx2);
 KILN_DECLARE_QB4W_PANELS(avx512);
 KILN_DECLARE_QB4W_PANELS(avx512vnni);
 // AVX-512 activation quantization, Plain or Signed rows (qd8_quantize_rows calls it when the

@@ -109,6 +109,73 @@ inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights
   }
 }
 
+// qb4w panels (kiln/cpu/quant.h), Signed rows, AVX2: a panel's 64-byte vectors are two
+// 256-bit halves of 8 outputs each; one half panel (16 outputs) at a time, for one or two
+// rows (what the 16 ymm registers hold). The low- and high-nibble products of a step
+// meet in 16 bits (each at most 2 * 15 * 128, their sum fits) before vpmaddwd widens them.
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int MR>
+inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p, int h,
+                            const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  const int64_t G = w.group, groups = k / G, steps = G / 8, per_group = G / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const int8_t* arow[MR];
+  const int32_t* srow[MR];
+  for (int r = 0; r < MR; ++r) {
+    arow[r] = reinterpret_cast<const int8_t*>(a.data + (m0 + r) * a.stride);
+    srow[r] = a.sums + (m0 + r) * a.sums_stride;
+  }
+  const uint8_t* wp = w.data + static_cast<size_t>(p) * qb4w_panel_bytes(k, G) + 64 * h;
+  __m256 f[MR][2];
+  for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i acc[MR][2];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t t = 0; t < steps; ++t, wp += 128) {
+      for (int q = 0; q < 2; ++q) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32 * q));
+        const __m256i l = _mm256_and_si256(v, low4), u = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int r = 0; r < MR; ++r) {
+          const int8_t* x = arow[r] + g * G + 8 * t;
+          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(l, bcast4(x)), _mm256_maddubs_epi16(u, bcast4(x + 4)));
+          acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(s16, ones));
+        }
+      }
+    }
+    const uint8_t* sp = wp - 64 * h + 32 * h;  // the group's scales, this half's 16
+    for (int q = 0; q < 2; ++q) {
+      const __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16 * q));
+      const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(s16), 16));
+      for (int r = 0; r < MR; ++r) {
+        int32_t qsum = 0;
+        for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) qsum += srow[r][c];
+        const __m256i d = _mm256_sub_epi32(acc[r][q], _mm256_set1_epi32(8 * qsum));
+        f[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, f[r][q]);
+      }
+    }
+    wp += 64;
+  }
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int q = 0; q < 2; ++q) {
+    const int64_t j0 = p * kQb4wPanel + 16 * h + 8 * q, left = n - j0;
+    if (left <= 0) break;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(left < 8 ? left : 8)), iota);
+    const __m256 sums = _mm256_maskload_ps(w.sums + j0, mask);
+    const __m256 b = bias ? _mm256_maskload_ps(bias + j0, mask) : _mm256_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      const __m256 t = _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(a.zp[m0 + r])), sums, f[r][q]);
+      __m256 v = _mm256_fmadd_ps(_mm256_set1_ps(a.scale[m0 + r]), t, b);
+      v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+      _mm256_maskstore_ps(y + (m0 + r) * ldy + j0, mask, v);
+    }
+  }
+}
+
 }  // namespace
 
 void qd8_qb4w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
@@ -133,6 +200,16 @@ void qd8_qc8w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeigh
     case 1: qc8w_rows<1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
     default: break;
   }
+}
+
+void qd8_qb4w_panels__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, int64_t p1,
+                           const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int h = 0; h < 2 && p * kQb4wPanel + 16 * h < n; ++h) {
+      int64_t m0 = 0;
+      for (; m0 + 2 <= m; m0 += 2) qb4w_half_panel<2>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
+      if (m0 < m) qb4w_half_panel<1>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
+    }
 }
 
 }  // namespace kiln::cpu
