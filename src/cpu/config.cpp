@@ -63,7 +63,7 @@ const F32GemmVariant kF32Gemm[] = {
 };
 
 #define KILN_GEMV_ROW(isa, ISA) {"f32_gemv__" #isa, Isa::ISA, f32_gemv_axpy_rows__##isa, f32_gemv_dot__##isa, \
-                                 f32_gemv_dot_rows__##isa}
+                                 f32_gemv_dot_rows__##isa, f32_gemv_dot_block__##isa}
 const F32GemvVariant kF32Gemv[] = {
     KILN_X86_ONLY(KILN_GEMV_ROW(avx512, Avx512))
     KILN_X86_ONLY(KILN_GEMV_ROW(avx2, Avx2))

@@ -31,7 +31,9 @@ KILN_DECLARE_F32_GEMM(f32_gemm_8x8__neon);
                                  int64_t ldw, int64_t n, float* out, int64_t ldo);                               \
   float f32_gemv_dot__##isa(const float* a, const float* b, int64_t k);                                          \
   void f32_gemv_dot_rows__##isa(const float* x, int64_t ldx, int64_t rows, int64_t k, const float* w,           \
-                                int64_t ldw, float* out, int64_t ldo)
+                                int64_t ldw, float* out, int64_t ldo);                                           \
+  void f32_gemv_dot_block__##isa(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n, \
+                                 int64_t k, float* c, int64_t ldc)
 
 KILN_DECLARE_F32_GEMV(generic);
 #ifdef KILN_CPU_X86

@@ -136,6 +136,7 @@ TEST(Config, VariantTables) {
     EXPECT_NE(v.axpy_rows, nullptr);
     EXPECT_NE(v.dot, nullptr);
     EXPECT_NE(v.dot_rows, nullptr);
+    EXPECT_NE(v.dot_block, nullptr);
   }
   check_family(f32_vunary_variants());
   check_family(f32_vbinary_variants());

@@ -40,6 +40,16 @@ TEST_P(F32Gemv, DotRows) {
   GemvTester().rows(3).k(768).w_pad(3).test_dot_rows(GetParam());
 }
 
+TEST_P(F32Gemv, DotBlock) {
+  for (int64_t rows : {1, 3, 4})
+    for (int64_t n : {1, 15, 16, 17, 33, 64})
+      for (int64_t k : {1, 7, 16, 17, 64, 100})
+        GemvTester().rows(rows).n(n).k(k).x_pad(k % 3).w_pad(n % 2).o_pad(1).test_dot_block(GetParam());
+  GemvTester().rows(3).n(256).k(64).test_dot_block(GetParam());
+  for (uint32_t seed : {1u, 2u})
+    GemvTester().rows(3).n(50).k(64).w_pad(2).o_pad(3).float_data(true).seed(seed).test_dot_block(GetParam());
+}
+
 TEST_P(F32Gemv, FloatData) {
   for (uint32_t seed : {1u, 2u}) {
     GemvTester().rows(3).k(771).n(203).w_pad(4).float_data(true).seed(seed).test_axpy_rows(GetParam());

@@ -103,6 +103,32 @@ class GemvTester {
     check(out, exact, mag, rows_, 1, ldo);
   }
 
+  // c[rows, n] = a[rows, k] · b[n, k]ᵀ (row strides k + x_pad, k + w_pad, n + o_pad)
+  void test_dot_block(const F32GemvVariant& v) const {
+    SCOPED_TRACE(::testing::Message() << v.name << " dot_block rows=" << rows_ << " n=" << n_ << " k=" << k_ << " pads "
+                                      << x_pad_ << "/" << w_pad_ << "/" << o_pad_);
+    const int64_t lda = k_ + x_pad_, ldb = k_ + w_pad_, ldc = n_ + o_pad_;
+    std::vector<float> a = data(rows_ * lda, 1), b = data(n_ * ldb, 2), c0 = data(rows_ * ldc, 3);
+    mark_padding(c0, rows_, n_, ldc);
+    std::vector<float> c = c0, ref = c0;
+    v.dot_block(a.data(), lda, rows_, b.data(), ldb, n_, k_, c.data(), ldc);
+    if (v.isa != Isa::Generic) generic_f32_gemv().dot_block(a.data(), lda, rows_, b.data(), ldb, n_, k_, ref.data(), ldc);
+    std::vector<double> exact(static_cast<size_t>(rows_ * n_)), mag(exact.size());
+    for (int64_t r = 0; r < rows_; ++r)
+      for (int64_t j = 0; j < n_; ++j) {
+        double s = 0, m = 0;
+        for (int64_t p = 0; p < k_; ++p) {
+          const double t = static_cast<double>(a[static_cast<size_t>(r * lda + p)]) * b[static_cast<size_t>(j * ldb + p)];
+          s += t;
+          m += std::fabs(t);
+        }
+        const size_t e = static_cast<size_t>(r * n_ + j);
+        exact[e] = v.isa == Isa::Generic ? s : ref[static_cast<size_t>(r * ldc + j)];
+        mag[e] = m;
+      }
+    check(c, exact, mag, rows_, n_, ldc);
+  }
+
  private:
   static constexpr float kSentinel = 1234.5f;
 

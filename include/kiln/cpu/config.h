@@ -70,6 +70,10 @@ using F32AxpyRowsFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_
 using F32DotFn = float (*)(const float* a, const float* b, int64_t k);
 using F32DotRowsFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, const float* w, int64_t ldw,
                               float* out, int64_t ldo);
+//  dot_block: c[r * ldc + j] = a[r, 0:k] · b[j, 0:k] for r < m, j < n (row strides lda, ldb): a few rows
+//             against many (attention's q · Kᵀ over a cache), 16 dot products per horizontal sum
+using F32DotBlockFn = void (*)(const float* a, int64_t lda, int64_t m, const float* b, int64_t ldb, int64_t n,
+                               int64_t k, float* c, int64_t ldc);
 
 struct F32GemvVariant {
   const char* name;  // e.g. "f32_gemv__avx512"
@@ -77,6 +81,7 @@ struct F32GemvVariant {
   F32AxpyRowsFn axpy_rows;
   F32DotFn dot;
   F32DotRowsFn dot_rows;
+  F32DotBlockFn dot_block;
 };
 
 std::span<const F32GemvVariant> f32_gemv_variants();  // all built in, widest first, runnable or not

@@ -6,6 +6,7 @@
 namespace kiln::cpu {
 
 KILN_DEFINE_F32_GEMV(avx2, __attribute__((target("arch=x86-64-v3"))))
+KILN_DEFINE_F32_DOT_BLOCK(avx2, __attribute__((target("arch=x86-64-v3"))))
 
 }  // namespace kiln::cpu
 #endif

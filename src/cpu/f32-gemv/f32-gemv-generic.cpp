@@ -5,5 +5,6 @@
 namespace kiln::cpu {
 
 KILN_DEFINE_F32_GEMV(generic, )
+KILN_DEFINE_F32_DOT_BLOCK(generic, )
 
 }  // namespace kiln::cpu

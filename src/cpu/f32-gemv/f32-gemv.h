@@ -70,6 +70,13 @@ KILN_CPU_INLINE void f32_gemv_dot_rows(const float* __restrict x, int64_t ldx, i
   }
 }
 
+// c[r * ldc + j] = a[r] · b[j]: the plain form (each dot product its own horizontal sum).
+KILN_CPU_INLINE void f32_gemv_dot_block(const float* __restrict a, int64_t lda, int64_t m, const float* __restrict b,
+                                        int64_t ldb, int64_t n, int64_t k, float* __restrict c, int64_t ldc) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t r = 0; r < m; ++r) c[r * ldc + j] = f32_gemv_dot(a + r * lda, b + j * ldb, k);
+}
+
 }  // namespace
 }  // namespace kiln::cpu
 
@@ -86,4 +93,11 @@ KILN_CPU_INLINE void f32_gemv_dot_rows(const float* __restrict x, int64_t ldx, i
   attr void f32_gemv_dot_rows__##isa(const float* __restrict x, int64_t ldx, int64_t rows, int64_t k,              \
                                      const float* __restrict w, int64_t ldw, float* __restrict out, int64_t ldo) { \
     f32_gemv_dot_rows(x, ldx, rows, k, w, ldw, out, ldo);                                                          \
+  }
+
+// dot_block from the template (the AVX-512 variant has its own: f32-gemv-dotblock-avx512.cpp).
+#define KILN_DEFINE_F32_DOT_BLOCK(isa, attr)                                                                        \
+  attr void f32_gemv_dot_block__##isa(const float* __restrict a, int64_t lda, int64_t m, const float* __restrict b, \
+                                      int64_t ldb, int64_t n, int64_t k, float* __restrict c, int64_t ldc) {       \
+    f32_gemv_dot_block(a, lda, m, b, ldb, n, k, c, ldc);                                                            \
   }

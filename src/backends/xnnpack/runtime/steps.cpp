@@ -20,7 +20,9 @@ namespace kiln::backends::xnnpack::detail {
 void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c) {
   if (s.trans_b) {  // C[i] = A[i] · B[i]ᵀ, B[i] [n, k]; a few rows of A: dot products
     const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
-    const int64_t col_blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
+    // one thread: one call per batch (the kernel prefetches ahead within a call; B, a KV cache, comes
+    // from memory once per token)
+    const int64_t col_blocks = ex.threads <= 1 ? 1 : std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
     const int64_t cols = (s.n + col_blocks - 1) / col_blocks;
     ex.parallel_for(static_cast<size_t>(s.batch * col_blocks), [&](size_t t) {
       const int64_t bi = static_cast<int64_t>(t) / col_blocks, j0 = (static_cast<int64_t>(t) % col_blocks) * cols;
@@ -28,8 +30,7 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
       const float* ab = a + bi * s.a_batch_stride;
       const float* bb = b + bi * s.b_batch_stride;
       float* cb = c + bi * s.m * s.n;
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t r = 0; r < s.m; ++r) cb[r * s.n + j] = gemv.dot(ab + r * s.k, bb + j * s.k, s.k);
+      if (j1 > j0) gemv.dot_block(ab, s.k, s.m, bb + j0 * s.k, s.k, j1 - j0, s.k, cb + j0, s.n);
     });
     return;
   }
@@ -162,8 +163,12 @@ void run_qfully_connected(const Exec& ex, const Step& s, const float* rows_bytes
   const cpu::Qd8Rows rows = cpu::qd8_rows_view(rows_bytes, s.m, s.k, static_cast<cpu::Qd8Layout>(s.rows_layout));
   const cpu::Qd8GemmVariant& v = cpu::qd8_gemm_config();
   if (s.qb4w_panels) {  // tasks of whole panels (32 outputs)
+    // a task reads at least ~48 KB of weights: a one-token product of a small layer (SmolLM2's
+    // 192 x 576 k / v projections: 55 KB) takes a few microseconds, what waking a thread costs
     const int64_t panels = (s.n + cpu::kQb4wPanel - 1) / cpu::kQb4wPanel;
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(panels, kTasksPerThread * ex.threads));
+    const auto panel_bytes = static_cast<int64_t>(cpu::qb4w_panel_bytes(s.k, s.group));
+    const int64_t by_work = std::max<int64_t>(1, s.m * panels * panel_bytes / (48 << 10));
+    const int64_t tasks = std::max<int64_t>(1, std::min({panels, kTasksPerThread * ex.threads, by_work}));
     const int64_t per = (panels + tasks - 1) / tasks;
     const cpu::Qb4wPanels wp{static_cast<const uint8_t*>(s.qweights), s.weight_sums, s.group};
     ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
