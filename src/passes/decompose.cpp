@@ -27,8 +27,8 @@ std::vector<std::byte> EdgeProgram::constant_bytes(graph::ValueId v) const {
   return out;
 }
 
-EdgeProgram to_edge(const pt2::ExportedProgram& ep, LoweringStats* stats) {
-  return detail::Lowerer(ep, stats).run();
+EdgeProgram to_edge(const pt2::ExportedProgram& ep, LoweringStats* stats, const EdgeOptions& options) {
+  return detail::Lowerer(ep, stats, options).run();
 }
 
 }  // namespace kiln::passes

@@ -65,7 +65,8 @@ inline std::string source_location(const std::string& stack_trace) {
 
 class Lowerer {
  public:
-  Lowerer(const pt2::ExportedProgram& ep, LoweringStats* stats) : ep_(ep), stats_(stats) {
+  Lowerer(const pt2::ExportedProgram& ep, LoweringStats* stats, const EdgeOptions& options = {})
+      : ep_(ep), stats_(stats), options_(options) {
     out_.exported = &ep;
     out_.inputs_spec = ep.inputs_spec;
     out_.outputs_spec = ep.outputs_spec;
@@ -446,7 +447,8 @@ class Lowerer {
 
   ValueId transposed_weight(ValueId w) {
     auto c = out_.constants.find(w);
-    force_fold_ = c != out_.constants.end() && c->second.source != nullptr && !is_shared_weight(w);
+    force_fold_ = options_.fold_weight_transposes && c != out_.constants.end() && c->second.source != nullptr &&
+                  !is_shared_weight(w);
     ValueId t = permute(w, {1, 0}, "weight_t");
     force_fold_ = false;
     return t;
@@ -908,6 +910,7 @@ class Lowerer {
   int64_t folded_ = 0;
   int name_counter_ = 0;
   bool force_fold_ = false;
+  EdgeOptions options_;
 };
 
 }  // namespace kiln::passes::detail

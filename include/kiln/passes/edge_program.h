@@ -63,10 +63,18 @@ struct LoweringStats {
   int64_t edge_nodes = 0;
 };
 
+struct EdgeOptions {
+  // A linear layer's weight W [N, K] becomes the constant Wᵀ [K, N] its mm reads (computed now,
+  // held in memory). False: it stays permute_copy(W), which XNNPACK's payload turns into a fully
+  // connected node on W as the file has it. kiln lower --quantize 8da4w / 8da8w sets it false: the
+  // weights are then read from the .pt2 one at a time while quantized, never all in memory.
+  bool fold_weight_transposes = true;
+};
+
 // Decomposes the exported program (either IR flavor) into edge form, folds
 // constant subgraphs with kiln's kernels and removes dead code. Throws
 // kiln::Error naming the operator, node and source line for anything kiln
 // cannot lower.
-EdgeProgram to_edge(const pt2::ExportedProgram& ep, LoweringStats* stats = nullptr);
+EdgeProgram to_edge(const pt2::ExportedProgram& ep, LoweringStats* stats = nullptr, const EdgeOptions& options = {});
 
 }  // namespace kiln::passes

@@ -282,6 +282,55 @@ class PayloadBuilder {
     return bytes;
   }
 
+  // W [K, N] (a folded transpose, small): gathered whole, transposed, quantized.
+  static QuantizedWeights quantize_transposed(const RegionConstant& c, int64_t n, int64_t k, const QuantScheme& q) {
+    std::vector<std::byte> raw = collect(c);
+    std::vector<float> w(static_cast<size_t>(n * k));
+    const auto* src = reinterpret_cast<const float*>(raw.data());
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < k; ++i) w[static_cast<size_t>(j * k + i)] = src[i * n + j];
+    return quantize_weights(w.data(), n, k, q);
+  }
+
+  // W [N, K] as the .pt2 stores it: quantized a block of rows at a time as its bytes stream in (rows
+  // quantize independently), so no fp32 copy of the weight is ever whole in memory.
+  static QuantizedWeights quantize_streamed(const RegionConstant& c, int64_t n, int64_t k, const QuantScheme& q) {
+    const size_t row_bytes = static_cast<size_t>(k) * sizeof(float);
+    const int64_t block_rows = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / row_bytes));
+    std::vector<float> block(static_cast<size_t>(block_rows * k));
+    const size_t block_bytes = static_cast<size_t>(block_rows) * row_bytes;
+    QuantizedWeights qw;
+    const bool int4 = q.kind == QuantScheme::Kind::Int4Groups;
+    qw.data.reserve(static_cast<size_t>(int4 ? n * (k / 2) : n * k));
+    qw.scales.reserve(static_cast<size_t>(int4 ? n * (k / q.group) * 2 : n * 4));
+    size_t filled = 0;
+    int64_t rows_done = 0;
+    auto flush = [&](int64_t rows) {
+      check(rows_done + rows <= n, "constant data streamed more than its {} rows", n);
+      QuantizedWeights part = quantize_weights(block.data(), rows, k, q);
+      qw.data.insert(qw.data.end(), part.data.begin(), part.data.end());
+      qw.scales.insert(qw.scales.end(), part.scales.begin(), part.scales.end());
+      rows_done += rows;
+    };
+    if (c.data.write)
+      c.data.write([&](std::span<const std::byte> s) {
+        while (!s.empty()) {
+          const size_t take = std::min(s.size(), block_bytes - filled);
+          std::memcpy(reinterpret_cast<std::byte*>(block.data()) + filled, s.data(), take);
+          filled += take;
+          s = s.subspan(take);
+          if (filled == block_bytes) {
+            flush(block_rows);
+            filled = 0;
+          }
+        }
+      });
+    check(filled % row_bytes == 0, "constant data streamed a partial row");
+    if (filled) flush(static_cast<int64_t>(filled / row_bytes));
+    check(rows_done == n, "constant data streamed {} rows, declared {}", rows_done, n);
+    return qw;
+  }
+
   // The constant_data entry naming `key` in the program's named data.
   uint32_t named_constant(const std::string& key, const pte::DataBlob& data) {
     if (auto it = named_index_.find(key); it != named_index_.end()) {
@@ -889,12 +938,7 @@ class PayloadBuilder {
           "group, or --quantize-skip to keep it fp32)",
           q.name(), product.module_path.empty() ? product.name : product.module_path,
           product.module_path.empty() ? "" : fmt::format(" (node {})", product.name), k, q.group);
-    std::vector<std::byte> raw = collect(*constants_.at(wv));
-    std::vector<float> w(static_cast<size_t>(n * k));
-    const auto* src = reinterpret_cast<const float*>(raw.data());
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t i = 0; i < k; ++i) w[static_cast<size_t>(j * k + i)] = kn ? src[i * n + j] : src[j * k + i];
-    QuantizedWeights qw = quantize_weights(w.data(), n, k, q);
+    QuantizedWeights qw = kn ? quantize_transposed(*constants_.at(wv), n, k, q) : quantize_streamed(*constants_.at(wv), n, k, q);
     const std::string scales_key = content_key(qw.scales), data_key = content_key(qw.data);
     const uint32_t scales_index = named_constant(scales_key, pte::DataBlob::from_bytes(std::move(qw.scales)));
     const uint32_t data_index = named_constant(data_key, pte::DataBlob::from_bytes(std::move(qw.data)));
