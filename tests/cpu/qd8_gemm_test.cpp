@@ -113,6 +113,34 @@ void reference_qb4w(const std::vector<int>& q, const std::vector<float>& sx, con
     }
 }
 
+// Random int4 weights (-8..7) for a case, in ExecuTorch's layout (two per byte, even input in the low
+// nibble, as w + 8), bf16 group scales, a bias and the weight sums.
+struct Qb4wCase {
+  std::vector<int> w4;
+  std::vector<uint8_t> file;
+  std::vector<uint16_t> scales;
+  std::vector<float> bias, sums;
+};
+
+Qb4wCase random_qb4w(const Case& c, std::mt19937& g) {
+  Qb4wCase w;
+  const int64_t ldw = (c.k + 1) / 2, groups = c.k / c.group;
+  std::uniform_int_distribution<int> d4(-8, 7);
+  w.w4.resize(size_t(c.n * c.k));
+  for (int& v : w.w4) v = d4(g);
+  w.file.assign(size_t(c.n * ldw), 0);
+  for (int64_t j = 0; j < c.n; ++j)
+    for (int64_t i = 0; i < c.k; ++i)
+      w.file[size_t(j * ldw + i / 2)] |= uint8_t((w.w4[size_t(j * c.k + i)] + 8) << ((i & 1) * 4));
+  w.scales.resize(size_t(c.n * groups));
+  std::uniform_real_distribution<float> ds(0.001f, 0.1f);
+  for (uint16_t& v : w.scales) v = f32_to_bf16(ds(g));
+  w.bias = randn(static_cast<size_t>(c.n), g);
+  w.sums.resize(static_cast<size_t>(c.n));
+  qb4w_weight_sums(w.file.data(), w.scales.data(), c.n, c.k, c.group, w.sums.data());
+  return w;
+}
+
 TEST(Qd8Gemm, Qb4wVariantsMatchDequantizedProduct) {
   std::mt19937 g(7);
   std::vector<Case> cases;
@@ -134,20 +162,11 @@ TEST(Qd8Gemm, Qb4wVariantsMatchDequantizedProduct) {
       for (int64_t i = 0; i < c.k; ++i)
         q[size_t(r * c.k + i)] = int(rows.data[r * rows.stride + layout_pos(i, Qd8Layout::Nibbles)]) - 128;
     }
-    // weights: int4 in -8..7, packed two per byte (even input in the low nibble), bf16 scales
-    const int64_t ldw = (c.k + 1) / 2, groups = c.k / c.group;
-    std::uniform_int_distribution<int> d4(-8, 7);
-    std::vector<int> w4(size_t(c.n * c.k));
-    for (int& v : w4) v = d4(g);
-    std::vector<uint8_t> packed(size_t(c.n * ldw), 0);
-    for (int64_t j = 0; j < c.n; ++j)
-      for (int64_t i = 0; i < c.k; ++i)
-        packed[size_t(j * ldw + i / 2)] |= uint8_t((w4[size_t(j * c.k + i)] + 8) << ((i & 1) * 4));
-    std::vector<uint16_t> sc(size_t(c.n * groups));
-    std::uniform_real_distribution<float> ds(0.001f, 0.1f);
-    for (uint16_t& s : sc) s = f32_to_bf16(ds(g));
-    std::vector<float> bias = randn(static_cast<size_t>(c.n), g), sums(static_cast<size_t>(c.n));
-    qb4w_weight_sums(packed.data(), sc.data(), c.n, c.k, c.group, sums.data());
+    Qb4wCase wc = random_qb4w(c, g);
+    const std::vector<int>& w4 = wc.w4;
+    const std::vector<uint8_t>& packed = wc.file;
+    const std::vector<uint16_t>& sc = wc.scales;
+    const std::vector<float>&bias = wc.bias, &sums = wc.sums;
     std::vector<double> ref;
     reference_qb4w(q, sx, zx, w4, sc, bias, c, &ref);
     double mx = 0;
@@ -210,19 +229,11 @@ TEST(Qd8Gemm, Qb4wPanelsMatchDequantizedProduct) {
         ASSERT_EQ(rows.sums[r * rows.sums_stride + b], t);
       }
     }
-    const int64_t ldw = c.k / 2, groups = c.k / c.group;
-    std::uniform_int_distribution<int> d4(-8, 7);
-    std::vector<int> w4(size_t(c.n * c.k));
-    for (int& v : w4) v = d4(g);
-    std::vector<uint8_t> file(size_t(c.n * ldw), 0);
-    for (int64_t j = 0; j < c.n; ++j)
-      for (int64_t i = 0; i < c.k; ++i)
-        file[size_t(j * ldw + i / 2)] |= uint8_t((w4[size_t(j * c.k + i)] + 8) << ((i & 1) * 4));
-    std::vector<uint16_t> sc(size_t(c.n * groups));
-    std::uniform_real_distribution<float> ds(0.001f, 0.1f);
-    for (uint16_t& s : sc) s = f32_to_bf16(ds(g));
-    std::vector<float> bias = randn(static_cast<size_t>(c.n), g), sums(static_cast<size_t>(c.n));
-    qb4w_weight_sums(file.data(), sc.data(), c.n, c.k, c.group, sums.data());
+    Qb4wCase wc = random_qb4w(c, g);
+    const std::vector<int>& w4 = wc.w4;
+    const std::vector<uint8_t>& file = wc.file;
+    const std::vector<uint16_t>& sc = wc.scales;
+    const std::vector<float>&bias = wc.bias, &sums = wc.sums;
     const int64_t panels = (c.n + kQb4wPanel - 1) / kQb4wPanel;
     ASSERT_EQ(qb4w_panels_bytes(c.n, c.k, c.group), size_t(panels) * qb4w_panel_bytes(c.k, c.group));
     Aligned packed(qb4w_panels_bytes(c.n, c.k, c.group));
