@@ -460,3 +460,87 @@ def test_quantized_lowering_never_holds_the_fp32_weights(smollm2, kiln_bin, sche
     peak = maxrss_kb * 1024
     assert peak < 0.6 * pt2.stat().st_size, (peak, pt2.stat().st_size)
     assert out.stat().st_size > 0
+
+
+class _CacheAttention:
+    """softmax(q · Kᵀ · D^-½ + mask) · V over a static cache of N positions, the form of a decode step."""
+
+    H, G, N, D = 2, 3, 40, 16  # kv heads, query rows per kv head (GQA), cache positions, head width
+
+    @staticmethod
+    def module():
+        import torch
+
+        class M(torch.nn.Module):
+            def forward(self, q, k, v, mask):
+                att = (q @ k.transpose(-2, -1)) * (_CacheAttention.D ** -0.5)
+                return torch.softmax(att + mask, dim=-1) @ v
+
+        return M().eval()
+
+
+@pytest.mark.parametrize("hidden", ["-inf", "finfo.min"])
+def test_decode_attention_reads_only_the_live_positions(tmp_path, hidden):
+    """kiln's XNNPACK backend computes a decode step's attention only over the cache positions the additive mask
+    keeps (up to the last one any row keeps; hidden: -inf, or finfo(float32).min as transformers' eager masks
+    write it): the same result as eager, and it never reads a masked position.
+    The latter is shown with NaN in K and V past the live positions: eager on the whole cache gives NaN there
+    (0 · NaN), so the oracle is eager on the cache cut to the live positions, which kiln must match exactly
+    in kind (finite) and within fp32 tolerance."""
+    import torch
+
+    A = _CacheAttention
+    torch.manual_seed(0)
+    shapes = {"q": (1, A.H, A.G, A.D), "k": (1, A.H, A.N, A.D), "v": (1, A.H, A.N, A.D), "mask": (1, 1, 1, A.N)}
+    ex = tuple(torch.randn(s) for s in shapes.values())
+    ep = torch.export.export(A.module(), ex)
+    torch.export.save(ep, tmp_path / "attn.pt2")
+    spec = {"name": "attn", "model_id": "tests/attn", "seq_len": A.N, "exported_program": "attn.pt2",
+            "ir": "default", "inputs": [{"name": n, "dtype": "float32", "shape": list(s)} for n, s in shapes.items()],
+            "outputs": [{"name": "y", "dtype": "float32"}]}
+    (tmp_path / "model_spec.json").write_text(json.dumps(spec))
+    run_kiln("lower", "--spec", tmp_path / "model_spec.json", "--backend", "xnnpack", "-q")
+    pte = tmp_path / "attn_xnnpack.pte"
+    prof = json.loads(run_kiln("profile", pte, "--iters", "1", "--json").stdout)
+    labels = {r.get("label", "") for r in prof["rows"]}
+    assert "kiln batch matmul (A · Bᵀ, live positions)" in labels and "kiln batch matmul (live positions)" in labels, labels
+
+    def kiln(q, k, v, mask):
+        args = []
+        for n, t in zip(shapes, (q, k, v, mask)):
+            np.save(tmp_path / f"{n}.npy", t.numpy())
+            args += ["-i", tmp_path / f"{n}.npy"]
+        run_kiln("run", pte, *args, "-o", tmp_path / "y.npy")
+        return np.load(tmp_path / "y.npy")
+
+    q, k, v = (torch.randn(shapes[n]) for n in ("q", "k", "v"))
+    fill = float("-inf") if hidden == "-inf" else torch.finfo(torch.float32).min
+    for live in (1, 7, A.N - 1, A.N):
+        mask = torch.full(shapes["mask"], fill)
+        mask[..., :live] = 0.0
+        with torch.no_grad():
+            ref = A.module()(q, k, v, mask).numpy()
+        assert_close(kiln(q, k, v, mask), ref, f"live {live}")
+        if live < A.N:  # what lies past the live positions is never read
+            k2, v2 = k.clone(), v.clone()
+            k2[:, :, live:] = float("nan")
+            v2[:, :, live:] = float("nan")
+            with torch.no_grad():
+                assert torch.isnan(A.module()(q, k2, v2, mask)).all()  # eager reads them
+                cut = A.module()(q, k[:, :, :live], v[:, :, :live], mask[..., :live]).numpy()
+            got = kiln(q, k2, v2, mask)
+            assert np.isfinite(got).all(), f"live {live}: kiln read a masked position"
+            assert_close(got, cut, f"live {live}, NaN past it")
+    # a band mask (a sliding window: masked positions before the live ones too), and every position hidden
+    # (eager: NaN rows for -inf, uniform weights over all positions for finfo.min; kiln runs all of them then)
+    mask = torch.full(shapes["mask"], fill)
+    mask[..., 5:12] = 0.0
+    with torch.no_grad():
+        assert_close(kiln(q, k, v, mask), A.module()(q, k, v, mask).numpy(), "band")
+        allmasked = torch.full(shapes["mask"], fill)
+        ref = A.module()(q, k, v, allmasked).numpy()
+    got = kiln(q, k, v, allmasked)
+    if hidden == "-inf":
+        assert np.isnan(got).all() and np.isnan(ref).all()
+    else:
+        assert_close(got, ref, "every position hidden")

@@ -158,6 +158,14 @@ struct Step {
   const float* weights = nullptr;                    // fully connected: [k, n] row-major ([n, k] if weights_nk)
   bool weights_nk = false;                           // fully connected, a few rows: W as the file has it, [n, k]
   bool trans_b = false;                              // Bmm: B is [.., n, k] (C = A · Bᵀ), a few rows of A
+  // Attention over the live positions (Builder::find_live_attention): the scores product
+  // (trans_b) has the additive mask the next rows step adds (`period` rows of n floats); per call
+  // it computes only the positions up to the last one any mask row keeps (not -inf), the rest of
+  // its rows 0 (the mask makes them -inf, the softmax 0), and the product with V after the rows
+  // step (live_k) reads only those positions of V.
+  Operand live_mask;
+  int64_t live_mask_period = 0;
+  bool live_k = false;
   const float* bias = nullptr;                       // [n] or null
   // QuantizeRows / QFullyConnected (8da4w, 8da8w): the rows' layout, the weights
   const void* qweights = nullptr;                    // int4 [n, ceil(k/2)] or int8 [n, k], from the file
@@ -209,6 +217,7 @@ struct State {
   Exec exec;
   Engine engine = Engine::Kiln;
   bool per_node = false;                  // one XNNPACK subgraph per node (profiling detail)
+  int64_t live_positions = 0;             // this call's, from the last attention scores step
 
   ~State() {
     for (Step& s : steps)
@@ -229,7 +238,16 @@ rt::Status execute_state(State& st, std::span<EValue*> args, rt::ErrorMessage* e
 
 // ---------------------------------------------------------------- kiln's steps (steps.cpp)
 
-void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c);
+// live > 0: only the first `live` positions (trans_b: columns of C, the rest set to 0; else: the
+// products' k); 0: all
+void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c, int64_t live = 0);
+// A mask value at or below this hides its position: -inf, or transformers' eager masks'
+// finfo(float32).min (score + min rounds to min, and exp(min - rowmax) is 0 in fp32).
+constexpr float kMaskedBelow = -1e30f;
+// The positions an additive attention mask keeps: 1 + the last index any of its `rows` rows of n
+// floats is above kMaskedBelow; n when some row keeps none (eager's NaN rows for -inf masks, or
+// its uniform rows for finfo.min ones, are then reproduced).
+int64_t live_positions(const float* mask, int64_t rows, int64_t n);
 void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out);
 void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out);
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);

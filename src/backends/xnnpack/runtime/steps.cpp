@@ -17,16 +17,32 @@ namespace kiln::backends::xnnpack::detail {
 
 // ---------------------------------------------------------------- kiln's steps
 
-void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c) {
+int64_t live_positions(const float* mask, int64_t rows, int64_t n) {
+  int64_t live = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = mask + r * n;
+    int64_t j = n;
+    while (j > 0 && row[j - 1] <= kMaskedBelow) --j;  // NaN: live
+    if (j == 0) return n;  // a row with no live position: eager's NaN (-inf) or uniform (finfo.min) row
+    live = std::max(live, j);
+  }
+  return live == 0 ? n : live;
+}
+
+void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c, int64_t live) {
   if (s.trans_b) {  // C[i] = A[i] · B[i]ᵀ, B[i] [n, k]; a few rows of A: dot products
     const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
+    const int64_t n = live > 0 && live < s.n ? live : s.n;  // the positions computed
     // one thread: one call per batch (the kernel prefetches ahead within a call; B, a KV cache, comes
     // from memory once per token)
-    const int64_t col_blocks = ex.threads <= 1 ? 1 : std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
-    const int64_t cols = (s.n + col_blocks - 1) / col_blocks;
+    const int64_t col_blocks = ex.threads <= 1 ? 1 : std::max<int64_t>(1, std::min<int64_t>((n + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
+    const int64_t cols = (n + col_blocks - 1) / col_blocks;
     ex.parallel_for(static_cast<size_t>(s.batch * col_blocks), [&](size_t t) {
       const int64_t bi = static_cast<int64_t>(t) / col_blocks, j0 = (static_cast<int64_t>(t) % col_blocks) * cols;
-      const int64_t j1 = std::min(s.n, j0 + cols);
+      const int64_t j1 = std::min(n, j0 + cols);
+      if (n < s.n)  // the masked positions: 0 (any finite value gives the same softmax: 0 there)
+        for (int64_t r = 0; r < s.m && j0 == 0; ++r)
+          std::fill(c + (bi * s.m + r) * s.n + n, c + (bi * s.m + r + 1) * s.n, 0.0f);
       const float* ab = a + bi * s.a_batch_stride;
       const float* bb = b + bi * s.b_batch_stride;
       float* cb = c + bi * s.m * s.n;
@@ -42,7 +58,9 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
     int64_t bi = static_cast<int64_t>(t) / row_blocks, r0 = (static_cast<int64_t>(t) % row_blocks) * rows;
     int64_t r1 = std::min(s.m, r0 + rows);
     if (r1 <= r0) return;
-    cpu::sgemm(r1 - r0, s.n, s.k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
+    // live: A's other columns are 0 (the softmax of masked positions), so the first `live` of k are the product
+    const int64_t k = live > 0 && live < s.k ? live : s.k;
+    cpu::sgemm(r1 - r0, s.n, k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
                        s.n, false, c + bi * s.m * s.n + r0 * s.n, s.n);
   });
 }
