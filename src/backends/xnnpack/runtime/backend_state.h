@@ -160,8 +160,8 @@ struct Step {
   bool trans_b = false;                              // Bmm: B is [.., n, k] (C = A · Bᵀ), a few rows of A
   // Attention over the live positions (Builder::find_live_attention): the scores product
   // (trans_b) has the additive mask the next rows step adds (`period` rows of n floats); per call
-  // it computes only the positions up to the last one any mask row keeps (not -inf), the rest of
-  // its rows 0 (the mask makes them -inf, the softmax 0), and the product with V after the rows
+  // it computes only the positions up to the last one any mask row keeps (live_positions), the
+  // rest of its rows 0 (the mask hides them, the softmax makes them 0), and the product with V after the rows
   // step (live_k) reads only those positions of V.
   Operand live_mask;
   int64_t live_mask_period = 0;
