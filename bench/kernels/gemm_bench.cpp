@@ -139,6 +139,10 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng) {
 int main(int argc, char** argv) {
   using namespace kiln::cpu;
   const double min_seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
+  if (argc > 2 || !(min_seconds > 0)) {
+    std::fprintf(stderr, "usage: kiln_gemm_bench [min_seconds_per_measurement > 0, default 1]\n");
+    return 2;
+  }
   std::printf("kiln CPU micro-kernels, single thread. This CPU: best ISA %s; selected (KILN_CPU_ISA or best): %s -> %s, %s\n",
               isa_name(best_isa()), isa_name(active_isa()), f32_gemm_config().name, f32_gemv_config().name);
   std::printf("GFLOP/s by wall clock and by thread CPU time (the latter discounts time the core ran others);\n"

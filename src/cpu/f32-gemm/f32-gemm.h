@@ -116,8 +116,28 @@ KILN_CPU_INLINE void f32_gemm_blocked(int64_t m, int64_t n, int64_t k, float alp
     for (int64_t jr = 0; jr < n; jr += NR) {
       const int64_t nr = n - jr < NR ? n - jr : NR;
       pack_b<NR>(b + pc * ldb + jr, ldb, kc, nr, bp);
+      // The next panel's rows of B (the next columns, or the next K block's first ones): kc rows
+      // ldb apart, each its own stream, too many for the hardware prefetcher, so packing them
+      // would wait on memory row by row. Each tile below prefetches its share of those rows.
+      const float* next_b = nullptr;
+      int64_t next_kc = 0, next_nr = 0;
+      if (jr + NR < n) {
+        next_b = b + pc * ldb + jr + NR, next_kc = kc, next_nr = n - jr - NR < NR ? n - jr - NR : NR;
+      } else if (pc + KC < k) {
+        next_b = b + (pc + KC) * ldb, next_kc = k - pc - KC < KC ? k - pc - KC : KC, next_nr = n < NR ? n : NR;
+      }
+      const int64_t tiles = (m + MR - 1) / MR;
       for (int64_t ir = 0; ir < m; ir += MR) {
         const int64_t mr = m - ir < MR ? m - ir : MR;
+        if (next_b != nullptr) {
+          const int64_t t = ir / MR, r0 = next_kc * t / tiles, r1 = next_kc * (t + 1) / tiles;
+          for (int64_t r = r0; r < r1; ++r) {
+            const char* row = reinterpret_cast<const char*>(next_b + r * ldb);
+            const int64_t bytes = next_nr * static_cast<int64_t>(sizeof(float));
+            for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
+            __builtin_prefetch(row + bytes - 1, 0, 2);
+          }
+        }
         if (ir + MR < m) {  // the next tile's rows of C: ldc apart, too far for the hardware prefetcher
           const int64_t next_mr = m - ir - MR < MR ? m - ir - MR : MR;
           for (int64_t i = 0; i < next_mr; ++i)
