@@ -13,6 +13,11 @@ int4 PerGroup(32), or int8 PerAxis(0)) on every linear layer, the LM head includ
 `to_edge_transform_and_lower(XnnpackPartitioner)`, `to_executorch`; its time is quantize + export + lower + write.
 Both files hold the 50257 x 768 embedding once in fp32 (a lookup) and, quantized, the tied LM head as its own
 quantized weight. The table counts each file's delegate calls (`kiln inspect --json` of the .pte).
+
+Then, for 8da4w and 8da8w, each file (kiln's, ExecuTorch's) runs in each runtime (kiln's, ExecuTorch's) on the
+spec's 128 tokens, against torchao eager on the same weights (bench/quant/torchao_ref.py, int4 scales rounded to
+bf16 as both files store them): max |diff| / max |logit|, argmax agreement over the positions, and kiln's runtime
+against ExecuTorch's on the same file.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "bench" / "quant"))
 
 
 def log(msg: str) -> None:
@@ -44,35 +50,17 @@ def et_lower(scheme: str, out: Path) -> float:
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from transformers.pytorch_utils import Conv1D
 
     from kiln_export.models import build_gpt2
 
     module, example, _ = build_gpt2("small", 128, 0, None)
     t0 = time.perf_counter()
     if scheme != "fp32":
-        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerAxis, PerGroup, quantize_
+        from torchao_ref import conv1d_to_linear, quantize_like_kiln, untie_head
 
-        def to_linear(parent: torch.nn.Module) -> None:
-            for name, child in parent.named_children():
-                if isinstance(child, Conv1D):
-                    lin = torch.nn.Linear(child.weight.shape[0], child.weight.shape[1])
-                    with torch.no_grad():
-                        lin.weight.copy_(child.weight.t())
-                        lin.bias.copy_(child.bias)
-                    setattr(parent, name, lin)
-                else:
-                    to_linear(child)
-
-        to_linear(module)
-        # the tied head: its own parameter, so quantize_ quantizes it and the lookup keeps the fp32 table
-        head = module.model.lm_head
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
-        if scheme == "8da4w":
-            cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32))
-        else:
-            cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
-        quantize_(module, cfg)
+        conv1d_to_linear(module)
+        untie_head(module.model.lm_head)  # quantize_ quantizes the head; the lookup keeps the fp32 table
+        quantize_like_kiln(module, scheme, bf16_scales=False)  # ExecuTorch rounds its scales itself
     with torch.no_grad():
         ep = torch.export.export(module, example, strict=False)
     prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
@@ -80,6 +68,40 @@ def et_lower(scheme: str, out: Path) -> float:
     tmp.write_bytes(prog.buffer)
     os.replace(tmp, out)
     return time.perf_counter() - t0
+
+
+def agreement(kiln: Path, work: Path, scheme: str, files: dict[str, Path]) -> list[tuple]:
+    """Each file (by its producer) in each runtime against torchao eager on the same weights (int4 scales
+    rounded to bf16, as both files store them): max |diff| / max |logit| and the share of the 128
+    positions whose argmax agrees; and the two runtimes on the same file against each other."""
+    import numpy as np
+    import torch
+    from executorch.runtime import Runtime
+
+    from kiln_export.models import build_gpt2
+    from torchao_ref import conv1d_to_linear, quantize_like_kiln, untie_head
+
+    module, example, _ = build_gpt2("small", 128, 0, None)
+    conv1d_to_linear(module)
+    untie_head(module.model.lm_head)
+    quantize_like_kiln(module, scheme)
+    with torch.no_grad():
+        want = module(*example).numpy()
+    scale = float(np.abs(want).max())
+    x = example[0].numpy()
+    np.save(work / "agree_in.npy", x)
+    rows = []
+    for producer, pte in files.items():
+        et = Runtime.get().load_program(str(pte)).load_method("forward").execute([example[0]])[0].numpy()
+        out = work / "agree_out.npy"
+        subprocess.run([str(kiln), "run", str(pte), "--input", str(work / "agree_in.npy"), "--output", str(out)],
+                       check=True, stdout=subprocess.DEVNULL)
+        ki = np.load(out)
+        for runtime, got in (("ExecuTorch", et), ("kiln", ki)):
+            rows.append((scheme, producer, runtime, float(np.abs(got - want).max()) / scale,
+                         float(np.mean(got.argmax(-1) == want.argmax(-1))),
+                         float(np.abs(ki - et).max()) / scale if runtime == "kiln" else None))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -110,9 +132,21 @@ def main(argv=None) -> int:
             log(f"ExecuTorch {scheme} (torchao quantize_ + export + to_edge_transform_and_lower) ...")
             secs = et_lower(scheme, eout)
             rows.append(("ExecuTorch", scheme, eout.stat().st_size, secs, regions(a.kiln, eout)))
+    agree = []
+    if not a.no_et:
+        for scheme in ("8da4w", "8da8w"):
+            log(f"{scheme}: both files in both runtimes against torchao eager ...")
+            agree += agreement(a.kiln, a.work, scheme, {"kiln": a.work / f"gpt2_kiln_{scheme}.pte",
+                                                         "ExecuTorch": a.work / f"gpt2_et_{scheme}.pte"})
     lines = ["| program | scheme | file MB | delegate calls | lowering s |", "|---|---|---:|---:|---:|"]
     for side, scheme, size, secs, nreg in rows:
         lines.append(f"| {side} | {scheme} | {size / 1e6:.1f} | {nreg if nreg is not None else '?'} | {secs:.2f} |")
+    if agree:
+        lines += ["", "| scheme | file | runtime | max diff / max logit vs torchao eager | argmax agrees | "
+                      "kiln vs ExecuTorch runtime, same file |", "|---|---|---|---:|---:|---:|"]
+        for scheme, producer, runtime, err, same, cross in agree:
+            lines.append(f"| {scheme} | {producer} | {runtime} | {err:.4f} | {same:.3f} | "
+                         f"{'' if cross is None else f'{cross:.4f}'} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.md:
