@@ -99,20 +99,28 @@ def reference_io(spec_path: Path):
 
 
 _ET_LOWERED: dict = {}
+_ET_SCRIPT = None
 
 
 def et_lower(spec_path: Path, backend: str) -> Path:
-    """ExecuTorch's own lowering of the spec's .pt2 (bench/reference), once per session."""
+    """ExecuTorch's own lowering of the spec's .pt2 (bench/reference/lower_with_executorch.py), once per
+    session. In this process: a subprocess per call would import torch and ExecuTorch again each time
+    (~7 s of the ~20 s a tiny model's lowering takes)."""
+    global _ET_SCRIPT
     key = (str(spec_path), backend)
     if key not in _ET_LOWERED:
-        env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-        script = REPO / "bench" / "reference" / "lower_with_executorch.py"
-        proc = subprocess.run([sys.executable, str(script), "--spec", str(spec_path), "--backend", backend],
-                              capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise AssertionError(f"reference lowering failed: {proc.stderr[-3000:]}")
-        name = spec_of(spec_path)["name"]
-        _ET_LOWERED[key] = spec_path.parent / f"{name}_{backend}_et.pte"
+        if _ET_SCRIPT is None:
+            import importlib.util
+
+            path = REPO / "bench" / "reference" / "lower_with_executorch.py"
+            spec = importlib.util.spec_from_file_location("kiln_tests_lower_with_executorch", path)
+            _ET_SCRIPT = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(_ET_SCRIPT)
+        try:
+            meta = _ET_SCRIPT.lower(Path(spec_path), backend, None)
+        except Exception as e:  # noqa: BLE001 - the test fails with the reason
+            raise AssertionError(f"reference lowering of {spec_path} ({backend}) failed: {type(e).__name__}: {e}") from e
+        _ET_LOWERED[key] = Path(meta["pte"])
     return _ET_LOWERED[key]
 
 

@@ -33,7 +33,7 @@ from executorch.exir._serialize._program import (
 from executorch.exir.schema import DataLocation, Tensor as EtTensor
 from executorch.runtime import Runtime
 
-from conftest import REPO, export_model, run_kiln
+from conftest import REPO, et_lower, export_model, run_kiln
 
 BACKENDS = ("portable", "xnnpack")
 ET_SCHEMA_DIR = Path(sys.modules["executorch.exir._serialize._program"].__file__).parent
@@ -69,12 +69,7 @@ def et_programs(tmp_path_factory) -> dict:
     spec = export_model(out, "--config", "tiny", "--seq-len", "16")
     result = {"spec": spec}
     for backend in BACKENDS:
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "bench" / "reference" / "lower_with_executorch.py"),
-             "--spec", str(spec), "--backend", backend],
-            capture_output=True, text=True, cwd=REPO)
-        assert proc.returncode == 0, f"ExecuTorch lowering ({backend}) failed:\n{proc.stderr[-4000:]}"
-        result[backend] = out / f"gpt2_{backend}_et.pte"
+        result[backend] = et_lower(spec, backend)
         assert result[backend].is_file()
     return result
 
