@@ -1211,6 +1211,21 @@ Status Builder::kiln_step(State& st, size_t i) {
   return Status::Ok;
 }
 
+// Whether a step other than `reader` reads `group` (as an operand, or as a subgraph's external value,
+// which `writer`'s own externals are not counted as: it writes the group). The fusions below rewrite
+// what an intermediate holds, or drop it: only when its one reader is the step they fuse.
+bool read_elsewhere(const State& st, int32_t group, size_t reader, size_t writer = SIZE_MAX) {
+  for (size_t o = 0; o < st.steps.size(); ++o) {
+    if (o == reader) continue;
+    for (const Operand& op : st.steps[o].in)
+      if (op.group == group) return true;
+    if (o != writer)
+      for (int32_t eg : st.steps[o].external_groups)
+        if (eg == group) return true;
+  }
+  return false;
+}
+
 void find_live_attention(State& st);
 
 Status Builder::make_steps(State& st) {
@@ -1268,12 +1283,8 @@ Status Builder::make_steps(State& st) {
     if (mm.n > 256 * 64) continue;
     // the intermediate must not be read elsewhere
     const int32_t mid = mm.out.group;
-    bool elsewhere = st.groups[static_cast<size_t>(mid)].storage.kind != Storage::Kind::Arena;
-    for (size_t o = 0; o < st.steps.size() && !elsewhere; ++o) {
-      if (o == s + 2) continue;
-      for (const Operand& op : st.steps[o].in) elsewhere |= op.group == mid;
-      for (int32_t eg : st.steps[o].external_groups) elsewhere |= (o != s + 1 && eg == mid);
-    }
+    const bool elsewhere = st.groups[static_cast<size_t>(mid)].storage.kind != Storage::Kind::Arena ||
+                           read_elsewhere(st, mid, s + 2, s + 1);
     // the fused step writes the output while it reads x: the output must not share x's arena bytes
     if (elsewhere || st.groups[static_cast<size_t>(t2.out.group)].storage.kind == Storage::Kind::Arena) continue;
     Step fused;
@@ -1302,13 +1313,8 @@ Status Builder::make_steps(State& st) {
     for (uint32_t d = 0; d + 2 < t.rank; ++d) last_two &= t.perm[d] == d;
     if (!last_two) continue;
     const int32_t mid = t.out.group, src = t.in[0].group;
-    bool elsewhere = st.groups[static_cast<size_t>(mid)].storage.kind != Storage::Kind::Arena;
-    for (size_t o = 0; o < st.steps.size() && !elsewhere; ++o) {
-      if (o == s + 1) continue;
-      for (const Operand& op : st.steps[o].in) elsewhere |= op.group == mid;
-      for (int32_t eg : st.steps[o].external_groups) elsewhere |= eg == mid;
-    }
-    if (elsewhere) continue;
+    if (st.groups[static_cast<size_t>(mid)].storage.kind != Storage::Kind::Arena || read_elsewhere(st, mid, s + 1))
+      continue;
     // the bmm then writes its output while it reads the transpose's input: their arena bytes
     // must not overlap (the plan made the transpose's input dead after the transpose)
     const Group &gi = st.groups[static_cast<size_t>(src)], &go = st.groups[static_cast<size_t>(mm.out.group)];
@@ -1343,13 +1349,7 @@ void find_live_attention(State& st) {
       continue;
     const int32_t scores = qk.out.group;
     if (st.groups[static_cast<size_t>(scores)].storage.kind != Storage::Kind::Arena) continue;
-    bool other_reader = false;  // the skipped scores are 0, not q · k: nothing else may read them
-    for (size_t o = 0; o < st.steps.size() && !other_reader; ++o) {
-      if (o == s + 1) continue;
-      for (const Operand& op : st.steps[o].in) other_reader |= op.group == scores;
-      for (int32_t eg : st.steps[o].external_groups) other_reader |= eg == scores;
-    }
-    if (other_reader) continue;
+    if (read_elsewhere(st, scores, s + 1)) continue;  // the skipped scores are 0, not q · k: nothing else may read them
     auto mem_group = [&](const RowOperand& x) {
       return x.src == RowOperand::Src::Memory ? rows.in[static_cast<size_t>(x.index)].group : -1;
     };
