@@ -11,6 +11,8 @@ that `python -m kiln_export llm` writes, except eager which runs each window at 
   kiln 8da4w + emb4     ... --quantize-embedding 4
   kiln 8da8w            kiln lower --quantize 8da8w
   torchao 8da4w (ET)    bench/quant/et_8da4w.py's .pte, ExecuTorch's runtime
+  torchao 8da4w (ET), kiln's runtime   the same file in kiln's runtime (`kiln run --steps`)
+  torchao 8da8w (ET), and in kiln's runtime   the same for 8da8w (et-8da8w, et-8da8w-kiln; not by default)
 The text is cut into windows of --window tokens (each starts at position 0 with the cache reset);
 perplexity = exp(mean negative log-likelihood of every token after the first of each window).
 """
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=0, help="score only the first N tokens (0: the whole text)")
-    p.add_argument("--rows", default="eager,kiln-fp32,kiln-8da4w,kiln-8da4w-emb4,kiln-8da8w,et-8da4w")
+    p.add_argument("--rows", default="eager,kiln-fp32,kiln-8da4w,kiln-8da4w-emb4,kiln-8da8w,et-8da4w,et-8da4w-kiln")
     p.add_argument("--md", type=Path, default=None, help="write the table here (markdown)")
     a = p.parse_args(argv)
     if a.window > a.max_seq_len:
@@ -133,6 +135,7 @@ def main(argv=None) -> int:
                   "kiln-8da4w-emb4": ["--quantize", "8da4w", "--quantize-embedding", "4"],
                   "kiln-8da8w": ["--quantize", "8da8w"]}
     results = []
+    et_info = {}  # ExecuTorch's files by weight bits, each built once for both of its rows
     for row in rows:
         t0 = time.perf_counter()
         if row == "eager":
@@ -146,12 +149,20 @@ def main(argv=None) -> int:
                             *kiln_flags[row]], check=True, capture_output=True)
             total, n = nll_kiln(a.kiln, pte, wins, a.work / "steps")
             label, size = f"kiln {' '.join(kiln_flags[row]) or 'fp32'} (kiln's runtime)", pte.stat().st_size
-        elif row == "et-8da4w":
+        elif row in ("et-8da4w", "et-8da4w-kiln", "et-8da8w", "et-8da8w-kiln"):
             import et_8da4w
 
-            info = et_8da4w.build(a.work, a.max_seq_len, embedding=0, group=32)
-            total, n = nll_executorch(Path(info["pte"]), wins)
-            label, size = "torchao 8da4w, ExecuTorch's lowering and runtime", info["pte_bytes"]
+            weights = 4 if row.startswith("et-8da4w") else 8
+            if weights not in et_info:
+                et_info[weights] = et_8da4w.build(a.work, a.max_seq_len, embedding=0, group=32, weights=weights)
+            info = et_info[weights]
+            if row.endswith("-kiln"):
+                total, n = nll_kiln(a.kiln, Path(info["pte"]), wins, a.work / "steps")
+                label = f"torchao 8da{weights}w, ExecuTorch's lowering, kiln's runtime"
+            else:
+                total, n = nll_executorch(Path(info["pte"]), wins)
+                label = f"torchao 8da{weights}w, ExecuTorch's lowering and runtime"
+            size = info["pte_bytes"]
         else:
             p.error(f"unknown row {row}")
         ppl = math.exp(total / n)
