@@ -59,7 +59,8 @@ ParameterTotals parameter_totals(const pt2::ExportedProgram& ep) {
   for (const auto& c : ep.constants) {
     if (c.kind != pt2::ConstantTensor::Kind::Parameter) continue;
     ++t.tensors;
-    if (!seen.emplace(c.entry, c.meta.storage_offset, c.meta.sizes, c.meta.strides).second) continue;
+    if (!seen.emplace(fmt::format("{}@{}", c.entry, c.entry_offset), c.meta.storage_offset, c.meta.sizes, c.meta.strides).second)
+      continue;
     ++t.unique_tensors;
     t.elements += c.meta.numel();
     t.bytes += c.meta.nbytes();

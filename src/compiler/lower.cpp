@@ -83,6 +83,7 @@ std::string metadata(const LowerResult& r) {
                           {"partition_rounds", d.partition_rounds},
                           {"quantization", d.quantization},
                           {"quantized_nodes", d.quantized_nodes},
+                          {"prequantized_nodes", d.prequantized_nodes},
                           {"kept_fp32_nodes", d.kept_fp32_nodes},
                           {"untied_weights", r.untied_weights}};
   }
@@ -206,6 +207,10 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     r.embedding_quantization = embedding_quant.name();
   }
   const double t_edge = seconds_since(t0);
+  if (r.lowering.prequantized_linears > 0)
+    check(xnnpack, "{}: the program is quantized already ({} linear layers with torchao's quantized weights and "
+                   "dynamically quantized activations): kiln lowers quantized programs for --backend xnnpack",
+          spec.exported_program, r.lowering.prequantized_linears);
   if (edge.dynamic)
     check(!xnnpack, "{}: dynamic shapes are lowered for --backend portable only so far (XNNPACK delegates of "
                     "dynamic programs are not supported yet)",
@@ -248,6 +253,20 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
       r.delegation->quantization = quant.name();
       r.delegation->quantized_nodes = weight_only.quantized;  // dequantize nodes (one per weight)
       r.delegation->kept_fp32_nodes = weight_only.kept_fp32;
+    }
+    if (r.delegation->prequantized_nodes != r.lowering.prequantized_linears)
+      fail("{}: {} of the {} quantized linear layers did not become XNNPACK's dynamically quantized fully connected "
+           "nodes (their activations would run unquantized): kiln cannot lower this program faithfully",
+           spec.exported_program, r.lowering.prequantized_linears - r.delegation->prequantized_nodes,
+           r.lowering.prequantized_linears);
+    if (r.delegation->prequantized_nodes > 0) {
+      const auto& d = *r.delegation;
+      std::string pre = d.prequantized_bits == 4   ? (d.prequantized_group > 0 ? fmt::format("8da4w:{}", d.prequantized_group)
+                                                                               : std::string("8da4w"))
+                        : d.prequantized_bits == 8 ? std::string("8da8w")
+                                                   : std::string("8da4w+8da8w");
+      pre += " (quantized in the .pt2)";
+      r.delegation->quantization = r.delegation->quantization == "none" ? pre : r.delegation->quantization + ", " + pre;
     }
     if (skip && r.delegation->kept_fp32_nodes == 0)
       r.warnings.push_back(fmt::format("--quantize-skip '{}' matches no linear layer: every layer is quantized",

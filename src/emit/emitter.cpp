@@ -251,7 +251,8 @@ class Emitter {
     for (const auto& [v, c] : p_.constants) {
       if (!needed.contains(v)) continue;
       std::pair<const void*, std::string> identity =
-          c.source ? std::pair<const void*, std::string>{nullptr, fmt::format("{}@{}/{}/{}", c.source->entry,
+          c.source ? std::pair<const void*, std::string>{nullptr, fmt::format("{}+{}@{}/{}/{}", c.source->entry,
+                                                                               c.source->entry_offset,
                                                                                c.source->meta.storage_offset,
                                                                                fmt::join(c.source->meta.sizes, ","),
                                                                                fmt::join(c.source->meta.strides, ","))}

@@ -73,10 +73,17 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     xr.inputs = r.inputs;
     xr.outputs = r.outputs;
     for (graph::ValueId v : r.constants)
-      xr.constants.push_back({v, xnnpack_constant_key(d.partition.constant_digest.at(v)), constant_blob(program, v)});
+      xr.constants.push_back({v, xnnpack_constant_key(d.partition.constant_digest.at(v)), constant_blob(program, v),
+                              program.constants.at(v).quantized});
     xnn::Payload payload = xnn::build_payload(g, xr, payload_options);
     d.summary.xnnpack_nodes += payload.stats.xnodes;
     d.summary.quantized_nodes += payload.stats.quantized_nodes;
+    if (payload.stats.prequantized_nodes) {
+      auto merge = [](int64_t& into, int64_t v) { into = into == 0 ? v : (into == v ? into : -1); };
+      d.summary.prequantized_nodes += payload.stats.prequantized_nodes;
+      merge(d.summary.prequantized_bits, payload.stats.prequantized_bits);
+      merge(d.summary.prequantized_group, payload.stats.prequantized_group);
+    }
     d.summary.kept_fp32_nodes += payload.stats.kept_fp32_nodes;
     d.summary.named_constants += payload.stats.named_constants;
     d.summary.constant_inputs += std::count_if(r.inputs.begin(), r.inputs.end(),

@@ -110,7 +110,9 @@ class Lowerer {
           if (auto it = const_of.find(v); it != const_of.end()) ++storage_uses_[storage_key(*it->second)];
   }
 
-  static std::string storage_key(const pt2::ConstantTensor& c) { return fmt::format("{}@{}", c.entry, c.meta.storage_offset); }
+  static std::string storage_key(const pt2::ConstantTensor& c) {
+    return fmt::format("{}+{}@{}", c.entry, c.entry_offset, c.meta.storage_offset);
+  }
 
   void bind_inputs() {
     for (size_t i = 0; i < ep_.graph.inputs.size(); ++i) {
@@ -449,7 +451,11 @@ class Lowerer {
     auto c = out_.constants.find(w);
     force_fold_ = options_.fold_weight_transposes && c != out_.constants.end() && c->second.source != nullptr &&
                   !is_shared_weight(w);
+    // A quantized weight stays W: the payload builder finds it under the transpose and uses its int4/int8 form.
+    const bool keep = no_fold_;
+    if (c != out_.constants.end() && c->second.quantized) no_fold_ = true;
     ValueId t = permute(w, {1, 0}, "weight_t");
+    no_fold_ = keep;
     force_fold_ = false;
     return t;
   }
@@ -459,6 +465,7 @@ class Lowerer {
   // ---- the rewrite of one source node ---------------------------------------
   void lower(const Node& n) {
     const std::string& t = n.target;
+    if (lower_quant(n)) return;
     auto passthrough = [&](std::string_view target) {
       const OpSchema* schema = find_op_schema(target);
       std::vector<NamedArgument> args;
@@ -887,6 +894,16 @@ class Lowerer {
   void lower_rnn(const Node& n, int cell);  // (rewrites_sequence.cpp)
   void lower_einsum(const Node& n);
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
+  // Programs quantized before export (rewrites_quant.cpp): torchao's affine quantization ops.
+  bool lower_quant(const Node& n);
+  struct ActQuant {
+    ValueId x;                   // source value quantized per token
+    std::vector<int64_t> block;  // block_size
+  };
+  std::map<ValueId, ActQuant> act_qparams_;  // source scale / zero point -> what choose_qparams read
+  std::map<ValueId, ActQuant> act_quantized_;  // source int8 activation -> what it quantizes
+  std::set<ValueId> fake_quant_src_;          // source values: activations quantized and dequantized per token
+  std::set<ValueId> quantized_weight_src_;    // source values: dequantize_affine of a quantized weight
   // Mutable state (rewrites_state.cpp): which buffers the program mutates, the
   // value each holds at the end of a call, and the in-place write of that value.
   bool is_mutated_buffer(const std::string& fqn) const;

@@ -106,4 +106,73 @@ std::string Pt2Archive::read_text(const std::string& entry) const {
   return text;
 }
 
+// The zip directory read by hand: libzip opens a nested zip but does not say where a member's bytes
+// start, and the point is to read them in place (no copy of a large weight). What is read is the end
+// record (zip64 too), the central directory and each member's local header, as torch.save writes them.
+std::map<std::string, Pt2Archive::NestedMember> Pt2Archive::nested_members(const std::string& entry) const {
+  const uint64_t size = entry_size(entry);
+  auto bad = [&](const std::string& why) -> void { fail("{}: archive entry '{}' is not a readable zip: {}", path_, entry, why); };
+  auto le = [](const std::byte* p, int n) {
+    uint64_t v = 0;
+    for (int j = 0; j < n; ++j) v |= static_cast<uint64_t>(p[j]) << (8 * j);
+    return v;
+  };
+  auto bytes_at = [&](uint64_t offset, uint64_t n) {
+    if (offset > size || n > size - offset) bad("a record points past its end");
+    std::vector<std::byte> b(static_cast<size_t>(n));
+    read(entry, offset, b);
+    return b;
+  };
+  // End of central directory: 22 bytes plus a comment of up to 64 KiB, at the end.
+  const uint64_t tail_len = std::min<uint64_t>(size, 22 + 65535 + 20);
+  const std::vector<std::byte> tail = bytes_at(size - tail_len, tail_len);
+  int64_t eocd = -1;
+  for (int64_t p = static_cast<int64_t>(tail_len) - 22; p >= 0; --p)
+    if (le(tail.data() + p, 4) == 0x06054b50) {
+      eocd = p;
+      break;
+    }
+  if (eocd < 0) bad("no end-of-directory record");
+  const std::byte* e = tail.data() + eocd;
+  uint64_t count = le(e + 10, 2), cd_size = le(e + 12, 4), cd_offset = le(e + 16, 4);
+  if ((count == 0xffff || cd_size == 0xffffffff || cd_offset == 0xffffffff)) {
+    if (eocd < 20 || le(e - 20, 4) != 0x07064b50) bad("zip64 sizes without a zip64 locator");
+    const std::vector<std::byte> z = bytes_at(le(e - 20 + 8, 8), 56);
+    if (le(z.data(), 4) != 0x06064b50) bad("bad zip64 end record");
+    count = le(z.data() + 32, 8), cd_size = le(z.data() + 40, 8), cd_offset = le(z.data() + 48, 8);
+  }
+  const std::vector<std::byte> cd = bytes_at(cd_offset, cd_size);
+  std::map<std::string, NestedMember> out;
+  size_t p = 0;
+  for (uint64_t m = 0; m < count; ++m) {
+    if (p + 46 > cd.size() || le(cd.data() + p, 4) != 0x02014b50) bad("bad central directory");
+    const std::byte* h = cd.data() + p;
+    const uint64_t method = le(h + 10, 2), name_len = le(h + 28, 2), extra_len = le(h + 30, 2), comment_len = le(h + 32, 2);
+    uint64_t comp = le(h + 20, 4), raw = le(h + 24, 4), local = le(h + 42, 4);
+    if (p + 46 + name_len + extra_len > cd.size()) bad("bad central directory");
+    std::string name(reinterpret_cast<const char*>(h + 46), static_cast<size_t>(name_len));
+    // zip64 extra field: the 64-bit values of the fields set to all ones, in this order.
+    for (uint64_t x = 0; x + 4 <= extra_len;) {
+      const std::byte* f = h + 46 + name_len + x;
+      const uint64_t id = le(f, 2), len = le(f + 2, 2);
+      if (x + 4 + len > extra_len) break;
+      if (id == 1) {
+        uint64_t at = 4;
+        for (uint64_t* v : {&raw, &comp, &local})
+          if (*v == 0xffffffff && at + 8 <= 4 + len) *v = le(f + at, 8), at += 8;
+      }
+      x += 4 + len;
+    }
+    if (method != 0) bad(fmt::format("member '{}' is compressed (method {})", name, method));
+    if (comp != raw) bad(fmt::format("member '{}' has two sizes", name));
+    const std::vector<std::byte> lh = bytes_at(local, 30);
+    if (le(lh.data(), 4) != 0x04034b50) bad(fmt::format("member '{}' has no local header", name));
+    const uint64_t data = local + 30 + le(lh.data() + 26, 2) + le(lh.data() + 28, 2);
+    if (data > size || raw > size - data) bad(fmt::format("member '{}' runs past the end", name));
+    out[name] = NestedMember{data, raw};
+    p += 46 + name_len + extra_len + comment_len;
+  }
+  return out;
+}
+
 }  // namespace kiln::pt2

@@ -16,12 +16,26 @@
 
 namespace kiln::passes {
 
+// A linear layer's weight W [N, K] that the .pt2 holds already quantized (torchao's quantize_ before
+// torch.export, rewrites_quant.cpp), in the layouts ExecuTorch's XNNPACK payload stores.
+struct QuantizedConstant {
+  int bits = 0;        // 4: int4 in groups of `group` input channels; 8: int8, one scale per output channel
+  int64_t group = 0;   // bits 4 only
+  int64_t rows = 0;    // N
+  int64_t cols = 0;    // K
+  std::vector<std::byte> data;    // bits 4: [N, K/2], q + 8, even columns in the low nibble; bits 8: [N, K] int8
+  std::vector<std::byte> scales;  // bits 4: bf16 [N, K/group]; bits 8: fp32 [N]
+};
+
 // Where a constant value's bytes come from: a tensor of the .pt2 (read on
 // demand) or bytes computed during lowering (folded subgraphs, transposed weights).
 struct ConstantData {
   const pt2::ConstantTensor* source = nullptr;
   std::shared_ptr<const std::vector<std::byte>> bytes;
   std::string name;  // parameter FQN or a description of the folded expression
+  // Set for a weight the .pt2 holds quantized; `bytes` then holds it dequantized (what a reader other
+  // than XNNPACK's quantized fully connected node sees), the payload builder uses this.
+  std::shared_ptr<const QuantizedConstant> quantized{};
 };
 
 // A buffer the program mutates (a KV cache): planned memory that lives across
@@ -58,6 +72,7 @@ struct EdgeProgram {
 
 struct LoweringStats {
   int64_t source_nodes = 0;
+  int64_t prequantized_linears = 0;  // linear layers whose weights the .pt2 holds quantized (rewrites_quant.cpp)
   int64_t folded_nodes = 0;   // nodes computed ahead of time
   int64_t removed_nodes = 0;  // no-ops and dead code
   int64_t edge_nodes = 0;

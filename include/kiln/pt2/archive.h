@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,6 +36,15 @@ class Pt2Archive {
   // Streams the entry from `offset` for `length` bytes through `sink` in chunks.
   void stream(const std::string& entry, uint64_t offset, uint64_t length,
               const std::function<void(std::span<const std::byte>)>& sink) const;
+
+  // A zip stored inside `entry` (torch.save's format: a .pt2 keeps a tensor subclass that way):
+  // each member's name -> where its bytes lie within `entry`, so they are read like any entry's.
+  // Fails, naming the entry, if it is not a zip or a member is compressed.
+  struct NestedMember {
+    uint64_t offset = 0;  // within the outer entry
+    uint64_t size = 0;
+  };
+  std::map<std::string, NestedMember> nested_members(const std::string& entry) const;
 
  private:
   int64_t index_of(const std::string& entry) const;

@@ -25,7 +25,8 @@ struct ConstantTensor {
   Kind kind = Kind::Parameter;
   graph::TensorMeta meta;     // sizes, strides and storage offset into its storage entry
   std::string entry;          // archive entry holding the storage bytes
-  uint64_t entry_bytes = 0;   // size of that entry
+  uint64_t entry_bytes = 0;   // size of that entry (of its nested member, for a tensor subclass's part)
+  uint64_t entry_offset = 0;  // where the storage starts in the entry: 0, or a nested member's offset
 };
 
 std::string_view constant_kind_name(ConstantTensor::Kind kind);

@@ -30,10 +30,12 @@
 
 #include "kiln/backends/xnnpack/quantize.h"
 #include "kiln/graph/graph.h"
+#include "kiln/passes/edge_program.h"
 #include "kiln/pte/program_model.h"
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -66,6 +68,8 @@ struct RegionConstant {
   // keys them by content, as it does its own constants.
   std::string key;
   pte::DataBlob data;
+  // A weight the .pt2 holds quantized (passes::QuantizedConstant): its fully connected node uses this form.
+  std::shared_ptr<const passes::QuantizedConstant> quantized{};
 };
 
 struct Region {
@@ -81,7 +85,10 @@ struct PayloadStats {
   int64_t absorbed_nodes = 0;        // region nodes folded into another node (weight transposes)
   int64_t named_constants = 0;       // constant_data entries (all name program data)
   int64_t made_constants = 0;        // of those, constants the builder made (scalars, reduction rows, zeros)
-  int64_t quantized_nodes = 0;       // fully connected nodes on quantized weights (--quantize)
+  int64_t quantized_nodes = 0;       // fully connected nodes on quantized weights (--quantize, or quantized in the .pt2)
+  int64_t prequantized_nodes = 0;    // of those, on weights the .pt2 held quantized
+  int64_t prequantized_bits = 0;     // 4 or 8 when all of those are one kind, -1 when mixed
+  int64_t prequantized_group = 0;    // their int4 group size (-1 when mixed)
   int64_t kept_fp32_nodes = 0;       // linear layers PayloadOptions::keep_fp32 kept in fp32 (--quantize-skip)
 };
 

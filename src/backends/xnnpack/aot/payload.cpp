@@ -923,13 +923,21 @@ class PayloadBuilder {
   bool quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, graph::ValueId out, const FusableBias& fusable_bias,
                     const WithAddedBias& with_added_bias) {
     using Kind = QuantScheme::Kind;
-    const QuantScheme& q = opts_.quantize;
-    if (q.kind == Kind::None || !constants_.contains(wv)) return false;
+    if (!constants_.contains(wv)) return false;
+    const RegionConstant& wc = *constants_.at(wv);
+    // A weight the .pt2 holds quantized (torchao's quantize_ before export): its own form, whatever --quantize says.
+    QuantScheme q = opts_.quantize;
+    if (wc.quantized) {
+      check(!kn, "internal: a quantized weight reached its fully connected node transposed");
+      q.kind = wc.quantized->bits == 4 ? Kind::Int4Groups : Kind::Int8Channels;
+      q.group = wc.quantized->group;
+    }
+    if (q.kind == Kind::None) return false;
     const auto& meta = g_.value(wv).meta;
     if (meta.sizes.size() != 2 || meta.dtype != ScalarType::Float) return false;
     const int64_t n = kn ? meta.sizes[1] : meta.sizes[0], k = kn ? meta.sizes[0] : meta.sizes[1];
     const graph::Node& product = node(node_index_);
-    if (opts_.keep_fp32 && opts_.keep_fp32(product, wv)) {
+    if (!wc.quantized && opts_.keep_fp32 && opts_.keep_fp32(product, wv)) {
       ++stats_.kept_fp32_nodes;
       return false;
     }
@@ -938,7 +946,18 @@ class PayloadBuilder {
           "group, or --quantize-skip to keep it fp32)",
           q.name(), product.module_path.empty() ? product.name : product.module_path,
           product.module_path.empty() ? "" : fmt::format(" (node {})", product.name), k, q.group);
-    QuantizedWeights qw = kn ? quantize_transposed(*constants_.at(wv), n, k, q) : quantize_streamed(*constants_.at(wv), n, k, q);
+    QuantizedWeights qw;
+    if (wc.quantized) {
+      qw.data = wc.quantized->data;
+      qw.scales = wc.quantized->scales;
+      ++stats_.prequantized_nodes;
+      const int64_t bits = wc.quantized->bits, group = wc.quantized->group;
+      if (stats_.prequantized_bits == 0) stats_.prequantized_bits = bits, stats_.prequantized_group = group;
+      if (stats_.prequantized_bits != bits) stats_.prequantized_bits = -1;
+      if (stats_.prequantized_group != group) stats_.prequantized_group = -1;
+    } else {
+      qw = kn ? quantize_transposed(wc, n, k, q) : quantize_streamed(wc, n, k, q);
+    }
     const std::string scales_key = content_key(qw.scales), data_key = content_key(qw.data);
     const uint32_t scales_index = named_constant(scales_key, pte::DataBlob::from_bytes(std::move(qw.scales)));
     const uint32_t data_index = named_constant(data_key, pte::DataBlob::from_bytes(std::move(qw.data)));
