@@ -13,6 +13,8 @@ that `python -m kiln_export llm` writes, except eager which runs each window at 
   torchao 8da4w (ET)    bench/quant/et_8da4w.py's .pte, ExecuTorch's runtime
   torchao 8da4w (ET), kiln's runtime   the same file in kiln's runtime (`kiln run --steps`)
   torchao 8da8w (ET), and in kiln's runtime   the same for 8da8w (et-8da8w, et-8da8w-kiln; not by default)
+  torchao 8da4w .pt2, kiln's lowering   kiln_export llm --torchao 8da4w (quantize_ before torch.export), then
+                        kiln lower, kiln's runtime (ao-8da4w-kiln, ao-8da8w-kiln; not by default)
 The text is cut into windows of --window tokens (each starts at position 0 with the cache reset);
 perplexity = exp(mean negative log-likelihood of every token after the first of each window).
 """
@@ -131,6 +133,16 @@ def main(argv=None) -> int:
         env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
         subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
                         str(a.max_seq_len), "--out", str(spec.parent)], check=True, env=env)
+    def ao_spec(scheme: str) -> Path:
+        """The torchao-quantized export (kiln_export llm --torchao): quantize_ before torch.export, as ExecuTorch's
+        LLM export does; kiln lower then keeps the file's own int4/int8 weights."""
+        s = a.work / f"smollm2-ao-{scheme}" / "model_spec.json"
+        if not s.exists():
+            env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+            subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
+                            str(a.max_seq_len), "--torchao", scheme, "--out", str(s.parent)], check=True, env=env)
+        return s
+
     kiln_flags = {"kiln-fp32": [], "kiln-8da4w": ["--quantize", "8da4w"],
                   "kiln-8da4w-emb4": ["--quantize", "8da4w", "--quantize-embedding", "4"],
                   "kiln-8da8w": ["--quantize", "8da8w"]}
@@ -149,6 +161,13 @@ def main(argv=None) -> int:
                             *kiln_flags[row]], check=True, capture_output=True)
             total, n = nll_kiln(a.kiln, pte, wins, a.work / "steps")
             label, size = f"kiln {' '.join(kiln_flags[row]) or 'fp32'} (kiln's runtime)", pte.stat().st_size
+        elif row in ("ao-8da4w-kiln", "ao-8da8w-kiln"):
+            scheme = row[3:8]
+            pte = a.work / f"{row}.pte"
+            subprocess.run([str(a.kiln), "lower", "--spec", str(ao_spec(scheme)), "--backend", "xnnpack", "--out",
+                            str(pte), "-q"], check=True, capture_output=True)
+            total, n = nll_kiln(a.kiln, pte, wins, a.work / "steps")
+            label, size = f"torchao {scheme} .pt2, kiln's lowering and runtime", pte.stat().st_size
         elif row in ("et-8da4w", "et-8da4w-kiln", "et-8da8w", "et-8da8w-kiln"):
             import et_8da4w
 

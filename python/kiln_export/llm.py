@@ -49,6 +49,11 @@ def parse(argv):
                    help="export the token count T as a symbolic size 1..max-seq-len (whole-prompt prefill)")
     p.add_argument("--last-logits-only", action="store_true",
                    help="compute logits for the last position only (the LM head once per call)")
+    p.add_argument("--torchao", default=None, metavar="8da4w[:G]|8da8w",
+                   help="quantize the linear layers with torchao's quantize_ before torch.export (the route "
+                   "ExecuTorch's LLM export takes: Int8DynamicActivationIntxWeightConfig, int4 in groups of G=32 "
+                   "or int8 per channel); kiln lower then keeps the file's quantized weights. Without it the .pt2 "
+                   "is fp32 and `kiln lower --quantize` quantizes in C++")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--name", default=None, help="file stem (default: the arch)")
@@ -116,6 +121,21 @@ def build_model(args):
     return model.eval(), None, f"random:{args.arch}-{args.config}-seed{args.seed}"
 
 
+def torchao_quantize(model, scheme: str):
+    """torchao's quantize_ on every linear layer (the LM head included), as ExecuTorch's LLM export does."""
+    import torch
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerAxis, PerGroup, quantize_
+
+    base, _, group = scheme.partition(":")
+    if base == "8da4w" and group in ("", "32", "64", "128", "256"):
+        cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(int(group or 32)))
+    elif base == "8da8w" and not group:
+        cfg = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    else:
+        raise ValueError(f"--torchao {scheme}: expected 8da4w[:32|64|128|256] or 8da8w")
+    quantize_(model, cfg)
+
+
 def make_module(model, max_seq_len: int, last_logits_only: bool):
     """The export wrapper: transformers' StaticCache with its tensors registered as buffers."""
     import torch
@@ -179,6 +199,12 @@ def main(argv=None) -> int:
     except (ValueError, OSError, ImportError) as e:
         print(f"kiln_export llm: error: {e}", file=sys.stderr)
         return 2
+    if args.torchao:
+        try:
+            torchao_quantize(model, args.torchao)
+        except ValueError as e:
+            print(f"kiln_export llm: error: {e}", file=sys.stderr)
+            return 2
     name = args.name or args.arch
     os.makedirs(args.out, exist_ok=True)
     print(f"kiln_export llm: exporting {name} ({model_id}, max_seq_len {args.max_seq_len}"
@@ -210,6 +236,7 @@ def main(argv=None) -> int:
         "exported_program": f"{name}.pt2",
         "ir": "core_aten",
         "seed": args.seed,
+        "torchao_quantization": args.torchao,
         # shapes at their upper bound (T is 1 unless --dynamic)
         "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, t_max]},
                    {"name": "input_pos", "dtype": "int64", "shape": [t_max]}],

@@ -363,6 +363,54 @@ def _torchao_quantize(module, scheme: str):
 
 
 @pytest.mark.parametrize("scheme", ["8da4w", "8da8w"])
+def test_torchao_quantized_llm_export_both_runtimes(scheme, tmp_path):
+    """`kiln_export llm --torchao SCHEME`: torchao's quantize_ before torch.export (ExecuTorch's LLM route), the
+    KV cache as buffers; kiln lower keeps the file's own int4/int8 weights. Oracle: the same wrapper quantized by
+    torchao in eager (int4 group scales rounded to bf16, as the payload stores them), token by token."""
+    import copy
+
+    import torch
+
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    out = tmp_path / "ao"
+    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny", "--max-seq-len",
+           str(MAX_SEQ), "--seed", "0", "--torchao", scheme, "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spec = out / "model_spec.json"
+    assert json.loads(spec.read_text())["torchao_quantization"] == scheme
+    pte = tmp_path / f"ao_{scheme}.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
+    assert d["prequantized_nodes"] == 2 * 7 + 1 and d["quantized_nodes"] == 2 * 7 + 1, d
+    assert "quantized in the .pt2" in d["quantization"], d
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    class Args:
+        arch, config, gguf, seed = "llama", "tiny", None, 0
+
+    model, _, _ = llm.build_model(Args)
+    wrapper = _torchao_quantize(llm.make_module(copy.deepcopy(model), MAX_SEQ, False).eval(), scheme)
+    tokens = PROMPT + [7, 250, 31, 64, 128]
+    with torch.no_grad():
+        want = [wrapper(torch.tensor([[t]]), torch.tensor([i])).numpy() for i, t in enumerate(tokens)]
+        fp32_module = llm.make_module(model, MAX_SEQ, False).eval()
+        fp32 = [fp32_module(torch.tensor([[t]]), torch.tensor([i])).numpy() for i, t in enumerate(tokens)]
+    assert max(float(np.abs(w - f).max()) for w, f in zip(want, fp32)) > 1e-3, "the quantization must be visible"
+    work = tmp_path / "steps"
+    work.mkdir()
+    for what, got in (("kiln's runtime", _kiln_steps(pte, tokens, work)), ("ExecuTorch's runtime", _et_steps(pte, tokens))):
+        # per-token int8 activations: a last-bit difference in a norm can move one value by an int8 step
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            rel = float(np.abs(g - w).max()) / float(np.abs(w).max())
+            assert rel <= 0.01, f"{scheme}, {what}, token {i}: {rel:.3g} of max|logit| from torchao eager"
+        agree = np.mean([int(g.reshape(-1).argmax()) == int(w.reshape(-1).argmax()) for g, w in zip(got, want)])
+        assert agree >= 0.9, f"{scheme}, {what}: argmax agrees at {agree:.0%} of tokens"
+
+
+@pytest.mark.parametrize("scheme", ["8da4w", "8da8w"])
 def test_smollm2_quantized_matches_torchao(smollm2, scheme, tmp_path):
     """SmolLM2's real weights quantized by kiln (`--quantize`, in C++) against the same weights quantized by
     torchao and run in PyTorch eager, in kiln's runtime and in ExecuTorch's.
