@@ -896,6 +896,9 @@ class Lowerer {
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
   // Programs quantized before export (rewrites_quant.cpp): torchao's affine quantization ops.
   bool lower_quant(const Node& n);
+  bool lower_decomposed_quant(const Node& n);  // PT2E's quantized_decomposed.* ops
+  void bind_quantized_weight(const Node& n, ValueId q, ValueId s, std::optional<ValueId> z, int64_t qmin,
+                             int64_t qmax, int64_t group);
   struct ActQuant {
     ValueId x;                   // source value quantized per token
     std::vector<int64_t> block;  // block_size

@@ -14,7 +14,12 @@
 // quantize/dequantize pair disappears, and the payload builder turns linear(x, W) into XNNPACK's
 // dynamically quantized fully connected node (convert to qdint8 per token, then qb4w / qc8w), which
 // computes the same product. Ops of the `torchao` namespace and of older torchao's `quant` namespace
-// (same arguments) are read; anything else quantized is one clear error naming the node.
+// (same arguments) are read, and PT2E's `quantized_decomposed` ops (prepare_pt2e / convert_pt2e with
+// XNNPACKQuantizer's dynamic per-channel config): choose_qparams.tensor + quantize_per_tensor.tensor +
+// dequantize_per_tensor.tensor on the activation, dequantize_per_channel (axis 0) on an int8 weight.
+// Those parameters are per tensor in eager; ExecuTorch lowers them to the same qdint8 conversion, which
+// XNNPACK computes per row, and so does kiln (identical for one row, one rounding step apart otherwise).
+// Anything else quantized is one clear error naming the node.
 #include "lowerer.h"
 
 #include <cmath>
@@ -35,7 +40,7 @@ bool is_affine_op(const std::string& target, std::string_view op) {
 
 bool is_any_affine_op(const std::string& t) {
   return is_affine_op(t, "choose_qparams_affine") || is_affine_op(t, "quantize_affine") ||
-         is_affine_op(t, "dequantize_affine");
+         is_affine_op(t, "dequantize_affine") || t.starts_with("quantized_decomposed.");
 }
 
 bool per_token_block(const std::vector<int64_t>& block, const std::vector<int64_t>& sizes) {
@@ -117,6 +122,7 @@ bool Lowerer::lower_quant(const Node& n) {
     return false;  // the usual linear lowering, on W (transposed_weight keeps W as it is)
   }
   if (!is_any_affine_op(t)) return false;
+  if (t.starts_with("quantized_decomposed.")) return lower_decomposed_quant(n);
 
   auto dtype_or = [&](const char* name, ScalarType dflt) { return dtype_in(n, name).value_or(dflt); };
   auto src_in = [&](const char* name) -> std::optional<ValueId> {
@@ -195,27 +201,38 @@ bool Lowerer::lower_quant(const Node& n) {
   }
   const ValueId q = mapped(*input), s = mapped(*scale);
   const std::optional<ValueId> z = zero_point ? std::optional<ValueId>(mapped(*zero_point)) : std::nullopt;
+  if (dtype_or("input_dtype", ScalarType::Char) != ScalarType::Char)
+    unsupported(n, "dequantize_affine of a weight not stored as int8: kiln lowers int8 storage of int4 / int8 weights");
+  if (block.size() != 2 || block[0] != 1)
+    unsupported(n, fmt::format("weight blocks [{}]: kiln lowers groups along the input channels ([1, G])",
+                               fmt::join(block, ", ")));
+  const auto [qmin, qmax] = range(-128, 127);
+  bind_quantized_weight(n, q, s, z, qmin, qmax, block[1]);
+  quantized_weight_src_.insert(outs.at(0));
+  return true;
+}
+
+// The weight of a linear layer, quantized in the file: int8 storage q [N, K] (int4 values in [-8, 7] or int8),
+// scales s (and zero points z, which must be 0) per row and group of G input channels (G = K: per channel).
+// Binds n's output to one constant holding W dequantized (fp32, for any other reader) and its quantized form.
+void Lowerer::bind_quantized_weight(const Node& n, ValueId q, ValueId s, std::optional<ValueId> z, int64_t qmin,
+                                    int64_t qmax, int64_t G) {
   if (!out_.is_constant(q) || !out_.is_constant(s) || (z && !out_.is_constant(*z)))
-    unsupported(n, "dequantize_affine of a tensor that is neither a quantized weight (constant data, scale and zero "
+    unsupported(n, "dequantization of a tensor that is neither a quantized weight (constant data, scale and zero "
                    "point) nor an activation quantized per token: kiln does not lower it");
   const TensorMeta& qm = meta_of(q);
   const TensorMeta& sm = meta_of(s);
-  if (qm.sizes.size() != 2 || qm.dtype != ScalarType::Char || dtype_or("input_dtype", ScalarType::Char) != ScalarType::Char)
+  if (qm.sizes.size() != 2 || qm.dtype != ScalarType::Char)
     unsupported(n, fmt::format("quantized weight of shape [{}] and dtype {}: kiln lowers int8 storage of 2-D "
                                "(linear layer) weights", fmt::join(qm.sizes, ", "), dtype_name(qm.dtype)));
   if (sm.dtype != ScalarType::Float && sm.dtype != ScalarType::BFloat16 && sm.dtype != ScalarType::Half)
     unsupported(n, "weight scales that are not floating point");
   const int64_t N = qm.sizes[0], K = qm.sizes[1];
-  const auto [qmin, qmax] = range(-128, 127);
   int bits = 0;
   if (qmin == -8 && qmax == 7) bits = 4;
-  else if (qmin == -128 && qmax == 127) bits = 8;
+  else if ((qmin == -128 || qmin == -127) && qmax == 127) bits = 8;
   else
     unsupported(n, fmt::format("weights quantized to [{}, {}]: kiln lowers int4 [-8, 7] and int8 [-128, 127]", qmin, qmax));
-  if (block.size() != 2 || block[0] != 1)
-    unsupported(n, fmt::format("weight blocks [{}]: kiln lowers groups along the input channels ([1, G])",
-                               fmt::join(block, ", ")));
-  const int64_t G = block[1];
   if (bits == 8 && G != K)
     unsupported(n, fmt::format("int8 weights in groups of {} (of {} input channels): kiln lowers int8 weights per "
                                "output channel (PerAxis(0))", G, K));
@@ -290,8 +307,79 @@ bool Lowerer::lower_quant(const Node& n) {
   if (name.size() > 6 && name.ends_with(".qdata")) name.resize(name.size() - 6);
   out_.constants[wv] = ConstantData{nullptr, std::move(dequantized), fmt::format("{} (int{})", name, bits), std::move(qc)};
   bind(n, wv);
-  quantized_weight_src_.insert(outs.at(0));
-  return true;
+}
+
+// PT2E's ops (torch.ao / torchao pt2e convert_pt2e): the dynamic per-channel config of XNNPACKQuantizer.
+bool Lowerer::lower_decomposed_quant(const Node& n) {
+  const std::string& t = n.target;
+  const auto outs = source_outputs(n);
+  auto src_in = [&](const char* name) -> ValueId {
+    const Argument& a = arg(n, name);
+    if (a.kind != Argument::Kind::Tensor) unsupported(n, fmt::format("argument '{}' is not a tensor", name));
+    return std::get<ValueId>(a.payload);
+  };
+  auto int8_range = [&]() {
+    return int_in(n, "quant_min") == -128 && int_in(n, "quant_max") == 127 &&
+           dtype_in(n).value_or(ScalarType::Char) == ScalarType::Char;
+  };
+  auto float_out = [&]() {
+    if (dtype_in(n, "out_dtype").value_or(ScalarType::Float) != ScalarType::Float)
+      unsupported(n, "dequantization to a dtype other than float32: kiln lowers float32 programs");
+  };
+  auto same_params = [&](ValueId x) {
+    auto s = act_qparams_.find(src_in("scale"));
+    auto z = act_qparams_.find(src_in("zero_point"));
+    return s != act_qparams_.end() && z != act_qparams_.end() && s->second.x == x && z->second.x == x;
+  };
+  if (t == "quantized_decomposed.choose_qparams.tensor") {
+    const ValueId x = src_in("input");
+    if (!int8_range())
+      unsupported(n, "dynamic activation quantization other than int8 [-128, 127]: kiln lowers qdint8 only");
+    if (outs.size() != 2) unsupported(n, "choose_qparams without its scale and zero point outputs");
+    const auto& xs = ep_.graph.value(x).meta.sizes;
+    std::vector<int64_t> block(xs.size(), 1);
+    if (!xs.empty()) block.back() = xs.back();
+    for (ValueId o : outs) act_qparams_[o] = {x, block};  // per tensor in eager; per row in XNNPACK's qdint8
+    return true;
+  }
+  if (t == "quantized_decomposed.quantize_per_tensor.tensor") {
+    const ValueId x = src_in("input");
+    if (!same_params(x) || !int8_range())
+      unsupported(n, "quantize_per_tensor whose scale and zero point are not choose_qparams of the same tensor "
+                     "(int8 [-128, 127]): kiln lowers dynamically quantized activations only");
+    act_quantized_[outs.at(0)] = act_qparams_.at(src_in("scale"));
+    return true;
+  }
+  if (t == "quantized_decomposed.dequantize_per_tensor.tensor") {
+    float_out();
+    auto a = act_quantized_.find(src_in("input"));
+    if (a == act_quantized_.end() || !same_params(a->second.x) || !int8_range())
+      unsupported(n, "dequantize_per_tensor of a tensor other than an activation quantized dynamically "
+                     "(choose_qparams + quantize_per_tensor): kiln does not lower it");
+    bind(n, mapped(a->second.x));  // the fully connected node quantizes x itself
+    fake_quant_src_.insert(outs.at(0));
+    return true;
+  }
+  if (t == "quantized_decomposed.dequantize_per_channel.default") {
+    float_out();
+    if (dtype_in(n).value_or(ScalarType::Char) != ScalarType::Char)
+      unsupported(n, "dequantize_per_channel of weights not stored as int8");
+    const ValueId q = mapped(src_in("input"));
+    if (int_in(n, "axis") != 0 || meta_of(q).sizes.size() != 2)
+      unsupported(n, fmt::format("dequantize_per_channel along axis {}: kiln lowers linear weights quantized per "
+                                 "output channel (axis 0)", int_in(n, "axis")));
+    const Argument* z = opt(n, "zero_points");
+    std::optional<ValueId> zv;
+    if (z && z->kind == Argument::Kind::Tensor) zv = mapped(std::get<ValueId>(z->payload));
+    bind_quantized_weight(n, q, mapped(src_in("scales")), zv, int_in(n, "quant_min"), int_in(n, "quant_max"),
+                          meta_of(q).sizes[1]);
+    quantized_weight_src_.insert(outs.at(0));
+    return true;
+  }
+  unsupported(n, "quantized_decomposed operator kiln does not lower: kiln lowers PT2E's dynamically quantized "
+                 "linear layers (XNNPACKQuantizer's dynamic per-channel config: choose_qparams.tensor, "
+                 "quantize/dequantize_per_tensor.tensor, dequantize_per_channel); static int8 quantization is not "
+                 "supported, quantize with torchao's Int8DynamicActivationIntxWeightConfig or kiln lower --quantize");
 }
 
 }  // namespace kiln::passes::detail

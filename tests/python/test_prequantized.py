@@ -154,6 +154,93 @@ def test_older_quant_namespace_lowers_the_same(tmp_path):
     assert_close(et_execute(pte, ins)[0], ref, "quant.* ops, ExecuTorch's runtime")
 
 
+def test_legacy_int8_dyn_act_int4_weight_quantizer(tmp_path):
+    """torchao's older module-swap quantizer (Int8DynActInt4WeightQuantizer, the one ExecuTorch's llama export
+    used for -qmode 8da4w): plain buffers for the int4 values, scales and zero points instead of a tensor
+    subclass, the same choose_qparams / quantize / dequantize_affine graph."""
+    from torchao.quantization.quant_api import Int8DynActInt4WeightQuantizer
+
+    model = Int8DynActInt4WeightQuantizer(groupsize=32, precision=torch.float32).quantize(_mlp(64, seed=11))
+    with torch.no_grad():  # the payload stores the group scales as bf16: give eager the same
+        for name, buf in model.named_buffers():
+            if name.endswith("scales"):
+                buf.copy_(buf.to(torch.bfloat16).to(buf.dtype))
+        spec = export_program(model, (torch.randn(5, 64),), tmp_path / "m", "q")
+    ins, ref = _expected(spec)
+    pte = tmp_path / "q.pte"
+    proc = _lower(spec, pte)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
+    assert d["prequantized_nodes"] == 3 and d["fallback_count"] == 0, d
+    assert_close(kiln_run(pte, ins, tmp_path)[0], ref, "legacy quantizer, kiln's runtime vs torchao eager")
+    assert_close(et_execute(pte, ins)[0], ref, "legacy quantizer, ExecuTorch's runtime vs torchao eager")
+
+
+def _pt2e_dynamic(model, x):
+    """PT2E: prepare_pt2e / convert_pt2e with ExecuTorch's XNNPACKQuantizer, its dynamic per-channel config
+    (quantized_decomposed.choose_qparams / quantize_per_tensor / dequantize_per_tensor on the activation,
+    dequantize_per_channel on an int8 weight)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
+                                                                         get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True))
+    gm = prepare_pt2e(torch.export.export(model, (x,)).module(), q)
+    gm(x)
+    return convert_pt2e(gm)
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_pt2e_dynamic_quantized_decomposed_ops(rows, tmp_path):
+    """The quantized_decomposed.* form. Eager quantizes each activation per tensor; ExecuTorch lowers it to
+    XNNPACK's qdint8 conversion, which is per row, and so does kiln. One row: eager is the oracle. Several rows:
+    ExecuTorch's own lowering of the same .pt2, in its runtime, is (kiln's file agrees with it to fp32 rounding),
+    and eager is one int8 step per row away."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 64)
+    gm = _pt2e_dynamic(_mlp(64, seed=5), x)
+    spec = export_program(gm, (x,), tmp_path / "m", "q")
+    ops = json.loads(run_kiln("inspect", spec, "--json").stdout)["operators"]
+    assert ops.get("quantized_decomposed.dequantize_per_channel.default") == 3, ops
+    ins, ref = _expected(spec)
+    pte = tmp_path / "q.pte"
+    proc = _lower(spec, pte)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
+    assert d["prequantized_nodes"] == 3 and d["fallback_count"] == 0 and d["delegate_call_sites"] == 1, d
+    assert d["quantization"].startswith("8da8w"), d
+    ep = torch.export.load(str(spec.parent / "q.pt2"))
+    et_pte = tmp_path / "et.pte"
+    et_pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+    want = et_execute(et_pte, ins)[0] if rows > 1 else ref
+    what = "ExecuTorch's lowering in its runtime" if rows > 1 else "eager"
+    assert_close(et_execute(pte, ins)[0], want, f"ExecuTorch's runtime on kiln's file vs {what}")
+    assert_close(kiln_run(pte, ins, tmp_path)[0], want, f"kiln's runtime on kiln's file vs {what}")
+    assert_close(kiln_run(et_pte, ins, tmp_path)[0], want, f"kiln's runtime on ExecuTorch's file vs {what}")
+    if rows > 1:
+        assert float(np.abs(want - ref).max()) <= 0.05 * float(np.abs(ref).max())
+
+
+def test_pt2e_static_quantization_is_one_clear_line(tmp_path):
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
+                                                                         get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    x = torch.randn(2, 64)
+    q = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    gm = prepare_pt2e(torch.export.export(_mlp(64, seed=2), (x,)).module(), q)
+    gm(x)
+    spec = export_program(convert_pt2e(gm), (x,), tmp_path / "m", "q")
+    pte = tmp_path / "q.pte"
+    proc = _lower(spec, pte)
+    assert proc.returncode != 0 and not pte.exists()
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "quantized_decomposed" in lines[0] and "static int8" in lines[0], proc.stderr
+
+
 def test_weight_only_quantized_layers_lower_exactly(tmp_path):
     """IntxWeightOnlyConfig (no activation quantization) on a linear layer and an embedding: the graph computes
     with the dequantized weights in fp32, and so does kiln's program."""
