@@ -10,6 +10,9 @@ call). The KV cache is the model's registered buffers (transformers'
 StaticCache, updated with index_copy_), so the .pt2 (written in core-ATen
 functional form, run_decompositions({})) lists them as BUFFER inputs and
 BUFFER_MUTATION outputs: kiln keeps them across calls, updated in place.
+With --cache external the caches are inputs instead (forward(tokens,
+input_pos, k_0, v_0, ...)), updated in place: USER_INPUT_MUTATION outputs,
+which the .pte returns before the logits.
 
 Writes DIR/<name>.pt2, DIR/model_spec.json and the tokenizer files
 (tokenizer.json, tokenizer_config.json) when the model has a tokenizer.
@@ -49,6 +52,11 @@ def parse(argv):
                    help="export the token count T as a symbolic size 1..max-seq-len (whole-prompt prefill)")
     p.add_argument("--last-logits-only", action="store_true",
                    help="compute logits for the last position only (the LM head once per call)")
+    p.add_argument("--cache", choices=["buffers", "external"], default="buffers",
+                   help="buffers (default): the KV cache is the program's mutable buffers, kept across calls; "
+                   "external: forward(tokens, input_pos, k_0, v_0, k_1, ...) takes each layer's K and V cache "
+                   "[1, kv_heads, max_seq_len, head_dim] as inputs, updates them in place and returns them as its "
+                   "first outputs (the logits last); kiln's runtime reuses the buffers, nothing is copied per step")
     p.add_argument("--torchao", default=None, metavar="8da4w[:G]|8da8w",
                    help="quantize the linear layers with torchao's quantize_ before torch.export (the route "
                    "ExecuTorch's LLM export takes: Int8DynamicActivationIntxWeightConfig, int4 in groups of G=32 "
@@ -136,8 +144,9 @@ def torchao_quantize(model, scheme: str):
     quantize_(model, cfg)
 
 
-def make_module(model, max_seq_len: int, last_logits_only: bool):
-    """The export wrapper: transformers' StaticCache with its tensors registered as buffers."""
+def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool = False):
+    """The export wrapper: transformers' StaticCache with its tensors registered as buffers, or (external) taken
+    as inputs after tokens and input_pos, K and V per layer, which the model updates in place."""
     import torch
     from transformers.cache_utils import StaticCache
 
@@ -155,13 +164,21 @@ def make_module(model, max_seq_len: int, last_logits_only: bool):
             n_kv = getattr(config, "num_key_value_heads", config.num_attention_heads)
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
             self.cache.early_initialization(1, n_kv, head_dim, torch.float32, torch.device("cpu"))
+            self.cache_shapes = []
             for i, layer in enumerate(self.cache.layers):
-                self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
-                self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
+                if external:
+                    self.cache_shapes += [tuple(layer.keys.shape), tuple(layer.values.shape)]
+                else:
+                    self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
+                    self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
                 self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
 
-        def forward(self, tokens, input_pos):
-            for layer in self.cache.layers:
+        def forward(self, tokens, input_pos, *caches):
+            if len(caches) != (len(self.cache_shapes) if external else 0):
+                raise ValueError(f"expected {len(self.cache_shapes)} cache tensors, got {len(caches)}")
+            for i, layer in enumerate(self.cache.layers):
+                if external:  # the caller's tensors: StaticLayer.update writes them in place (index_copy_)
+                    layer.keys, layer.values = caches[2 * i], caches[2 * i + 1]
                 layer.cumulative_length.copy_(input_pos[0])
             out = self.model(input_ids=tokens, attention_mask=None, cache=self.cache, use_cache=True,
                              logits_to_keep=1 if last_logits_only else 0)
@@ -181,7 +198,10 @@ def export(module, max_seq_len: int, dynamic: bool):
         dyn = ({1: t}, {0: t})
     for p in module.parameters():
         p.requires_grad_(False)
-    ep = torch.export.export(module, (tokens, pos), dynamic_shapes=dyn, strict=True)
+    caches = tuple(torch.zeros(shape) for shape in getattr(module, "cache_shapes", []))
+    if caches and dyn is not None:
+        dyn = dyn + tuple(None for _ in caches)
+    ep = torch.export.export(module, (tokens, pos, *caches), dynamic_shapes=dyn, strict=True)
     ep = ep.run_decompositions({})
     return ep
 
@@ -209,7 +229,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     print(f"kiln_export llm: exporting {name} ({model_id}, max_seq_len {args.max_seq_len}"
           f"{', dynamic T' if args.dynamic else ''}) ...", flush=True)
-    module = make_module(model, args.max_seq_len, args.last_logits_only)
+    module = make_module(model, args.max_seq_len, args.last_logits_only, external=args.cache == "external")
     ep = export(module, args.max_seq_len, args.dynamic)
 
     pt2 = os.path.join(args.out, f"{name}.pt2")
@@ -239,7 +259,9 @@ def main(argv=None) -> int:
         "torchao_quantization": args.torchao,
         # shapes at their upper bound (T is 1 unless --dynamic)
         "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, t_max]},
-                   {"name": "input_pos", "dtype": "int64", "shape": [t_max]}],
+                   {"name": "input_pos", "dtype": "int64", "shape": [t_max]}]
+                  + [{"name": f"{'key' if j % 2 == 0 else 'value'}_cache_{j // 2}", "dtype": "float32",
+                      "shape": list(shape)} for j, shape in enumerate(module.cache_shapes)],
         "llm": {
             "arch": args.arch,
             "max_seq_len": args.max_seq_len,
@@ -248,6 +270,7 @@ def main(argv=None) -> int:
             "eos_ids": eos if isinstance(eos, list) else [eos],
             "dynamic": args.dynamic,
             "last_logits_only": args.last_logits_only,
+            "cache": args.cache,
             "attn_implementation": ATTN_IMPLEMENTATION,
             "tokenizer": files,
         },

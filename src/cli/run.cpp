@@ -16,6 +16,8 @@
 namespace kiln::cli {
 namespace {
 
+constexpr std::string_view kKeep = "keep";  // --input keep: leave the input as it is
+
 using Clock = std::chrono::steady_clock;
 
 struct RunOptions {
@@ -67,13 +69,14 @@ int run_run(const RunOptions& o) {
         o.file, o.method, m.num_inputs(), o.inputs.size(), steps);
   check(o.outputs.size() <= m.num_outputs() * steps, "{}: {} --output given for {} output(s) x {} step(s)", o.file,
         o.outputs.size(), m.num_outputs(), steps);
-  std::vector<io::NpyArray> inputs;
-  for (const auto& f : o.inputs) inputs.push_back(io::read_npy(f));
+  std::vector<io::NpyArray> inputs;  // "keep": not set (the method's tensor as the last step left it)
+  for (const auto& f : o.inputs) inputs.push_back(f == kKeep ? io::NpyArray{} : io::read_npy(f));
   double exec_ms = 0;
   // Steps before the last: run, write their outputs (--output lists them step by step), keep the state.
   for (size_t k = 0; k < steps; ++k) {
     for (size_t i = 0; i < m.num_inputs(); ++i) {
       const size_t f = k * m.num_inputs() + i;
+      if (o.inputs[f] == kKeep) continue;
       const auto& a = inputs[f];
       const rt::Tensor& t = m.input(i);
       // A dynamic (DYNAMIC_BOUND) input takes any shape within its bound: set_input checks it.
@@ -156,7 +159,9 @@ void add_run_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
   cmd->add_option("--steps", opts->steps,
                   "run N input sets one after another in the same method, keeping its state (a KV cache) between "
-                  "them: --input lists N x inputs in step order, --output N x outputs; --compare checks the last step")
+                  "them: --input lists N x inputs in step order, --output N x outputs; --compare checks the last step. "
+                  "An --input of 'keep' leaves that input as the previous step left it (zeros at the first): a cache "
+                  "the program updates in place, passed as an input")
       ->capture_default_str();
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();
   cmd->callback([opts, &run] { run = [opts] { return run_run(*opts); }; });

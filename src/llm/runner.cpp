@@ -39,7 +39,15 @@ std::unique_ptr<Runner> Runner::load(const std::string& pte, const rt::MethodOpt
     *error = fmt::format("{}: not an LLM program kiln can drive (forward(tokens[1, T], input_pos) -> logits): {}", pte, why);
     return nullptr;
   };
-  if (f.num_inputs() != 2 || f.num_outputs() != 1) return not_llm(fmt::format("forward takes {} inputs and returns {} outputs", f.num_inputs(), f.num_outputs()));
+  // Inputs past the first two are external caches: each returned, updated in place, as one of the outputs
+  // before the logits (the input's own tensor), so the runner sets them never and no step copies them.
+  const size_t caches = f.num_inputs() >= 2 ? f.num_inputs() - 2 : 0;
+  if (f.num_inputs() < 2 || f.num_outputs() != caches + 1)
+    return not_llm(fmt::format("forward takes {} inputs and returns {} outputs", f.num_inputs(), f.num_outputs()));
+  for (size_t i = 0; i < caches; ++i)
+    if (!f.output_is_tensor(i) || f.output(i).data != f.input(2 + i).data)
+      return not_llm(fmt::format("input {} (an external cache) is not updated in place as output {}", 2 + i, i));
+  r->logits_output_ = caches;
   const rt::Tensor& tok = f.input(0);
   const rt::Tensor& pos = f.input(1);
   if (tok.dtype != ScalarType::Long || tok.dim != 2 || tok.size(0) != 1) return not_llm("input 0 is not int64 tokens [1, T]");
@@ -49,7 +57,7 @@ std::unique_ptr<Runner> Runner::load(const std::string& pte, const rt::MethodOpt
     return not_llm(fmt::format("forward takes {} tokens a call; kiln generate needs a program that takes one (export "
                                "with a sequence length of 1)", r->step_tokens_));
   r->pos_is_vector_ = pos.size(0) == r->step_tokens_;
-  const rt::Tensor& logits = f.output(0);
+  const rt::Tensor& logits = f.output(r->logits_output_);
   if (logits.dtype != ScalarType::Float || logits.dim < 2) return not_llm("the output is not float logits");
   r->vocab_ = logits.size(logits.dim - 1);
   if (auto v = constant(*r->program_, "get_max_seq_len"); v && v->tag == rt::EValue::Tag::Int) r->meta_.max_seq_len = v->to_int();
@@ -86,7 +94,7 @@ bool Runner::feed(std::span<const int32_t> tokens, std::span<const float>* logit
     }
     ++pos_;
   }
-  const rt::Tensor& out = f.output(0);
+  const rt::Tensor& out = f.output(logits_output_);
   const auto* data = static_cast<const float*>(out.data);
   const int64_t rows = out.numel / vocab_;
   *logits = std::span<const float>(data + (rows - 1) * vocab_, static_cast<size_t>(vocab_));

@@ -84,7 +84,7 @@ class Lowerer {
     no_fold_ = false;
     current_ = nullptr;
     bind_outputs();
-    if (!buffer_writes_.empty()) finish_state();
+    if (!buffer_writes_.empty() || !input_writes_.empty()) finish_state();
     remove_dead_code();
     if (stats_) {
       stats_->source_nodes = static_cast<int64_t>(ep_.graph.nodes.size());
@@ -122,6 +122,9 @@ class Lowerer {
       vmap_[static_cast<size_t>(ep_.graph.inputs[i])] = v;
       if (spec.kind == graph::InputSpec::Kind::UserInput) {
         out_.graph.inputs.push_back(v);
+        for (const auto& o : ep_.signature.outputs)  // an input the program updates (an external KV cache)
+          if (o.kind == graph::OutputSpec::Kind::UserInputMutation && o.target == spec.arg_name)
+            mutated_inputs_[v] = spec.arg_name;
       } else {
         const auto* c = ep_.find_constant(spec.target);
         check(c != nullptr, "{}: input '{}' has no constant data", ep_.path, spec.target);
@@ -138,6 +141,13 @@ class Lowerer {
     for (size_t i = 0; i < ep_.graph.outputs.size(); ++i) {
       if (ep_.signature.outputs[i].kind == graph::OutputSpec::Kind::BufferMutation) {
         bind_buffer_mutation(ep_.signature.outputs[i], ep_.graph.outputs[i]);
+        continue;
+      }
+      if (ep_.signature.outputs[i].kind == graph::OutputSpec::Kind::UserInputMutation) {
+        // ExecuTorch's convention: the updated input is also an output, in the export's order; written in
+        // place (or copied back, see finish_state), so the output is the input's own tensor
+        bind_input_mutation(ep_.signature.outputs[i], ep_.graph.outputs[i]);
+        seen.insert(out_.outputs.back());
         continue;
       }
       if (ep_.signature.outputs[i].kind != graph::OutputSpec::Kind::UserOutput)
@@ -918,6 +928,16 @@ class Lowerer {
     ValueId value;   // edge value it must hold when the call returns
   };
   std::vector<BufferWrite> buffer_writes_;
+  // User inputs the program updates (USER_INPUT_MUTATION: caches passed in by the caller): input -> its name,
+  // and the value each must hold when the call returns, with the position of the output that returns it.
+  std::map<ValueId, std::string> mutated_inputs_;
+  struct InputWrite {
+    ValueId input;
+    ValueId value;
+    size_t output;  // index into out_.outputs
+  };
+  std::vector<InputWrite> input_writes_;
+  void bind_input_mutation(const graph::OutputSpec& spec, const Argument& value);
 
   const pt2::ExportedProgram& ep_;
   LoweringStats* stats_;

@@ -15,6 +15,11 @@
 //  - otherwise the final value is computed as usual and one aten::copy_ writes
 //    it back after every reader of the buffer (ExecuTorch's write-back).
 //
+// A user input the program updates (USER_INPUT_MUTATION: a KV cache the caller
+// passes in) is handled the same way, in the input's own memory, and returned
+// as an output in the export's order (ExecuTorch's convention: the output is
+// the input's tensor, so a runtime that keeps its inputs copies nothing).
+//
 // The emitter gives an in-place node's output the storage (and the value) of
 // its `self` and orders every other reader of the buffer before it.
 #include "lowerer.h"
@@ -22,9 +27,10 @@
 namespace kiln::passes::detail {
 namespace {
 
-const graph::OutputSpec* mutation_of(const pt2::ExportedProgram& ep, const std::string& fqn, size_t* index) {
+const graph::OutputSpec* mutation_of(const pt2::ExportedProgram& ep, const std::string& fqn, size_t* index,
+                                     graph::OutputSpec::Kind kind = graph::OutputSpec::Kind::BufferMutation) {
   for (size_t i = 0; i < ep.signature.outputs.size(); ++i)
-    if (ep.signature.outputs[i].kind == graph::OutputSpec::Kind::BufferMutation && ep.signature.outputs[i].target == fqn) {
+    if (ep.signature.outputs[i].kind == kind && ep.signature.outputs[i].target == fqn) {
       if (index) *index = i;
       return &ep.signature.outputs[i];
     }
@@ -49,7 +55,35 @@ void Lowerer::bind_buffer_mutation(const graph::OutputSpec& spec, const Argument
   buffer_writes_.push_back({buffer->value, mapped(std::get<ValueId>(value.payload))});
 }
 
+void Lowerer::bind_input_mutation(const graph::OutputSpec& spec, const Argument& value) {
+  check(value.kind == Argument::Kind::Tensor, "{}: the new value of input '{}' is not a tensor", ep_.path, spec.target);
+  std::optional<ValueId> input;
+  for (const auto& [v, name] : mutated_inputs_)
+    if (name == spec.target) input = v;
+  check(input.has_value(), "{}: output mutates input '{}', which is not a user input of the program", ep_.path,
+        spec.target);
+  const ValueId v = mapped(std::get<ValueId>(value.payload));
+  input_writes_.push_back({*input, v, out_.outputs.size()});
+  out_.outputs.push_back(v);
+}
+
 void Lowerer::finish_state() {
+  for (const InputWrite& w : input_writes_) {
+    const auto& v = out_.graph.value(w.value);
+    if (v.producer >= 0) {
+      const Node& p = out_.graph.nodes[static_cast<size_t>(v.producer)];
+      if (writes_state(p) && p.inputs.at(0).arg.tensor_ids().at(0) == w.input) continue;  // written in place
+    }
+    const auto& im = meta_of(w.input);
+    const auto& vm = meta_of(w.value);
+    check(im.sizes == vm.sizes && im.dtype == vm.dtype,
+          "{}: input '{}' is {} {} but the program gives it a {} {} value; kiln keeps an updated input's shape and "
+          "dtype", ep_.path, mutated_inputs_.at(w.input), dtype_name(im.dtype), fmt::join(im.sizes, "x"),
+          dtype_name(vm.dtype), fmt::join(vm.sizes, "x"));
+    // w.value == w.input (not changed after all) is copied onto itself: still the input's own tensor
+    out_.outputs[w.output] = emit("aten.copy_.default", {NA("self", tensor_arg(w.input)), NA("src", tensor_arg(w.value))},
+                                  contiguous(im), "write_back");
+  }
   for (const BufferWrite& w : buffer_writes_) {
     if (w.value == w.buffer) continue;  // not changed after all
     const auto& v = out_.graph.value(w.value);
@@ -82,11 +116,17 @@ bool Lowerer::lower_state(const Node& n) {
   if (self_arg == nullptr || self_arg->kind != Argument::Kind::Tensor) return false;
   const ValueId src_self = std::get<ValueId>(self_arg->payload);
   const ValueId self = mapped(src_self);
+  // The state it updates: a mutable buffer, or a user input the program updates (an external cache)
   const MutableBuffer* buffer = out_.mutable_buffer(self);
+  const auto mutated_input = mutated_inputs_.find(self);
+  const bool is_state = buffer != nullptr || mutated_input != mutated_inputs_.end();
+  const std::string state_name = buffer ? "mutable buffer '" + buffer->name + "'"
+                                 : is_state ? "input '" + mutated_input->second + "'" : std::string();
   bool in_place = false;
-  if (buffer != nullptr) {
+  if (is_state) {
     size_t out_index = 0;
-    mutation_of(ep_, buffer->name, &out_index);
+    if (buffer) mutation_of(ep_, buffer->name, &out_index);
+    else mutation_of(ep_, mutated_input->second, &out_index, graph::OutputSpec::Kind::UserInputMutation);
     const Argument& final_value = ep_.graph.outputs.at(out_index);
     auto outs = source_outputs(n);
     in_place = final_value.kind == Argument::Kind::Tensor && outs.size() == 1 &&
@@ -99,7 +139,7 @@ bool Lowerer::lower_state(const Node& n) {
       for (ValueId v : o.tensor_ids()) in_place = in_place && v != src_self;
   }
   const TensorMeta& sm = meta_of(self);
-  if (buffer == nullptr && !is_copy) return false;  // an update of an ordinary tensor: another family's
+  if (!is_state && !is_copy) return false;  // an update of an ordinary tensor: another family's
 
   if (is_copy) {
     ValueId src = tensor_in(n, "src");
@@ -178,8 +218,8 @@ bool Lowerer::lower_state(const Node& n) {
                  contiguous(sm)));
     return true;
   }
-  unsupported(n, "this update of mutable buffer '" + buffer->name +
-                    "' cannot run in place (kiln writes buffers in place when one node updates rows along one "
+  unsupported(n, "this update of " + state_name +
+                    " cannot run in place (kiln writes buffers in place when one node updates rows along one "
                     "dimension and nothing reads the old buffer afterwards)");
 }
 

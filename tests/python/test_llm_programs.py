@@ -170,6 +170,81 @@ def test_decode_copies_no_kv_cache(tiny_llm, backend, tmp_path):
         assert fused.get("aten.permute_copy.default + aten.bmm.default") == layers, fused
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_external_cache_form_both_runtimes(arch, tmp_path):
+    """`--cache external`: forward(tokens, input_pos, k_0, v_0, ...) with the caches as inputs that the program
+    updates in place and returns first (ExecuTorch's convention for updated inputs), the logits last.
+
+    kiln's runtime: the caches are set never (`--input keep`: the tensors the previous step left), so a step
+    copies no cache; ExecuTorch's runtime: each step's returned caches are the next step's inputs. Oracle: the
+    same weights in eager (the buffers form's wrapper), token by token, and transformers' greedy tokens."""
+    out = tmp_path / "export"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", arch, "--config", "tiny", "--max-seq-len",
+           str(MAX_SEQ), "--seed", "0", "--cache", "external", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spec = out / "model_spec.json"
+    s = json.loads(spec.read_text())
+    assert s["llm"]["cache"] == "external" and len(s["inputs"]) == 2 + 4, s["inputs"]
+    tokens, ref_logits = _reference(arch)
+    feed = tokens[:-1]
+    for backend in ("portable", "xnnpack"):
+        pte = tmp_path / f"{arch}_{backend}.pte"
+        run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "-q")
+        targets = [n["target"] for n in json.loads(pte.with_name(pte.stem + ".debug.json").read_text())["nodes"]]
+        assert targets.count("aten.index_put_.default") == 4, targets  # the new rows, in place, into the inputs
+        assert targets.count("aten.copy_.default") == 2, targets  # the position counters only: no cache copied
+        proc = subprocess.run([str(REPO / "build" / "kiln_alloc_check"), str(pte)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["allocations_during_execute"] == 0, proc.stdout  # a step allocates nothing
+        work = tmp_path / f"steps_{backend}"
+        work.mkdir()
+        args = []
+        for i, t in enumerate(feed):
+            np.save(work / f"t{i}.npy", np.array([[t]], dtype=np.int64))
+            np.save(work / f"p{i}.npy", np.array([i], dtype=np.int64))
+            args += ["-i", work / f"t{i}.npy", "-i", work / f"p{i}.npy"] + ["-i", "keep"] * 4
+            args += [x for j in range(4) for x in ("-o", work / f"c{i}_{j}.npy")] + ["-o", work / f"o{i}.npy"]
+        run_kiln("run", pte, "--steps", len(feed), *args)
+        kiln_logits = [np.load(work / f"o{i}.npy") for i in range(len(feed))]
+        _check_greedy(kiln_logits, tokens, ref_logits, f"kiln runtime, external cache ({backend})")
+
+        import torch
+        from executorch.runtime import Runtime
+
+        method = Runtime.get().load_program(str(pte)).load_method("forward")
+        caches = [torch.zeros(i["shape"]) for i in s["inputs"][2:]]
+        et_logits = []
+        for i, t in enumerate(feed):
+            outs = method.execute([torch.tensor([[t]]), torch.tensor([i]), *caches])
+            assert len(outs) == 5
+            caches = [o.clone() for o in outs[:4]]
+            et_logits.append(outs[4].numpy().copy())
+        _check_greedy(et_logits, tokens, ref_logits, f"ExecuTorch runtime, external cache ({backend})")
+        # kiln's LLM runner drives the form too (it checks each cache output is its input, updated in place)
+        bench = json.loads(run_kiln("bench-llm", pte, "-p", "4", "-n", "4", "-r", "1", "--json").stdout)
+        assert bench, bench
+    if arch == "llama":  # ExecuTorch's own lowering of the form (index_put, then copy_ into the input) in kiln's
+        import torch
+        from executorch.exir import to_edge_transform_and_lower
+
+        ep = torch.export.load(str(out / s["exported_program"]))
+        et_pte = tmp_path / "et_external.pte"
+        et_pte.write_bytes(to_edge_transform_and_lower(ep).to_executorch().buffer)
+        work = tmp_path / "steps_et"
+        work.mkdir()
+        args = []
+        for i, t in enumerate(feed):
+            np.save(work / f"t{i}.npy", np.array([[t]], dtype=np.int64))
+            np.save(work / f"p{i}.npy", np.array([i], dtype=np.int64))
+            args += ["-i", work / f"t{i}.npy", "-i", work / f"p{i}.npy"] + ["-i", "keep"] * 4
+            args += [x for j in range(4) for x in ("-o", work / f"c{i}_{j}.npy")] + ["-o", work / f"o{i}.npy"]
+        run_kiln("run", et_pte, "--steps", len(feed), *args)
+        _check_greedy([np.load(work / f"o{i}.npy") for i in range(len(feed))], tokens, ref_logits,
+                      "kiln runtime on ExecuTorch's external-cache .pte")
+
+
 def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
     """A second load starts from the initial cache; within one load the cache carries over."""
     import torch

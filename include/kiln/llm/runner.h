@@ -1,6 +1,7 @@
 // Running an LLM program (forward(tokens[1, T], input_pos[T]) -> logits, its
-// KV cache kept in the method's mutable buffers between calls), kiln's or
-// ExecuTorch's: the metadata its constant methods carry (get_max_seq_len,
+// KV cache kept in the method's mutable buffers between calls, or passed as
+// further inputs that the program updates in place and returns as outputs
+// before the logits: the external-cache form), kiln's or ExecuTorch's: the metadata its constant methods carry (get_max_seq_len,
 // get_vocab_size, get_bos_id, get_eos_ids / get_eos_id, ...), prefill and
 // one-token steps.
 #pragma once
@@ -49,6 +50,7 @@ class Runner {
   std::unique_ptr<rt::Method> method_;
   Metadata meta_;
   int64_t pos_ = 0, step_tokens_ = 1, vocab_ = 0;
+  size_t logits_output_ = 0;  // external caches come first among the outputs
   bool pos_is_vector_ = true;
   std::vector<int64_t> tok_buf_, pos_buf_;
 };

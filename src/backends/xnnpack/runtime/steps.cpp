@@ -51,6 +51,19 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
     return;
   }
   // C[i] = A[i] · B[i], row-major, batches of A/B broadcast when their stride is 0.
+  // live: A's other columns are 0 (the softmax of masked positions), so the first `live` of k are the product
+  const int64_t k = live > 0 && live < s.k ? live : s.k;
+  if (s.m <= 8) {  // a few rows (decode attention's P · V: the query heads of one KV head): stream B once, in
+    // place, as one sequential read (the GEMM would pack it first); parallel over batches
+    const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
+    ex.parallel_for(static_cast<size_t>(s.batch), [&](size_t t) {
+      const int64_t bi = static_cast<int64_t>(t);
+      float* cb = c + bi * s.m * s.n;
+      std::fill(cb, cb + s.m * s.n, 0.0f);
+      gemv.axpy_rows(a + bi * s.a_batch_stride, s.k, s.m, k, b + bi * s.b_batch_stride, s.n, s.n, cb, s.n);
+    });
+    return;
+  }
   // Parallel over batches and over blocks of rows.
   const int64_t row_blocks = std::max<int64_t>(1, std::min<int64_t>((s.m + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
   const int64_t rows = (s.m + row_blocks - 1) / row_blocks;
@@ -58,8 +71,6 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
     int64_t bi = static_cast<int64_t>(t) / row_blocks, r0 = (static_cast<int64_t>(t) % row_blocks) * rows;
     int64_t r1 = std::min(s.m, r0 + rows);
     if (r1 <= r0) return;
-    // live: A's other columns are 0 (the softmax of masked positions), so the first `live` of k are the product
-    const int64_t k = live > 0 && live < s.k ? live : s.k;
     cpu::sgemm(r1 - r0, s.n, k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
                        s.n, false, c + bi * s.m * s.n + r0 * s.n, s.n);
   });
