@@ -29,7 +29,9 @@ int run_bench_llm(const BenchLlmOptions& o) {
   bo.engine = o.engine;
   llm::BenchReport r;
   check(llm::bench_llm(o.pte, bo, &r, &error), "{}", error);
-  const char* note = "the program takes one token per forward call: prefill is one call per prompt token";
+  const char* note = r.tokens_per_call > 1 ? "the program takes a dynamic token count: prefill is one call per prompt"
+                                           : "the program takes one token per forward call: prefill is one call per "
+                                             "prompt token";
   if (o.json) {
     nlohmann::json rows = nlohmann::json::array();
     for (const llm::BenchRow& row : r.rows) {

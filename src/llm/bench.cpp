@@ -80,7 +80,7 @@ bool bench_llm(const std::string& pte, const BenchOptions& o, BenchReport* repor
       report->load_ms = std::chrono::duration<double, std::milli>(Clock::now() - l0).count();
       report->max_seq_len = runner->metadata().max_seq_len;
       report->vocab = runner->vocab();
-      report->tokens_per_call = 1;  // Runner::load accepts T = 1 programs only
+      report->tokens_per_call = runner->tokens_per_call();  // > 1: a dynamic T (a prompt in whole calls)
       if (o.prefill_tokens + o.decode_tokens > report->max_seq_len) {
         *error = fmt::format("{}: -p {} + -n {} = {} tokens do not fit the model's KV cache ({} positions)", pte,
                              o.prefill_tokens, o.decode_tokens, o.prefill_tokens + o.decode_tokens,

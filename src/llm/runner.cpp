@@ -1,5 +1,7 @@
 #include "kiln/llm/runner.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace kiln::llm {
@@ -53,7 +55,9 @@ std::unique_ptr<Runner> Runner::load(const std::string& pte, const rt::MethodOpt
   if (tok.dtype != ScalarType::Long || tok.dim != 2 || tok.size(0) != 1) return not_llm("input 0 is not int64 tokens [1, T]");
   if (pos.dtype != ScalarType::Long || pos.dim != 1) return not_llm("input 1 is not int64 positions");
   r->step_tokens_ = tok.size(1);
-  if (r->step_tokens_ != 1)
+  // A dynamic token count (export --dynamic): a prompt goes in whole, in calls of up to the bound.
+  r->dynamic_ = f.input_is_dynamic(0) && f.input_is_dynamic(1);
+  if (r->step_tokens_ != 1 && !r->dynamic_)
     return not_llm(fmt::format("forward takes {} tokens a call; kiln generate needs a program that takes one (export "
                                "with a sequence length of 1)", r->step_tokens_));
   r->pos_is_vector_ = pos.size(0) == r->step_tokens_;
@@ -74,6 +78,40 @@ std::unique_ptr<Runner> Runner::load(const std::string& pte, const rt::MethodOpt
 
 bool Runner::feed(std::span<const int32_t> tokens, std::span<const float>* logits, std::string* error) {
   rt::Method& f = *method_;
+  if (dynamic_ && !tokens.empty()) {  // whole chunks: checked first, so a refused chunk changes nothing
+    for (size_t at = 0; at < tokens.size();) {
+      const size_t n = std::min(tokens.size() - at, static_cast<size_t>(step_tokens_));
+      if (pos_ + static_cast<int64_t>(n) > meta_.max_seq_len) {
+        *error = fmt::format("the KV cache is full ({} positions); the prompt and the new tokens must fit in it",
+                             meta_.max_seq_len);
+        return false;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        const int32_t t = tokens[at + i];
+        if (t < 0 || t >= vocab_) {
+          *error = fmt::format("token id {} is out of the model's range (0 .. {})", t, vocab_ - 1);
+          return false;
+        }
+        tok_buf_[i] = t;
+        pos_buf_[i] = pos_ + static_cast<int64_t>(i);
+      }
+      const int64_t tok_shape[2] = {1, static_cast<int64_t>(n)};
+      const int64_t pos_shape[1] = {static_cast<int64_t>(n)};
+      rt::ErrorMessage err;
+      if (f.set_input(0, tok_buf_.data(), n * sizeof(int64_t), tok_shape, &err) != rt::Status::Ok ||
+          f.set_input(1, pos_buf_.data(), n * sizeof(int64_t), pos_shape, &err) != rt::Status::Ok ||
+          f.execute(&err) != rt::Status::Ok) {
+        *error = fmt::format("forward at positions {}..{}: {}", pos_, pos_ + static_cast<int64_t>(n) - 1, err.c_str());
+        return false;
+      }
+      pos_ += static_cast<int64_t>(n);
+      at += n;
+    }
+    const rt::Tensor& out = f.output(logits_output_);
+    const int64_t rows = out.numel / vocab_;
+    *logits = std::span<const float>(static_cast<const float*>(out.data) + (rows - 1) * vocab_, static_cast<size_t>(vocab_));
+    return true;
+  }
   for (int32_t t : tokens) {
     if (pos_ >= meta_.max_seq_len) {
       *error = fmt::format("the KV cache is full ({} positions); the prompt and the new tokens must fit in it", meta_.max_seq_len);

@@ -2,7 +2,9 @@
 // its symbolic sizes, found by lowering the program at several values of its
 // symbols and comparing the edge graphs (the passes themselves stay static:
 // every rewrite sees concrete sizes, and what changes with a symbol is what
-// the program must compute at run time).
+// the program must compute at run time). Programs with state (mutable buffers,
+// updated inputs) go the same way: their in-place writes are nodes like others,
+// with sizes (rows written) that may change with a symbol.
 #include "kiln/passes/dynamic.h"
 
 #include "kiln/core/error.h"
@@ -116,21 +118,7 @@ EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats
   check(!symbols.empty(), "internal: to_edge_dynamic on a static program");
   pt2::SymbolBinding upper;
   for (const auto& s : symbols) upper[s.name] = s.max;
-  for (const auto& o : ep.signature.outputs)
-    check(o.kind == graph::OutputSpec::Kind::UserOutput,
-          "{}: dynamic shapes with mutated state ({} '{}') are not supported yet; export with static shapes", ep.path,
-          graph::output_kind_name(o.kind), o.target);
   EdgeProgram base = to_edge(ep, stats);
-  // Not yet: a program that keeps state (a KV cache written at dynamic positions) is refused
-  // until its prefill/decode runs are checked against eager (issue 12, stage e).
-  for (const auto& n : base.graph.nodes)
-    if (const OpSchema* sch = find_op_schema(n.target); sch && sch->inplace)
-      fail("{}: dynamic shapes with in-place writes (node '{}', {}) are not supported yet; export with static shapes",
-           ep.path, n.name, n.target);
-  check(base.mutable_buffers.empty(),
-        "{}: dynamic shapes with mutable buffers (a KV cache) are not supported yet; export with static shapes",
-        ep.path);
-
   auto lower_at = [&](pt2::SymbolBinding b) {
     Lowered l;
     l.binding = std::move(b);

@@ -202,9 +202,24 @@ class Stateful(torch.nn.Module):
         return x * 2 + self.acc
 
 
-def test_dynamic_program_with_state_is_refused_with_one_line(tmp_path):
-    spec = export_dynamic(Stateful(), torch.randn(5, 16), 0, tmp_path, "state", False)
-    proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "-q", check=False)
-    assert proc.returncode != 0 and "not supported yet" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not (tmp_path / "state_portable.pte").exists()
+def test_dynamic_program_with_state_keeps_it_across_lengths(tmp_path):
+    """A buffer the program updates, with inputs of a different length each call: one lowering, the state
+    carried from call to call in both runtimes (kiln run --steps; ExecuTorch's method called again)."""
+    spec = export_dynamic(Stateful(), torch.randn(5, 16), 0, tmp_path, "state", True)
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "-q")
+    pte = tmp_path / "state_portable.pte"
+    xs = [torch.randn(t, 16, generator=torch.Generator().manual_seed(t)) for t in (3, 1, MAX_T, 2)]
+    eager = Stateful()
+    with torch.no_grad():
+        refs = [eager(x).numpy() for x in xs]
+    args = []
+    for k, x in enumerate(xs):
+        np.save(tmp_path / f"x{k}.npy", x.numpy())
+        args += ["-i", tmp_path / f"x{k}.npy", "-o", tmp_path / f"y{k}.npy"]
+    run_kiln("run", pte, "--steps", len(xs), *args)
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    for k, (x, ref) in enumerate(zip(xs, refs)):
+        close(np.load(tmp_path / f"y{k}.npy"), ref, f"kiln runtime, call {k} (T={x.shape[0]})")
+        close(method.execute([x])[0].numpy(), ref, f"ExecuTorch runtime, call {k} (T={x.shape[0]})")

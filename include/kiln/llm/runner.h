@@ -33,6 +33,7 @@ class Runner {
   const Metadata& metadata() const { return meta_; }
   int64_t position() const { return pos_; }  // tokens the cache holds
   int64_t vocab() const { return vocab_; }   // logits per position
+  int64_t tokens_per_call() const { return dynamic_ ? step_tokens_ : 1; }  // most tokens one forward call takes
 
   // Feeds `tokens` at the next positions (one call per token when the program
   // takes one); *logits points at the last position's row. False and *error
@@ -52,6 +53,7 @@ class Runner {
   int64_t pos_ = 0, step_tokens_ = 1, vocab_ = 0;
   size_t logits_output_ = 0;  // external caches come first among the outputs
   bool pos_is_vector_ = true;
+  bool dynamic_ = false;  // T symbolic (1..step_tokens_): a prompt in whole calls
   std::vector<int64_t> tok_buf_, pos_buf_;
 };
 
