@@ -64,6 +64,14 @@ bool Lowerer::lower_sequence(const Node& n) {
                                         NA(lo ? "min" : "max", arg(n, lo ? "min" : "max"))}, out_meta(n)));
     return true;
   }
+  if (t == "aten.clamp_min.Tensor" || t == "aten.clamp_max.Tensor") {  // a tensor bound: maximum / minimum (NaN
+    // propagates in both, as in clamp)
+    const bool lo = t == "aten.clamp_min.Tensor";
+    bind(n, emit(lo ? "aten.maximum.default" : "aten.minimum.default",
+                 {NA("self", tensor_arg(tensor_in(n, "self"))), NA("other", tensor_arg(tensor_in(n, lo ? "min" : "max")))},
+                 out_meta(n)));
+    return true;
+  }
   if (t == "aten.detach_.default") {  // in-place detach of a lifted constant: no-op in inference
     bind(n, tensor_in(n, "self"));
     return true;
