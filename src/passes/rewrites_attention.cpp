@@ -374,6 +374,49 @@ bool Lowerer::lower_attention(const Node& n) {
     bind(n, lower_hard_activation(*this, n));
     return true;
   }
+  // selu and celu: elu with its scale parameters (selu's constants as torch defines them)
+  if (t == "aten.selu.default" || t == "aten.celu.default") {
+    const bool selu = t == "aten.selu.default";
+    const double alpha = selu ? 1.6732632423543772848170429916717 : float_value(*this, n, "alpha", 1.0);
+    if (!selu && alpha == 0.0) unsupported(n, "celu with alpha 0");
+    bind(n, emit("aten.elu.default",
+                 {NA("self", tensor_arg(tensor_in(n, "self"))), NA("alpha", float_arg(alpha)),
+                  NA("scale", float_arg(selu ? 1.0507009873554804934193349852946 : 1.0)),
+                  NA("input_scale", float_arg(selu ? 1.0 : 1.0 / alpha))},
+                 out_meta(n)));
+    return true;
+  }
+  // softplus(x) = x where beta * x > threshold, else log1p(e^(beta * x)) / beta;
+  // log_sigmoid(x) = min(x, 0) - log1p(e^-|x|) (no overflow for either sign)
+  if (t == "aten.softplus.default" || t == "aten.log_sigmoid.default") {
+    const ValueId x = tensor_in(n, "self");
+    TensorMeta m = out_meta(n);
+    if (m.dtype != ScalarType::Float) unsupported(n, "activation of a tensor that is not float32");
+    auto op = [&](std::string_view target, std::vector<NamedArgument> args, std::string_view hint) {
+      return emit(target, std::move(args), m, hint);
+    };
+    if (t == "aten.softplus.default") {
+      const double beta = float_value(*this, n, "beta", 1.0), threshold = float_value(*this, n, "threshold", 20.0);
+      if (beta == 0.0) unsupported(n, "softplus with beta 0");
+      ValueId bx = op("aten.mul.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(beta))}, "beta_x");
+      ValueId e = op("aten.exp.default", {NA("self", tensor_arg(bx))}, "exp");
+      ValueId l = op("aten.log1p.default", {NA("self", tensor_arg(e))}, "log1p");
+      ValueId r = op("aten.div.Scalar", {NA("self", tensor_arg(l)), NA("other", float_arg(beta))}, "over_beta");
+      TensorMeta bm = m;
+      bm.dtype = ScalarType::Bool;
+      ValueId c = emit("aten.gt.Scalar", {NA("self", tensor_arg(bx)), NA("other", float_arg(threshold))}, bm, "linear");
+      bind(n, op("aten.where.self", {NA("condition", tensor_arg(c)), NA("self", tensor_arg(x)), NA("other", tensor_arg(r))},
+                 "softplus"));
+      return true;
+    }
+    ValueId lo = op("aten.clamp.default", {NA("self", tensor_arg(x)), NA("max", float_arg(0.0))}, "min0");
+    ValueId a = op("aten.abs.default", {NA("self", tensor_arg(x))}, "abs");
+    ValueId na = op("aten.neg.default", {NA("self", tensor_arg(a))}, "neg_abs");
+    ValueId e = op("aten.exp.default", {NA("self", tensor_arg(na))}, "exp");
+    ValueId l = op("aten.log1p.default", {NA("self", tensor_arg(e))}, "log1p");
+    bind(n, op("aten.sub.Tensor", {NA("self", tensor_arg(lo)), NA("other", tensor_arg(l))}, "log_sigmoid"));
+    return true;
+  }
   // hardtanh / relu6: a clamp (the partitioner delegates it as XNNClamp).
   if (t == "aten.hardtanh.default" || t == "aten.relu6.default") {
     Argument lo = float_arg(t == "aten.relu6.default" ? 0.0 : -1.0), hi = float_arg(t == "aten.relu6.default" ? 6.0 : 1.0);

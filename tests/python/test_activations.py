@@ -86,3 +86,29 @@ def test_kiln_runs_executorch_activations(activations, backend, tmp_path):
     for engine in ("kiln", "xnnpack") if backend == "xnnpack" else ("kiln",):
         assert_close(kiln_run(pte, ins, tmp_path, "--engine", engine)[0], refs[0],
                      f"ExecuTorch's {backend} .pte in kiln's runtime (--engine {engine})")
+
+
+class MoreActivations(torch.nn.Module):
+    """selu / celu (elu with its scales), softplus and log-sigmoid (decomposed), and unary math that lowers to
+    the portable kernels directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        x = self.lin(x)
+        y = F.selu(x) + F.celu(x, alpha=0.7) + F.softplus(x, beta=2.0, threshold=5.0) + F.logsigmoid(x)
+        z = torch.acos(torch.tanh(x)) + torch.log10(x.abs() + 1) + torch.round(x) + torch.reciprocal(x.abs() + 0.5)
+        return y + z + torch.expm1(x.clamp(max=3)) + torch.sign(x) * torch.floor(x)
+
+
+def test_kiln_lowers_more_activations_and_unary_math(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2)) * 4
+    spec = export_program(MoreActivations().eval(), (x,), tmp_path / "m", "more")
+    ins, refs = reference_io(spec)
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        assert_close(et_execute(pte, ins)[0], refs[0], f"kiln {backend} .pte in ExecuTorch's runtime")
+        assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], f"kiln {backend} .pte in kiln's runtime")
