@@ -72,6 +72,67 @@ bool Lowerer::lower_sequence(const Node& n) {
                  out_meta(n)));
     return true;
   }
+  if (t == "aten.index_copy.default") {  // of an ordinary tensor (state is rewrites_state's): index_put along dim
+    const ValueId self = tensor_in(n, "self");
+    if (meta_of(self).sizes.empty()) {  // a 0-d tensor: its one element is the source's
+      const ValueId src = tensor_in(n, "source");
+      bind(n, emit("aten.view_copy.default", {NA("self", tensor_arg(src)), NA("size", ints_arg({}))}, out_meta(n)));
+      return true;
+    }
+    const int64_t dim = wrap_dim(int_in(n, "dim"), meta_of(self).sizes.size());
+    std::vector<std::optional<ValueId>> idx(static_cast<size_t>(dim), std::nullopt);
+    idx.emplace_back(tensor_in(n, "index"));
+    bind(n, emit("aten.index_put.default",
+                 {NA("self", tensor_arg(self)), NA("indices", {Argument::Kind::OptionalTensors, std::move(idx)}),
+                  NA("values", tensor_arg(tensor_in(n, "source"))), NA("accumulate", bool_arg(false))},
+                 out_meta(n)));
+    return true;
+  }
+  if (t == "aten.var.dim" || t == "aten.var.correction" || t == "aten.var.default") {
+    // sum((x - mean)^2) / (N - correction) over the reduced dims (correction: 1 unbiased, 0 population)
+    const ValueId x = tensor_in(n, "self");
+    const TensorMeta xm = meta_of(x);  // a copy: emit() adds values
+    if (xm.dtype != ScalarType::Float) unsupported(n, "var of a tensor that is not float32");
+    std::vector<int64_t> dims;
+    if (const Argument* d = opt(n, "dim"); d && d->kind != Argument::Kind::None) dims = ints_in(n, "dim");
+    if (dims.empty())
+      for (size_t i = 0; i < xm.sizes.size(); ++i) dims.push_back(static_cast<int64_t>(i));
+    int64_t count = 1;
+    for (int64_t& d : dims) {
+      d = wrap_dim(d, xm.sizes.size());
+      count *= xm.sizes.at(static_cast<size_t>(d));
+    }
+    double correction = 1.0;
+    if (t == "aten.var.correction") {
+      if (const Argument* c = opt(n, "correction"); c && c->kind != Argument::Kind::None)
+        correction = c->kind == Argument::Kind::Int ? static_cast<double>(std::get<int64_t>(c->payload))
+                                                    : std::get<double>(c->payload);
+    } else if (int_in(n, "unbiased", 1) == 0) {
+      correction = 0.0;
+    }
+    const bool keepdim = int_in(n, "keepdim", 0) != 0;
+    TensorMeta kept = xm;
+    for (int64_t d : dims) kept.sizes[static_cast<size_t>(d)] = 1;
+    kept = contiguous(kept);
+    const ValueId mean = emit("aten.mean.dim", {NA("self", tensor_arg(x)), NA("dim", ints_arg(dims)),
+                                                NA("keepdim", bool_arg(true))}, kept, "mean");
+    const ValueId dev = emit("aten.sub.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(mean))},
+                             contiguous(xm), "deviation");
+    const ValueId sq = emit("aten.mul.Tensor", {NA("self", tensor_arg(dev)), NA("other", tensor_arg(dev))},
+                            contiguous(xm), "square");
+    const TensorMeta om = out_meta(n);
+    const ValueId sum = emit("aten.sum.dim_IntList", {NA("self", tensor_arg(sq)), NA("dim", ints_arg(dims)),
+                                                      NA("keepdim", bool_arg(keepdim))}, om, "sum");
+    // N - correction <= 0: inf or nan, as torch gives (0 / 0 and x / 0)
+    bind(n, emit("aten.div.Scalar", {NA("self", tensor_arg(sum)),
+                                      NA("other", float_arg(static_cast<double>(count) - correction))}, om, "var"));
+    return true;
+  }
+  if (t == "aten.fill.Scalar") {  // a tensor of self's shape and dtype, every element the value
+    const TensorMeta m = out_meta(n);
+    bind(n, emit("aten.full.default", {NA("size", ints_arg(m.sizes)), NA("fill_value", arg(n, "value"))}, m));
+    return true;
+  }
   if (t == "aten.detach_.default") {  // in-place detach of a lifted constant: no-op in inference
     bind(n, tensor_in(n, "self"));
     return true;

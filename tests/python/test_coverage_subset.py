@@ -31,7 +31,8 @@ MUST_LOWER = [
     "nn.functional.silu", "nn.functional.elu", "nn.functional.linear", "nn.functional.layer_norm", "mm", "bmm",
     "select", "split_with_sizes", "constant_pad_nd", "arange", "permute", "clone",
     # lowered since 2026-12-03 (their kernels existed for ExecuTorch's programs): a sample of them
-    "acos", "log10", "logical_xor", "reciprocal", "repeat", "slice_scatter", "any", "clamp_min",
+    "acos", "log10", "logical_xor", "reciprocal", "repeat", "slice_scatter", "any", "clamp_min", "var", "index_copy",
+    "fill",
 ]
 # Operators issue 11 asks for that may not lower yet: a clean error is allowed,
 # a lowering must run correctly.
