@@ -217,6 +217,20 @@ def test_dynamic_prefill_then_decode_both_runtimes(arch, tmp_path):
     assert bench["tokens_per_call"] == MAX_SEQ and bench["results"][0]["prefill_tokens_per_s"] > 0, bench
 
 
+def _kiln_external_steps(pte: Path, tokens, caches: int, work: Path):
+    """kiln run --steps on an external-cache program: tokens and positions per step, the caches never set
+    (`--input keep`: what the previous step left, zeros at the first); the logits (the last output) per step."""
+    work.mkdir()
+    args = []
+    for i, t in enumerate(tokens):
+        np.save(work / f"t{i}.npy", np.array([[t]], dtype=np.int64))
+        np.save(work / f"p{i}.npy", np.array([i], dtype=np.int64))
+        args += ["-i", work / f"t{i}.npy", "-i", work / f"p{i}.npy"] + ["-i", "keep"] * caches
+        args += [x for j in range(caches) for x in ("-o", work / f"c{i}_{j}.npy")] + ["-o", work / f"o{i}.npy"]
+    run_kiln("run", pte, "--steps", len(tokens), *args)
+    return [np.load(work / f"o{i}.npy") for i in range(len(tokens))]
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_external_cache_form_both_runtimes(arch, tmp_path):
     """`--cache external`: forward(tokens, input_pos, k_0, v_0, ...) with the caches as inputs that the program
@@ -245,16 +259,7 @@ def test_external_cache_form_both_runtimes(arch, tmp_path):
         proc = subprocess.run([str(REPO / "build" / "kiln_alloc_check"), str(pte)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["allocations_during_execute"] == 0, proc.stdout  # a step allocates nothing
-        work = tmp_path / f"steps_{backend}"
-        work.mkdir()
-        args = []
-        for i, t in enumerate(feed):
-            np.save(work / f"t{i}.npy", np.array([[t]], dtype=np.int64))
-            np.save(work / f"p{i}.npy", np.array([i], dtype=np.int64))
-            args += ["-i", work / f"t{i}.npy", "-i", work / f"p{i}.npy"] + ["-i", "keep"] * 4
-            args += [x for j in range(4) for x in ("-o", work / f"c{i}_{j}.npy")] + ["-o", work / f"o{i}.npy"]
-        run_kiln("run", pte, "--steps", len(feed), *args)
-        kiln_logits = [np.load(work / f"o{i}.npy") for i in range(len(feed))]
+        kiln_logits = _kiln_external_steps(pte, feed, 4, tmp_path / f"steps_{backend}")
         _check_greedy(kiln_logits, tokens, ref_logits, f"kiln runtime, external cache ({backend})")
 
         import torch
@@ -279,16 +284,7 @@ def test_external_cache_form_both_runtimes(arch, tmp_path):
         ep = torch.export.load(str(out / s["exported_program"]))
         et_pte = tmp_path / "et_external.pte"
         et_pte.write_bytes(to_edge_transform_and_lower(ep).to_executorch().buffer)
-        work = tmp_path / "steps_et"
-        work.mkdir()
-        args = []
-        for i, t in enumerate(feed):
-            np.save(work / f"t{i}.npy", np.array([[t]], dtype=np.int64))
-            np.save(work / f"p{i}.npy", np.array([i], dtype=np.int64))
-            args += ["-i", work / f"t{i}.npy", "-i", work / f"p{i}.npy"] + ["-i", "keep"] * 4
-            args += [x for j in range(4) for x in ("-o", work / f"c{i}_{j}.npy")] + ["-o", work / f"o{i}.npy"]
-        run_kiln("run", et_pte, "--steps", len(feed), *args)
-        _check_greedy([np.load(work / f"o{i}.npy") for i in range(len(feed))], tokens, ref_logits,
+        _check_greedy(_kiln_external_steps(et_pte, feed, 4, tmp_path / "steps_et"), tokens, ref_logits,
                       "kiln runtime on ExecuTorch's external-cache .pte")
 
 
