@@ -32,6 +32,14 @@ bool Lowerer::lower_sequence(const Node& n) {
     return true;
   }
   if (t == "aten.unfold.default") {  // a view in the default IR; a copy in the edge dialect
+    const ValueId self = tensor_in(n, "self");
+    if (meta_of(self).sizes.empty() && out_meta(n).numel() == 1) {
+      // a 0-d tensor's one window is the element itself (ExecuTorch's unfold_copy kernel
+      // aborts on a 0-d input, so its runtime needs the view)
+      bind(n, emit("aten.view_copy.default", {NA("self", tensor_arg(self)), NA("size", ints_arg(out_meta(n).sizes))},
+                   out_meta(n)));
+      return true;
+    }
     bind(n, emit("aten.unfold_copy.default", {NA("self", tensor_arg(tensor_in(n, "self"))),
                                               NA("dimension", int_arg(int_in(n, "dimension"))),
                                               NA("size", int_arg(int_in(n, "size"))), NA("step", int_arg(int_in(n, "step")))},
