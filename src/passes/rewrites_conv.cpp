@@ -309,15 +309,27 @@ bool Lowerer::lower_conv(const Node& n) {
 
   // native_batch_norm in eval (training=False): the no-training kernel, all three outputs (the saved
   // statistics are empty in eval, as eager's)
+  // (and training=True without running statistics: the batch's statistics, _native_batch_norm_legit.no_stats)
   if (t == "aten.native_batch_norm.default") {
-    if (int_in(n, "training", 0) != 0)
-      unsupported(n, "batch norm in training mode; export the model in eval() mode");
     ValueId x = tensor_in(n, "input");
     auto mean = opt_tensor_in(n, "running_mean");
     auto var = opt_tensor_in(n, "running_var");
-    if (!mean || !var) unsupported(n, "batch norm in eval mode without running statistics");
     std::vector<TensorMeta> metas{out_meta(n)};
     for (size_t i = 1; i < source_outputs(n).size(); ++i) metas.push_back(out_meta(n, i));
+    const bool training = int_in(n, "training", 0) != 0;
+    if (training && !mean && !var) {
+      const int64_t c = meta_of(x).sizes.size() > 1 ? meta_of(x).sizes[1] : 1;
+      while (metas.size() < 3) metas.push_back(contiguous(meta_of(x).dtype, {c}));
+      bind_all(n, emit_raw("aten._native_batch_norm_legit.no_stats",
+                           {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(opt_tensor_in(n, "weight"))),
+                            NA("bias", opt_tensor_arg(opt_tensor_in(n, "bias"))), NA("training", bool_arg(true)),
+                            NA("momentum", float_arg(float_or("momentum", 0.1))), NA("eps", float_arg(float_or("eps", 1e-5)))},
+                           std::move(metas), "batch_norm"));
+      return true;
+    }
+    if (training)
+      unsupported(n, "batch norm in training mode with running statistics; export the model in eval() mode");
+    if (!mean || !var) unsupported(n, "batch norm in eval mode without running statistics");
     while (metas.size() < 3) metas.push_back(contiguous(meta_of(x).dtype, {0}));
     auto outs = emit_raw("aten._native_batch_norm_legit_no_training.default",
                          {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(opt_tensor_in(n, "weight"))),
