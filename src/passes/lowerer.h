@@ -895,6 +895,10 @@ class Lowerer {
   // true when it lowered `n` (bound its outputs), false when `n` is not its op.
   bool lower_attention(const Node& n);  // SDPA, norms, activations
   bool lower_conv(const Node& n);       // convolutions, pooling, resizing, batch norm
+  ValueId constant_tensor(ScalarType dtype, std::vector<int64_t> sizes, std::vector<std::byte> bytes,
+                          std::string_view hint);  // rewrites_conv.cpp
+  ValueId resize_dim(ValueId x, size_t dim, const std::vector<std::vector<int64_t>>& idx,
+                     const std::vector<std::vector<float>>& w);  // rewrites_conv.cpp
   bool try_fold_batch_norm(const Node& n, ValueId x, std::optional<ValueId> gamma, std::optional<ValueId> beta,
                            ValueId mean, ValueId var, double eps);  // rewrites_conv.cpp
   std::optional<std::pair<ValueId, ValueId>> batch_norm_scale_shift(ValueId x, std::optional<ValueId> gamma,

@@ -1,6 +1,8 @@
 // to_edge rewrites: convolutions, pooling, resizing, padding, batch/group/instance norm.
 //
 //   conv1d/2d/3d (int or 'same'/'valid' padding), conv_transpose1d/2d/3d -> aten.convolution
+//     (an unbatched input gets a batch of one, dropped again after)
+//   native_batch_norm (training=False) -> _native_batch_norm_legit_no_training
 //   batch_norm / _native_batch_norm_legit_no_training in eval mode: folded into the
 //     convolution that produces its input when that convolution's output feeds only the
 //     norm and its weights are constants (w' = w * gamma / sqrt(var + eps), b' = (b - mean) *
@@ -8,9 +10,13 @@
 //     x * scale + shift with per-channel constants (constant statistics), else the
 //     _native_batch_norm_legit_no_training kernel
 //   group_norm -> native_group_norm; instance_norm -> native_group_norm with one channel per group
-//   max_pool2d -> max_pool2d_with_indices; max/avg/adaptive-avg 1-D pooling -> the 2-D ops over [.., 1, L]; adaptive_avg_pool2d -> mean over H, W (global) or
+//   max_pool2d -> max_pool2d_with_indices; max (with indices)/avg/adaptive-avg 1-D pooling -> the 2-D ops over [.., 1, L]; adaptive_avg_pool2d -> mean over H, W (global) or
 //     _adaptive_avg_pool2d; adaptive_max_pool2d with divisible sizes -> max_pool2d_with_indices
 //   upsample_{nearest,bilinear}2d.default -> their .vec forms; pixel_(un)shuffle -> view/permute/view
+//   upsample_nearest{1,3}d, _upsample_nearest_exact{1,2,3}d, upsample_linear1d, upsample_bicubic2d,
+//     upsample_trilinear3d -> per spatial dim, sum over taps of weight * index_select (constant indices
+//     and weights from torch's coordinate rules: 1 tap nearest, 2 linear, 4 cubic)
+//   im2col (unfold) -> constant_pad_nd, one index_select over the flattened padded plane, view
 //   pad(mode=constant|reflect|replicate) -> constant_pad_nd / reflection_pad / replication_pad
 //   prelu -> relu(x) - w * relu(-x); hardtanh (relu6) -> clamp; hardswish, hardsigmoid -> add, clamp, (mul), div
 #include "lowerer.h"
@@ -26,7 +32,131 @@ std::vector<int64_t> per_dim(std::vector<int64_t> v, size_t spatial, int64_t dfl
   return v;
 }
 
+// Resizing one dimension from `in` to `out` elements: out[i] = sum over taps k of w[k][i] * x[idx[k][i]],
+// with torch's CPU coordinate rules (UpSample.h: float scales, 1/scale_factor when one is given).
+enum class Resize { Nearest, NearestExact, Linear, Cubic };
+struct ResizeTaps {
+  std::vector<std::vector<int64_t>> idx;
+  std::vector<std::vector<float>> w;  // empty for nearest
+};
+
+ResizeTaps resize_taps(Resize mode, int64_t in, int64_t out, std::optional<double> scale, bool align_corners) {
+  const float given = scale && *scale > 0 ? static_cast<float>(1.0 / *scale) : static_cast<float>(in) / static_cast<float>(out);
+  float ratio = given;  // input coordinates per output coordinate
+  if (align_corners && (mode == Resize::Linear || mode == Resize::Cubic))
+    ratio = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  auto u = [](int64_t i) { return static_cast<size_t>(i); };
+  ResizeTaps r;
+  const int64_t taps = mode == Resize::Cubic ? 4 : mode == Resize::Linear ? 2 : 1;
+  r.idx.assign(u(taps), std::vector<int64_t>(u(out)));
+  if (mode == Resize::Linear || mode == Resize::Cubic) r.w.assign(u(taps), std::vector<float>(u(out)));
+  for (int64_t i = 0; i < out; ++i) {
+    if (mode == Resize::Nearest) {
+      int64_t src = out == in ? i : out == 2 * in ? i >> 1
+                                  : std::min(static_cast<int64_t>(std::floor(static_cast<float>(i) * ratio)), in - 1);
+      r.idx[0][u(i)] = src;
+      continue;
+    }
+    if (mode == Resize::NearestExact) {
+      const float v = static_cast<float>((static_cast<double>(i) + 0.5) * static_cast<double>(ratio));
+      r.idx[0][u(i)] = std::min(static_cast<int64_t>(std::floor(v)), in - 1);
+      continue;
+    }
+    float src = align_corners ? ratio * static_cast<float>(i) : ratio * (static_cast<float>(i) + 0.5f) - 0.5f;
+    if (mode == Resize::Linear) {
+      if (!align_corners && src < 0) src = 0;
+      int64_t i0 = i, i1 = i;
+      float l1 = 0.0f;
+      if (out != in) {
+        i0 = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+        l1 = std::min(std::max(src - static_cast<float>(i0), 0.0f), 1.0f);
+        i1 = i0 + (i0 < in - 1 ? 1 : 0);
+      }
+      r.idx[0][u(i)] = i0;
+      r.idx[1][u(i)] = i1;
+      r.w[0][u(i)] = 1.0f - l1;
+      r.w[1][u(i)] = l1;
+      continue;
+    }
+    // cubic convolution, A = -0.75, indices clamped to the input
+    const int64_t i0 = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+    const float t = std::min(std::max(src - static_cast<float>(i0), 0.0f), 1.0f);
+    constexpr float A = -0.75f;
+    auto near = [&](float x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };
+    auto far = [&](float x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };
+    const float c[4] = {far(t + 1.0f), near(t), near(1.0f - t), far(2.0f - t)};
+    for (int64_t k = 0; k < 4; ++k) {
+      r.idx[u(k)][u(i)] = std::max<int64_t>(std::min(i0 - 1 + k, in - 1), 0);
+      r.w[u(k)][u(i)] = c[k];
+    }
+  }
+  return r;
+}
+
+template <typename T>
+std::vector<std::byte> as_bytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
 }  // namespace
+
+// A new constant value holding `bytes` (row-major).
+ValueId Lowerer::constant_tensor(ScalarType dtype, std::vector<int64_t> sizes, std::vector<std::byte> bytes,
+                                 std::string_view hint) {
+  ValueId v = out_.graph.add_value(fresh_name(hint), contiguous(dtype, std::move(sizes)));
+  out_.constants[v] = ConstantData{nullptr, std::make_shared<const std::vector<std::byte>>(std::move(bytes)),
+                                   fmt::format("{} ({})", current_ ? current_->name : "kiln", hint)};
+  return v;
+}
+
+// Resizes dim `dim` of x with the taps: index_select per tap, times the tap's weights (broadcast over
+// the dims after `dim`), summed. Nothing when the taps are the identity.
+ValueId Lowerer::resize_dim(ValueId x, size_t dim, const std::vector<std::vector<int64_t>>& idx,
+                            const std::vector<std::vector<float>>& w) {
+  const TensorMeta xm = meta_of(x);
+  const int64_t out = static_cast<int64_t>(idx.at(0).size());
+  std::vector<int64_t> sizes = xm.sizes;
+  sizes[dim] = out;
+  std::vector<size_t> live;
+  for (size_t k = 0; k < idx.size(); ++k) {
+    bool zero = !w.empty();
+    if (!w.empty())
+      for (float f : w[k]) zero = zero && f == 0.0f;
+    if (!zero) live.push_back(k);
+  }
+  if (live.empty()) live.push_back(0);
+  if (live.size() == 1 && out == xm.sizes[dim]) {
+    bool identity = true;
+    for (int64_t i = 0; i < out; ++i) identity = identity && idx[live[0]][static_cast<size_t>(i)] == i;
+    if (!w.empty())
+      for (float f : w[live[0]]) identity = identity && f == 1.0f;
+    if (identity) return x;
+  }
+  std::vector<int64_t> wshape(xm.sizes.size() - dim, 1);
+  wshape[0] = out;
+  std::optional<ValueId> acc;
+  for (size_t k : live) {
+    ValueId iv = constant_tensor(ScalarType::Long, {out}, as_bytes(idx[k]), "resize_index");
+    ValueId g = emit("aten.index_select.default",
+                     {NA("self", tensor_arg(x)), NA("dim", int_arg(static_cast<int64_t>(dim))), NA("index", tensor_arg(iv))},
+                     contiguous(xm.dtype, sizes), "resize_gather");
+    if (!w.empty()) {
+      bool ones = true;
+      for (float f : w[k]) ones = ones && f == 1.0f;
+      if (!ones) {
+        ValueId wv = constant_tensor(ScalarType::Float, wshape, as_bytes(w[k]), "resize_weight");
+        g = emit("aten.mul.Tensor", {NA("self", tensor_arg(g)), NA("other", tensor_arg(wv))}, contiguous(xm.dtype, sizes),
+                 "resize_tap");
+      }
+    }
+    acc = acc ? emit("aten.add.Tensor", {NA("self", tensor_arg(*acc)), NA("other", tensor_arg(g))},
+                     contiguous(xm.dtype, sizes), "resize_sum")
+              : g;
+  }
+  return *acc;
+}
 
 bool Lowerer::lower_conv(const Node& n) {
   const std::string& t = n.target;
@@ -45,14 +175,32 @@ bool Lowerer::lower_conv(const Node& n) {
   auto opt_tensor_arg = [](std::optional<ValueId> v) { return v ? tensor_arg(*v) : Argument::none(); };
   auto emit_conv = [&](ValueId x, ValueId w, std::optional<ValueId> b, std::vector<int64_t> stride,
                        std::vector<int64_t> padding, std::vector<int64_t> dilation, bool transposed,
-                       std::vector<int64_t> output_padding, int64_t groups) {
+                       std::vector<int64_t> output_padding, int64_t groups, const TensorMeta& m) {
     return emit("aten.convolution.default",
                 {NA("input", tensor_arg(x)), NA("weight", tensor_arg(w)), NA("bias", opt_tensor_arg(b)),
                  NA("stride", ints_arg(std::move(stride))), NA("padding", ints_arg(std::move(padding))),
                  NA("dilation", ints_arg(std::move(dilation))), NA("transposed", bool_arg(transposed)),
                  NA("output_padding", ints_arg(std::move(output_padding))), NA("groups", int_arg(groups))},
-                out_meta(n));
+                m);
   };
+  // An unbatched input ([C, spatial...]) gets a batch of one; the result drops it again.
+  auto batched = [&](ValueId& x, size_t spatial) {
+    const auto& xm = meta_of(x);
+    if (xm.sizes.size() == spatial + 2) return false;
+    if (xm.sizes.size() != spatial + 1) unsupported(n, "convolution input of a rank other than the weight's (or one less)");
+    std::vector<int64_t> sizes = xm.sizes;
+    sizes.insert(sizes.begin(), 1);
+    x = view(x, sizes);
+    return true;
+  };
+  auto conv_meta = [&](bool unbatched) {
+    TensorMeta m = out_meta(n);
+    if (!unbatched) return m;
+    std::vector<int64_t> sizes = m.sizes;
+    sizes.insert(sizes.begin(), 1);
+    return contiguous(m.dtype, sizes);
+  };
+  auto bind_conv = [&](ValueId y, bool unbatched) { bind(n, unbatched ? view(y, out_meta(n).sizes) : y); };
 
   // ---- convolutions
   if (t == "aten.conv1d.default" || t == "aten.conv2d.default" || t == "aten.conv3d.default" ||
@@ -63,8 +211,7 @@ bool Lowerer::lower_conv(const Node& n) {
     const auto& wm = meta_of(w);
     if (wm.sizes.size() < 3) unsupported(n, "convolution weight of rank < 3");
     const size_t spatial = wm.sizes.size() - 2;
-    if (meta_of(x).sizes.size() != spatial + 2)
-      unsupported(n, "unbatched convolution input; add the batch dimension before the convolution");
+    const bool unbatched = batched(x, spatial);
     std::vector<int64_t> stride = per_dim(ints_or("stride", {1}), spatial, 1);
     std::vector<int64_t> dilation = per_dim(ints_or("dilation", {1}), spatial, 1);
     std::vector<int64_t> padding;
@@ -102,8 +249,9 @@ bool Lowerer::lower_conv(const Node& n) {
     } else {
       padding = per_dim(ints_or("padding", {0}), spatial, 0);
     }
-    bind(n, emit_conv(x, w, b, stride, padding, dilation, false, std::vector<int64_t>(spatial, 0),
-                      int_in(n, "groups", 1)));
+    bind_conv(emit_conv(x, w, b, stride, padding, dilation, false, std::vector<int64_t>(spatial, 0),
+                        int_in(n, "groups", 1), conv_meta(unbatched)),
+              unbatched);
     return true;
   }
   if (t == "aten.conv_transpose1d.default" || t == "aten.conv_transpose2d.input" ||
@@ -111,12 +259,14 @@ bool Lowerer::lower_conv(const Node& n) {
     ValueId x = tensor_in(n, "input");
     ValueId w = tensor_in(n, "weight");
     auto b = opt_tensor_in(n, "bias");
+    if (meta_of(w).sizes.size() < 3) unsupported(n, "convolution weight of rank < 3");
     const size_t spatial = meta_of(w).sizes.size() - 2;
-    if (meta_of(x).sizes.size() != spatial + 2)
-      unsupported(n, "unbatched convolution input; add the batch dimension before the convolution");
-    bind(n, emit_conv(x, w, b, per_dim(ints_or("stride", {1}), spatial, 1), per_dim(ints_or("padding", {0}), spatial, 0),
-                      per_dim(ints_or("dilation", {1}), spatial, 1), true,
-                      per_dim(ints_or("output_padding", {0}), spatial, 0), int_in(n, "groups", 1)));
+    const bool unbatched = batched(x, spatial);
+    bind_conv(emit_conv(x, w, b, per_dim(ints_or("stride", {1}), spatial, 1), per_dim(ints_or("padding", {0}), spatial, 0),
+                        per_dim(ints_or("dilation", {1}), spatial, 1), true,
+                        per_dim(ints_or("output_padding", {0}), spatial, 0), int_in(n, "groups", 1),
+                        conv_meta(unbatched)),
+              unbatched);
     return true;
   }
   if (t == "aten._convolution.default") {
@@ -153,6 +303,40 @@ bool Lowerer::lower_conv(const Node& n) {
                           NA("running_var", tensor_arg(var)), NA("momentum", float_arg(float_or("momentum", 0.1))),
                           NA("eps", float_arg(eps))},
                          {contiguous(xm), contiguous(xm.dtype, {0}), contiguous(xm.dtype, {0})}, "batch_norm");
+    bind_all(n, outs);
+    return true;
+  }
+
+  // native_batch_norm in eval (training=False): the no-training kernel, all three outputs (the saved
+  // statistics are empty in eval, as eager's)
+  // (and training=True without running statistics: the batch's statistics, _native_batch_norm_legit.no_stats)
+  if (t == "aten.native_batch_norm.default") {
+    ValueId x = tensor_in(n, "input");
+    auto mean = opt_tensor_in(n, "running_mean");
+    auto var = opt_tensor_in(n, "running_var");
+    std::vector<TensorMeta> metas{out_meta(n)};
+    for (size_t i = 1; i < source_outputs(n).size(); ++i) metas.push_back(out_meta(n, i));
+    const bool training = int_in(n, "training", 0) != 0;
+    if (training && !mean && !var) {
+      const int64_t c = meta_of(x).sizes.size() > 1 ? meta_of(x).sizes[1] : 1;
+      while (metas.size() < 3) metas.push_back(contiguous(meta_of(x).dtype, {c}));
+      bind_all(n, emit_raw("aten._native_batch_norm_legit.no_stats",
+                           {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(opt_tensor_in(n, "weight"))),
+                            NA("bias", opt_tensor_arg(opt_tensor_in(n, "bias"))), NA("training", bool_arg(true)),
+                            NA("momentum", float_arg(float_or("momentum", 0.1))), NA("eps", float_arg(float_or("eps", 1e-5)))},
+                           std::move(metas), "batch_norm"));
+      return true;
+    }
+    if (training)
+      unsupported(n, "batch norm in training mode with running statistics; export the model in eval() mode");
+    if (!mean || !var) unsupported(n, "batch norm in eval mode without running statistics");
+    while (metas.size() < 3) metas.push_back(contiguous(meta_of(x).dtype, {0}));
+    auto outs = emit_raw("aten._native_batch_norm_legit_no_training.default",
+                         {NA("input", tensor_arg(x)), NA("weight", opt_tensor_arg(opt_tensor_in(n, "weight"))),
+                          NA("bias", opt_tensor_arg(opt_tensor_in(n, "bias"))), NA("running_mean", tensor_arg(*mean)),
+                          NA("running_var", tensor_arg(*var)), NA("momentum", float_arg(float_or("momentum", 0.1))),
+                          NA("eps", float_arg(float_or("eps", 1e-5)))},
+                         std::move(metas), "batch_norm");
     bind_all(n, outs);
     return true;
   }
@@ -233,7 +417,8 @@ bool Lowerer::lower_conv(const Node& n) {
     return true;
   }
   // 1-D pooling: the 2-D kernels over [.., 1, L]
-  if (t == "aten.max_pool1d.default" || t == "aten.avg_pool1d.default" || t == "aten.adaptive_avg_pool1d.default") {
+  if (t == "aten.max_pool1d.default" || t == "aten.max_pool1d_with_indices.default" || t == "aten.avg_pool1d.default" ||
+      t == "aten.adaptive_avg_pool1d.default") {
     ValueId x = tensor_in(n, "self");
     const auto& xm = meta_of(x);
     TensorMeta m = out_meta(n);
@@ -259,14 +444,18 @@ bool Lowerer::lower_conv(const Node& n) {
       const int64_t k = first("kernel_size", 1);
       const int64_t stride = first("stride", k), pad = first("padding", 0);
       const bool ceil = int_in(n, "ceil_mode", 0) != 0;
-      if (t == "aten.max_pool1d.default") {
+      if (t == "aten.max_pool1d.default" || t == "aten.max_pool1d_with_indices.default") {
         TensorMeta im = m4;
         im.dtype = ScalarType::Long;
-        y = emit_raw("aten.max_pool2d_with_indices.default",
-                     {NA("self", tensor_arg(x4)), NA("kernel_size", ints_arg({1, k})), NA("stride", ints_arg({1, stride})),
-                      NA("padding", ints_arg({0, pad})), NA("dilation", ints_arg({1, first("dilation", 1)})),
-                      NA("ceil_mode", bool_arg(ceil))},
-                     {m4, im}, "max_pool")[0];
+        auto outs = emit_raw("aten.max_pool2d_with_indices.default",
+                             {NA("self", tensor_arg(x4)), NA("kernel_size", ints_arg({1, k})),
+                              NA("stride", ints_arg({1, stride})), NA("padding", ints_arg({0, pad})),
+                              NA("dilation", ints_arg({1, first("dilation", 1)})), NA("ceil_mode", bool_arg(ceil))},
+                             {m4, im}, "max_pool");
+        y = outs[0];
+        // over [.., 1, L] the flat index h * L + w is the 1-D index
+        if (t == "aten.max_pool1d_with_indices.default" && source_outputs(n).size() > 1)
+          bind(n, view(outs[1], out_meta(n, 1).sizes), 1);
       } else {
         y = emit("aten.avg_pool2d.default",
                  {NA("self", tensor_arg(x4)), NA("kernel_size", ints_arg({1, k})), NA("stride", ints_arg({1, stride})),
@@ -319,6 +508,101 @@ bool Lowerer::lower_conv(const Node& n) {
       args.push_back(NA("scale_factors", Argument::none()));
     }
     bind(n, emit(bilinear ? "aten.upsample_bilinear2d.vec" : "aten.upsample_nearest2d.vec", std::move(args), out_meta(n)));
+    return true;
+  }
+  // nearest(-exact) 1-D/3-D and exact 2-D, linear, bicubic, trilinear: separable, one dim at a time
+  // (index_select of constant indices, times constant weights, summed; what ExecuTorch decomposes them into)
+  {
+    static const std::map<std::string, std::pair<Resize, int>> kResize{
+        {"upsample_nearest1d", {Resize::Nearest, 1}},          {"upsample_nearest3d", {Resize::Nearest, 3}},
+        {"_upsample_nearest_exact1d", {Resize::NearestExact, 1}}, {"_upsample_nearest_exact2d", {Resize::NearestExact, 2}},
+        {"_upsample_nearest_exact3d", {Resize::NearestExact, 3}}, {"upsample_linear1d", {Resize::Linear, 1}},
+        {"upsample_bicubic2d", {Resize::Cubic, 2}},            {"upsample_trilinear3d", {Resize::Linear, 3}}};
+    const std::string base = t.starts_with("aten.") ? t.substr(5, t.rfind('.') - 5) : std::string();
+    const bool vec = t.ends_with(".vec");
+    auto it = kResize.find(base);
+    if (it != kResize.end() && (vec || t.ends_with(".default"))) {
+      const auto [mode, spatial] = it->second;
+      ValueId x = tensor_in(n, vec ? "input" : "self");
+      const TensorMeta xm = meta_of(x);
+      TensorMeta m = out_meta(n);
+      const size_t rank = xm.sizes.size();
+      if (rank < static_cast<size_t>(spatial) + 1 || m.sizes.size() != rank)
+        unsupported(n, "resize input of too small a rank");
+      if ((mode == Resize::Linear || mode == Resize::Cubic) && xm.dtype != ScalarType::Float)
+        unsupported(n, "linear/cubic resizing of a tensor other than float32");
+      bool align = false;
+      if (const Argument* a = opt(n, "align_corners"); a && a->kind == Argument::Kind::Bool)
+        align = std::get<bool>(a->payload);
+      std::vector<std::optional<double>> scales(static_cast<size_t>(spatial));
+      if (vec) {
+        if (const Argument* a = opt(n, "scale_factors"); a && a->kind == Argument::Kind::Floats) {
+          const auto& f = std::get<std::vector<double>>(a->payload);
+          for (size_t d = 0; d < scales.size() && d < f.size(); ++d) scales[d] = f[f.size() == 1 ? 0 : d];
+        }
+      } else {
+        static const char* k1[] = {"scales"};
+        static const char* k2[] = {"scales_h", "scales_w"};
+        static const char* k3[] = {"scales_d", "scales_h", "scales_w"};
+        const char** names = spatial == 1 ? k1 : spatial == 2 ? k2 : k3;
+        for (size_t d = 0; d < scales.size(); ++d)
+          if (const Argument* a = opt(n, names[d]); a && a->kind == Argument::Kind::Float) scales[d] = std::get<double>(a->payload);
+      }
+      ValueId y = x;
+      for (size_t d = 0; d < static_cast<size_t>(spatial); ++d) {
+        const size_t dim = rank - static_cast<size_t>(spatial) + d;
+        ResizeTaps taps = resize_taps(mode, xm.sizes[dim], m.sizes[dim], scales[d], align);
+        y = resize_dim(y, dim, taps.idx, taps.w);
+      }
+      bind(n, y);
+      return true;
+    }
+  }
+  // unfold (im2col): pad, then one index_select of the window elements over the flattened padded plane
+  if (t == "aten.im2col.default") {
+    ValueId x = tensor_in(n, "self");
+    const TensorMeta xm = meta_of(x);
+    const size_t rank = xm.sizes.size();
+    if (rank != 3 && rank != 4) unsupported(n, "im2col of a tensor of rank other than 3 or 4");
+    auto two = [&](const char* name) {
+      std::vector<int64_t> v = ints_in(n, name);
+      if (v.size() == 1) v.push_back(v[0]);
+      if (v.size() != 2) unsupported(n, fmt::format("im2col argument '{}' is not two ints", name));
+      return v;
+    };
+    const auto k = two("kernel_size"), dil = two("dilation"), pad = two("padding"), st = two("stride");
+    const int64_t H = xm.sizes[rank - 2], W = xm.sizes[rank - 1];
+    const int64_t Hp = H + 2 * pad[0], Wp = W + 2 * pad[1];
+    const int64_t OH = (Hp - dil[0] * (k[0] - 1) - 1) / st[0] + 1, OW = (Wp - dil[1] * (k[1] - 1) - 1) / st[1] + 1;
+    if (OH < 1 || OW < 1) unsupported(n, "im2col with no output positions");
+    ValueId p = x;
+    std::vector<int64_t> lead(xm.sizes.begin(), xm.sizes.end() - 2);
+    if (pad[0] != 0 || pad[1] != 0) {
+      std::vector<int64_t> ps = lead;
+      ps.push_back(Hp);
+      ps.push_back(Wp);
+      p = emit("aten.constant_pad_nd.default",
+               {NA("self", tensor_arg(x)), NA("pad", ints_arg({pad[1], pad[1], pad[0], pad[0]})), NA("value", float_arg(0.0))},
+               contiguous(xm.dtype, ps), "im2col_pad");
+    }
+    std::vector<int64_t> flat = lead;
+    flat.push_back(Hp * Wp);
+    p = view(p, flat);
+    std::vector<int64_t> idx;
+    idx.reserve(static_cast<size_t>(k[0] * k[1] * OH * OW));
+    for (int64_t ki = 0; ki < k[0]; ++ki)
+      for (int64_t kj = 0; kj < k[1]; ++kj)
+        for (int64_t oh = 0; oh < OH; ++oh)
+          for (int64_t ow = 0; ow < OW; ++ow) idx.push_back((oh * st[0] + ki * dil[0]) * Wp + ow * st[1] + kj * dil[1]);
+    const int64_t count = static_cast<int64_t>(idx.size());
+    ValueId iv = constant_tensor(ScalarType::Long, {count}, as_bytes(idx), "im2col_index");
+    std::vector<int64_t> gs = lead;
+    gs.push_back(count);
+    ValueId g = emit("aten.index_select.default",
+                     {NA("self", tensor_arg(p)), NA("dim", int_arg(static_cast<int64_t>(lead.size()))),
+                      NA("index", tensor_arg(iv))},
+                     contiguous(xm.dtype, gs), "im2col_gather");
+    bind(n, view(g, out_meta(n).sizes));
     return true;
   }
   if (t == "aten.pixel_shuffle.default") {  // view, permute, view (as ExecuTorch decomposes it)
