@@ -765,6 +765,7 @@ class Lowerer {
       }
     }
     // Rewrite families kept in their own files (declared below).
+    if (lower_data(n)) return;  // before lower_conv: circular padding
     if (lower_state(n) || lower_attention(n) || lower_conv(n) || lower_sequence(n)) return;
     // Core ATen ops the op table knows run as they are.
     if (find_op_schema(t) != nullptr) {
@@ -779,7 +780,20 @@ class Lowerer {
     const auto& am = meta_of(a);
     const auto& bm = meta_of(b);
     size_t ra = am.sizes.size(), rb = bm.sizes.size();
-    if (ra < 2 || rb < 2) unsupported(n, "matmul with a 1-D operand");
+    if (ra == 0 || rb == 0) unsupported(n, "matmul of a 0-d tensor");
+    if (ra == 1 || rb == 1) {
+      // torch's rule: a 1-D left operand is a row [1, K], a 1-D right one a column [K, 1]; the
+      // product's added dim is dropped again (1-D by 1-D: a dot product, 0-d)
+      std::vector<int64_t> sizes = m.sizes;
+      if (ra == 1) sizes.insert(sizes.end() - (rb == 1 ? 0 : 1), 1);
+      if (rb == 1) sizes.push_back(1);
+      const int64_t ka = am.sizes[0], kb = bm.sizes[0];  // (view() adds values: am, bm would dangle)
+      ValueId a2 = ra == 1 ? view(a, {1, ka}) : a;
+      ValueId b2 = rb == 1 ? view(b, {kb, 1}) : b;
+      ValueId y = matmul(n, a2, b2, contiguous(m.dtype, sizes));
+      if (const Node* v = produced_by(y, "aten.view_copy.default")) y = std::get<ValueId>(v->inputs[0].arg.payload);
+      return view(y, m.sizes);  // (the inner view, now unread, is dead code)
+    }
     int64_t M = am.sizes[ra - 2], K = am.sizes[ra - 1], N = bm.sizes[rb - 1];
     if (ra == 2 && rb == 2)
       return emit("aten.mm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))}, m, "mm");
@@ -908,6 +922,7 @@ class Lowerer {
   void lower_rnn(const Node& n, int cell);  // (rewrites_sequence.cpp)
   void lower_einsum(const Node& n);
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
+  bool lower_data(const Node& n);       // diagonals, as_strided, index_fill/add, circular pad (rewrites_data.cpp)
   // Programs quantized before export (rewrites_quant.cpp): torchao's affine quantization ops.
   bool lower_quant(const Node& n);
   bool lower_decomposed_quant(const Node& n);  // PT2E's quantized_decomposed.* ops

@@ -534,6 +534,77 @@ TEST(Decompose, SdpaWithDropoutIsRefused) {
 
 // --- refusals -----------------------------------------------------------------
 
+// --- data movement (rewrites_data.cpp) --------------------------------------
+
+TEST(Decompose, MatmulWithOneDOperandsIsMmBetweenViews) {
+  {  // [K] . [K]: a dot product, [1, K] x [K, 1] viewed as 0-d
+    Source s;
+    ValueId a = s.input({3});
+    ValueId b = s.input({3});
+    s.output(s.call1("aten.matmul.default", {T("self", a), T("other", b)}, meta({})));
+    EdgeProgram p = to_edge(s.finish());
+    ASSERT_EQ(targets(p), (std::vector<std::string>{"aten.view_copy.default", "aten.view_copy.default",
+                                                    "aten.mm.default", "aten.view_copy.default"}));
+    EXPECT_EQ(ints(p.graph.nodes[0], "size"), (std::vector<int64_t>{1, 3}));
+    EXPECT_EQ(ints(p.graph.nodes[1], "size"), (std::vector<int64_t>{3, 1}));
+    EXPECT_EQ(ints(p.graph.nodes[3], "size"), (std::vector<int64_t>{}));
+  }
+  {  // [2, 4, 3] . [3]: one mm over the rows, the column dropped
+    Source s;
+    ValueId a = s.input({2, 4, 3});
+    ValueId b = s.input({3});
+    s.output(s.call1("aten.matmul.default", {T("self", a), T("other", b)}, meta({2, 4})));
+    EdgeProgram p = to_edge(s.finish());
+    ASSERT_EQ(targets(p), (std::vector<std::string>{"aten.view_copy.default", "aten.view_copy.default",
+                                                    "aten.mm.default", "aten.view_copy.default"}));
+    EXPECT_EQ(p.graph.value(output(p)).meta.sizes, (std::vector<int64_t>{2, 4}));
+  }
+  {  // [3] . [2, 3, 5]: a row broadcast over the batch, bmm
+    Source s;
+    ValueId a = s.input({3});
+    ValueId b = s.input({2, 3, 5});
+    s.output(s.call1("aten.matmul.default", {T("self", a), T("other", b)}, meta({2, 5})));
+    EdgeProgram p = to_edge(s.finish());
+    auto ts = targets(p);
+    EXPECT_NE(std::find(ts.begin(), ts.end(), "aten.bmm.default"), ts.end());
+    EXPECT_EQ(p.graph.value(output(p)).meta.sizes, (std::vector<int64_t>{2, 5}));
+  }
+}
+
+TEST(Decompose, CircularPadIsCatOfWrappedSlicesAfterCropping) {
+  Source s;
+  ValueId x = s.input({2, 3, 4});
+  s.output(s.call1("aten.pad.default", {T("self", x), Ints("pad", {1, 2, -1, 0}),
+                                        {"mode", {Argument::Kind::String, std::string("circular")}, false}},
+                   meta({2, 2, 7})));
+  EdgeProgram p = to_edge(s.finish());
+  // crop dim 1 to [1, 3); dim 2: x[..., 3:4], x, x[..., 0:2]; dim 1 is not padded after the crop
+  ASSERT_EQ(targets(p), (std::vector<std::string>{"aten.slice_copy.Tensor", "aten.slice_copy.Tensor",
+                                                  "aten.slice_copy.Tensor", "aten.cat.default"}));
+  EXPECT_EQ(std::get<int64_t>(arg(p.graph.nodes[0], "start").payload), 1);
+  EXPECT_EQ(std::get<int64_t>(arg(p.graph.nodes[1], "start").payload), 3);
+  EXPECT_EQ(std::get<int64_t>(arg(p.graph.nodes[2], "end").payload), 2);
+  EXPECT_EQ(p.graph.value(output(p)).meta.sizes, (std::vector<int64_t>{2, 2, 7}));
+}
+
+TEST(Decompose, IndexAddIsAnAccumulatingIndexPutOfScaledSource) {
+  Source s;
+  ValueId x = s.input({3, 4});
+  ValueId idx = s.input({5}, ScalarType::Long);
+  ValueId src = s.input({3, 5});
+  s.output(s.call1("aten.index_add.default", {T("self", x), I("dim", -1), T("index", idx), T("source", src),
+                                              I("alpha", 2)},
+                   meta({3, 4})));
+  EdgeProgram p = to_edge(s.finish());
+  ASSERT_EQ(targets(p), (std::vector<std::string>{"aten.mul.Scalar", "aten.index_put.default"}));
+  const auto& put = p.graph.nodes[1];
+  EXPECT_TRUE(std::get<bool>(arg(put, "accumulate").payload));
+  const auto& indices = std::get<std::vector<std::optional<ValueId>>>(arg(put, "indices").payload);
+  ASSERT_EQ(indices.size(), 2u);
+  EXPECT_FALSE(indices[0].has_value());
+  EXPECT_EQ(indices[1], std::optional<ValueId>(p.graph.inputs.at(1)));
+}
+
 TEST(Decompose, UnknownOperatorIsOneClearError) {
   Source s;
   ValueId x = s.input({2});

@@ -840,8 +840,90 @@ def test_registered():
              ("aten::constant_pad_nd", "out"), ("aten::repeat", "out"), ("aten::fill", "Scalar_out"),
              ("aten::fill", "Tensor_out"), ("aten::copy", "out"), ("aten::squeeze_copy", "out"),
              ("aten::slice_scatter", "out"), ("aten::select_scatter", "out"), ("aten::tril", "out"),
-             ("aten::triu", "out"), ("aten::index_put", "out"), ("aten::flip", "out")]
+             ("aten::triu", "out"), ("aten::index_put", "out"), ("aten::flip", "out"),
+             ("aten::diagonal_copy", "out"), ("aten::as_strided_copy", "out"), ("aten::masked_scatter", "out"),
+             ("aten::nonzero", "out"), ("dim_order_ops::_empty_dim_order", "out")]
     for name, overload in names:
         with pytest.raises(KernelError) as e:
             run_kernel(name, overload, [], [])
         assert e.value.status == "invalid argument", (name, e.value)
+
+
+# ---------------------------------------------------------------------------
+# diagonals, as_strided, masked_scatter, nonzero, the dim-order empty
+
+
+@pytest.mark.parametrize("dtype", SOME_DTYPES, ids=ids)
+@pytest.mark.parametrize("shape,offset,d1,d2", [((4, 5), 0, 0, 1), ((4, 5), 2, 0, 1), ((4, 5), -3, 0, 1),
+                                                ((4, 5), 1, 1, 0), ((4, 5), 7, 0, 1), ((4, 5), -9, 0, 1),
+                                                ((2, 3, 4), 1, -1, 0), ((2, 3, 4), -1, 2, -2), ((0, 3), 0, 0, 1)])
+def test_diagonal_copy(dtype, shape, offset, d1, d2):
+    x = arange_like(shape, dtype)
+    want = aten.diagonal_copy(x, offset, d1, d2)
+    check(run("aten::diagonal_copy", "out", [T(x), Int(offset), Int(d1), Int(d2), out_like(want)]), want)
+
+
+def test_diagonal_copy_errors():
+    x = rand((3, 4), torch.float32)
+    expect_error("aten::diagonal_copy", "out", [T(x), Int(0), Int(1), Int(-1), T(torch.zeros(3))])
+    expect_error("aten::diagonal_copy", "out", [T(x), Int(0), Int(0), Int(2), T(torch.zeros(3))])
+    expect_error("aten::diagonal_copy", "out", [T(torch.zeros(3)), Int(0), Int(0), Int(0), T(torch.zeros(3))])
+
+
+@pytest.mark.parametrize("dtype", SOME_DTYPES, ids=ids)
+@pytest.mark.parametrize("size,stride,offset", [((2, 2), (1, 2), None), ((3, 3), (1, 1), 2), ((2, 3), (0, 4), 1),
+                                                ((4,), (3,), 0), ((), (), 11), ((0, 5), (9, 9), 3)])
+def test_as_strided_copy(dtype, size, stride, offset):
+    x = arange_like((3, 4), dtype)
+    want = aten.as_strided_copy(x, list(size), list(stride), offset)
+    off = NONE if offset is None else Int(offset)
+    check(run("aten::as_strided_copy", "out", [T(x), Ints(size), Ints(stride), off, out_like(want)]), want)
+
+
+@pytest.mark.parametrize("size,stride,offset", [((4, 4), (4, 1), 0), ((2,), (1, 1), 0), ((2,), (1,), 11),
+                                                ((2,), (-1,), 5)])
+def test_as_strided_copy_errors(size, stride, offset):
+    x = rand((3, 4), torch.float32)
+    expect_error("aten::as_strided_copy", "out", [T(x), Ints(size), Ints(stride), Int(offset), T(torch.zeros(16))])
+
+
+@pytest.mark.parametrize("dtype", SOME_DTYPES, ids=ids)
+@pytest.mark.parametrize("self_shape,mask_shape", [((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 1), (2, 3, 4)),
+                                                   ((), ()), ((0, 4), (4,))])
+def test_masked_scatter(dtype, self_shape, mask_shape):
+    x = rand(self_shape, dtype)
+    mask = rand(mask_shape, torch.bool, seed=1)
+    source = arange_like((30,), dtype)
+    want = aten.masked_scatter(x, mask, source)
+    check(run("aten::masked_scatter", "out", [T(x), T(mask), T(source), out_like(want)]), want)
+
+
+def test_masked_scatter_errors():
+    x = rand((3, 4), torch.float32)
+    ones = torch.ones(3, 4, dtype=torch.bool)
+    expect_error("aten::masked_scatter", "out", [T(x), T(ones), T(torch.zeros(5)), out_like(x)])
+    expect_error("aten::masked_scatter", "out", [T(x), T(ones.long()), T(torch.zeros(12)), out_like(x)])
+    expect_error("aten::masked_scatter", "out", [T(x), T(torch.ones(2, dtype=torch.bool)), T(torch.zeros(12)),
+                                                 out_like(x)])
+
+
+@pytest.mark.parametrize("dtype", SOME_DTYPES + [torch.float64, torch.float16], ids=ids)
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 2), (5,), (), (0, 3)])
+def test_nonzero(dtype, shape):
+    x = rand(shape, dtype)
+    if dtype.is_floating_point and x.numel() > 2:
+        x.view(-1)[0] = 0
+        x.view(-1)[1] = float("nan")
+    want = torch.nonzero(x)
+    # the planned out holds every element's row; the kernel resizes it to the count
+    planned = torch.zeros(max(x.numel(), 1), x.dim(), dtype=torch.int64)
+    check(run("aten::nonzero", "out", [T(x), T(planned)]), want)
+
+
+@pytest.mark.parametrize("size,dim_order", [((2, 3), None), ((2, 3, 4), [0, 1, 2]), ((0,), None)])
+def test_empty_dim_order(size, dim_order):
+    order = NONE if dim_order is None else Ints(dim_order)
+    got = run("dim_order_ops::_empty_dim_order", "out", [Ints(size), order, T(torch.zeros(30))])
+    assert got.shape == torch.Size(size) and got.dtype == torch.float32
+    expect_error("dim_order_ops::_empty_dim_order", "out", [Ints((2, 3)), Ints([1, 0]), T(torch.zeros(6))],
+                 ("not supported",))

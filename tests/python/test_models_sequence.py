@@ -274,6 +274,14 @@ ONE_OPS = {
                   (X, torch.tensor([-1.0, 0.0, 0.5]))),
     "clamp_fmod": (lambda a: torch.clamp_min(a, -0.2) + torch.clamp_max(a, 0.3) + torch.fmod(a, 0.4), (X,)),
     "rnn_relu_gru_bidir": (None, (torch.randn(3, 2, 4, generator=_G),)),
+    "diagonal_as_strided": (lambda a: (torch.diagonal(a, 1), torch.linalg.diagonal(a.reshape(3, 2, 3), offset=-1,
+                                                                                    dim1=0, dim2=-1),
+                                       a.as_strided((2, 2), (1, 3), 1) * 2.0), (X,)),
+    "index_fill_add": (lambda a, i: (a.index_fill(1, i[0, :3], -1.5), a.index_fill(-2, i[1, :2], torch.tensor(2.0)),
+                                     a.index_add(0, i[1], torch.cat([a, a]), alpha=0.5)), (X, IDX)),
+    "masked_scatter_matmul_1d": (lambda a, b: (a.masked_scatter(a[0] > 0, b.flatten()), a @ a[0], a[:, 0] @ a,
+                                               a[0] @ a[1], a[0] @ b, b.transpose(1, 2) @ a[0]),
+                                 (X, torch.randn(2, 6, 4, generator=_G))),
 }
 
 

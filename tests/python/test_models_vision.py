@@ -371,6 +371,12 @@ class AdaptiveMax(nn.Module):
         return F.adaptive_max_pool2d(x, (2, 3))
 
 
+class CircularPad(nn.Module):  # wrap around in two dims, then crop one side (a negative pad) and wrap the other
+    def forward(self, x):
+        y = F.pad(x, (2, 1, 1, 3), mode="circular")
+        return F.pad(y, (-1, 2, 0, -2), mode="circular") * 2.0
+
+
 # name: (module, input shape, the backend of ExecuTorch's lowering kiln's runtime runs too,
 #        whether ExecuTorch's runtime runs kiln's files)
 CORNERS = {
@@ -380,6 +386,7 @@ CORNERS = {
     "pool_resize": (PoolResizeCorners, (1, 3, 11, 13), "portable", True),
     "norm_shuffle": (NormShuffleCorners, (2, 4, 8, 8), "portable", True),  # instance norm: batch-stat batch norm
     "adaptive_max": (AdaptiveMax, (1, 3, 8, 9), None, True),  # ExecuTorch's to_edge rejects adaptive_max_pool2d
+    "circular_pad": (CircularPad, (1, 2, 5, 6), "portable", True),
 }
 
 
@@ -409,15 +416,15 @@ def test_operator_corners(case, tmp_path):
 def test_unsupported_padding_mode_fails_cleanly(tmp_path):
     """An operator mode kiln cannot lower: one line naming the node, the source line and why; no file."""
 
-    class Circular(nn.Module):
+    class Reflect3d(nn.Module):
         def forward(self, x):
-            return F.pad(x, (1, 1, 1, 1), mode="circular")
+            return F.pad(x, (1, 1, 1, 1, 1, 1), mode="reflect")
 
-    spec = export_spec(Circular(), torch.randn(1, 2, 5, 5), tmp_path / "circ", "circ")
+    spec = export_spec(Reflect3d(), torch.randn(1, 2, 4, 5, 5), tmp_path / "circ", "circ")
     proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "-q", check=False)
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1, proc.stderr
-    assert "cannot lower node" in lines[0] and "aten.pad.default" in lines[0] and "circular" in lines[0], lines[0]
+    assert "cannot lower node" in lines[0] and "aten.pad.default" in lines[0] and "reflect" in lines[0], lines[0]
     assert "test_models_vision.py:" in lines[0], lines[0]
     assert not (tmp_path / "circ" / "circ_portable.pte").exists()

@@ -1,5 +1,6 @@
 // Copies and dtype conversion: alias_copy, clone, _to_copy, the dim-order
-// clone/copy, and copy (src broadcast into self's shape and dtype).
+// clone/copy, copy (src broadcast into self's shape and dtype), and the dim-order
+// empty (a shape, no contents).
 //
 // Inputs and outs are contiguous; a same-dtype copy moves bytes, a conversion
 // goes through util/strided_copy.h's row converters.
@@ -89,6 +90,14 @@ void copy_out(KernelContext& ctx, const Tensor& self, const Tensor& src, bool /*
   copy_region(ctx, op, out, 0, dst_strides, src, 0, src_strides, self.dim, self.sizes);
 }
 
+// _empty_dim_order.out: out takes `size`; its contents are left as they are (uninitialized).
+void empty_dim_order_out(KernelContext& ctx, IntArrayRef size, std::optional<IntArrayRef> dim_order, Tensor& out) {
+  const char* op = "dim_order_ops::_empty_dim_order.out";
+  int64_t numel = 0;
+  if (checked_numel(ctx, op, size, &numel) && check_dim_order(ctx, op, dim_order, static_cast<int32_t>(size.size())))
+    prepare_out(ctx, op, out, size);
+}
+
 }  // namespace
 
 KILN_KERNEL(alias_copy_out, alias_copy_out);
@@ -97,5 +106,6 @@ KILN_KERNEL(to_copy_out, to_copy_out);
 KILN_KERNEL(dim_order_clone_dim_order_out, clone_dim_order_out);
 KILN_KERNEL(dim_order_to_dim_order_copy_out, to_dim_order_copy_out);
 KILN_KERNEL(copy_out, copy_out);
+KILN_KERNEL(dim_order_empty_dim_order_out, empty_dim_order_out);
 
 }  // namespace kiln::rt::kernels

@@ -4,10 +4,12 @@
 // The indices are integer tensors (one dim each) or bool/uint8 masks (as many
 // dims as they have, standing for their true positions), broadcast together; an
 // IndexPlan describes the result's layout and walks its positions in self.
+// nonzero: the coordinates of the nonzero elements (a data-dependent row count).
 #include "util/register.h"
 #include "util/shape_checks.h"
 
 #include <cstring>
+#include <span>
 #include <type_traits>
 
 namespace kiln::rt::kernels {
@@ -337,9 +339,65 @@ void index_put_out(KernelContext& ctx, const Tensor& self, OptionalTensorList in
   });
 }
 
+// nonzero.out: the coordinates of self's nonzero elements (NaN counts), one row each, in
+// element order: out is [count, self.dim] int64, resized within its capacity (the count
+// depends on the data; a program plans out at its upper bound, self.numel rows).
+void nonzero_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  const char* op = "aten::nonzero.out";
+  if (!check_out_dtype(ctx, out, ScalarType::Long, op)) return;
+  int64_t count = 0;
+  auto for_each_nonzero = [&](auto&& f) {
+    return dispatch(self.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T* x = self.data_as<const T>();
+      for (int64_t i = 0; i < self.numel; ++i) {
+        if (convert<bool>(x[i])) f(i);
+      }
+    });
+  };
+  if (!for_each_nonzero([&](int64_t) { ++count; })) {
+    ctx.fail(Status::NotSupported, "%s: dtype %s is not supported", op, dtype_str(self.dtype));
+    return;
+  }
+  const int64_t shape[2] = {count, self.dim};
+  if (!prepare_out(ctx, op, out, {shape, 2}) || !check_no_overlap(ctx, op, out, self, "self")) return;
+  int64_t* o = out.data_as<int64_t>();
+  int64_t row = 0;
+  for_each_nonzero([&](int64_t flat) {
+    for (int d = self.dim - 1; d >= 0; --d) {
+      o[row * self.dim + d] = self.sizes[d] == 0 ? 0 : flat % self.sizes[d];
+      if (self.sizes[d] != 0) flat /= self.sizes[d];
+    }
+    ++row;
+  });
+}
+
+// nonzero's entry: ExecuTorch's programs declare its out in eager's layout (dim order [1, 0],
+// column-major); its rows are written row-major, as ExecuTorch's kernel writes them, so out is
+// given the identity dim order first (the layout kiln's outputs are read in).
+void nonzero_entry(KernelContext& ctx, std::span<EValue*> args) {
+  if (args.size() == 2 && args[1] != nullptr && args[1]->tag == EValue::Tag::Tensor && args[1]->scalar.t != nullptr) {
+    Tensor& out = *args[1]->scalar.t;
+    if (out.dim == 2 && out.dim_order[0] == 1 && out.dim_order[1] == 0) {
+      out.dim_order[0] = 0;
+      out.dim_order[1] = 1;
+      const int64_t shape[2] = {out.sizes[0], out.sizes[1]};
+      if (resize_tensor(out, {shape, 2}) != Status::Ok) {
+        ctx.fail(Status::InvalidArgument, "aten::nonzero.out: out cannot take a row-major layout");
+        return;
+      }
+    }
+  }
+  boxing::boxed<::kiln::ops::OpId::nonzero_out, &nonzero_out>(ctx, args);
+}
+
 }  // namespace
 
 KILN_KERNEL(index_Tensor_out, index_tensor_out);
 KILN_KERNEL(index_put_out, index_put_out);
+extern const ::kiln::rt::KernelEntry kiln_kernel_nonzero_out;
+const ::kiln::rt::KernelEntry kiln_kernel_nonzero_out{
+    static_cast<uint16_t>(::kiln::ops::OpId::nonzero_out), &nonzero_entry,
+    boxing::Signature<decltype(&nonzero_out)>::codes, boxing::Signature<decltype(&nonzero_out)>::count};
 
 }  // namespace kiln::rt::kernels

@@ -4,6 +4,10 @@
 // out starts as a copy of self; index position p (index's shape) writes src[p]
 // (or the value) to out at p with its `dim` coordinate replaced by index[p].
 // Every index is checked before anything is written.
+//
+// masked_scatter.out: source's elements, in order, into the positions a
+// (broadcast) bool mask selects.
+#include "util/broadcast.h"
 #include "util/register.h"
 #include "util/shape_checks.h"
 
@@ -163,11 +167,73 @@ void scatter_reduce_out(KernelContext& ctx, const Tensor& self, int64_t dim, con
   scatter_impl(ctx, op, self, dim, index, &src, nullptr, r, include_self, out);
 }
 
+// masked_scatter.out: out is self broadcast with mask; in out's element order, each
+// position whose mask is true takes the next element of source (read flat).
+void masked_scatter_out(KernelContext& ctx, const Tensor& self, const Tensor& mask, const Tensor& source,
+                        Tensor& out) {
+  const char* op = "aten::masked_scatter.out";
+  if (mask.dtype != ScalarType::Bool) {
+    ctx.fail(Status::InvalidArgument, "%s: mask must be bool, got %s", op, dtype_str(mask.dtype));
+    return;
+  }
+  if (source.dtype != self.dtype) {
+    ctx.fail(Status::InvalidArgument, "%s: self (%s) and source (%s) must have the same dtype", op,
+             dtype_str(self.dtype), dtype_str(source.dtype));
+    return;
+  }
+  if (!check_out_dtype(ctx, out, self.dtype, op)) return;
+  int64_t shape[kMaxDims];
+  int32_t rank = 0;
+  if (!broadcast_tensors_shape(ctx, {&self, &mask}, shape, &rank, op)) return;
+  int64_t self_st[kMaxDims] = {}, mask_st[kMaxDims] = {}, out_st[kMaxDims] = {};
+  broadcast_strides(self.dim, self.sizes, rank, shape, self_st);
+  broadcast_strides(mask.dim, mask.sizes, rank, shape, mask_st);
+  const std::span<const int64_t> out_shape{shape, static_cast<size_t>(rank)};
+  if (!prepare_out(ctx, op, out, out_shape) || !check_no_overlap(ctx, op, out, mask, "mask") ||
+      !check_no_overlap(ctx, op, out, source, "source"))
+    return;
+  // how many elements the mask selects, checked against source before anything is written
+  const bool* m = mask.data_as<const bool>();
+  int64_t idx[kMaxDims] = {};
+  int64_t selected = 0;
+  for (int64_t i = 0; i < out.numel; ++i) {
+    int64_t mo = 0;
+    for (int d = 0; d < rank; ++d) mo += idx[d] * mask_st[d];
+    selected += m[mo] ? 1 : 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  if (selected > source.numel) {
+    ctx.fail(Status::InvalidArgument, "%s: the mask selects %lld elements but source has %lld", op,
+             static_cast<long long>(selected), static_cast<long long>(source.numel));
+    return;
+  }
+  contiguous_strides(rank, shape, out_st);
+  if (out.data != self.data && !copy_region(ctx, op, out, 0, out_st, self, 0, self_st, rank, shape)) return;
+  const size_t es = static_cast<size_t>(element_size(self.dtype));
+  char* o = static_cast<char*>(out.data);
+  const char* src = static_cast<const char*>(source.data);
+  for (int d = 0; d < rank; ++d) idx[d] = 0;
+  int64_t next = 0;
+  for (int64_t i = 0; i < out.numel; ++i) {
+    int64_t mo = 0;
+    for (int d = 0; d < rank; ++d) mo += idx[d] * mask_st[d];
+    if (m[mo]) std::memcpy(o + static_cast<size_t>(i) * es, src + static_cast<size_t>(next++) * es, es);
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 }  // namespace
 
 KILN_KERNEL(scatter_src_out, scatter_src_out);
 KILN_KERNEL(scatter_value_out, scatter_value_out);
 KILN_KERNEL(scatter_add_out, scatter_add_out);
 KILN_KERNEL(scatter_reduce_two_out, scatter_reduce_out);
+KILN_KERNEL(masked_scatter_out, masked_scatter_out);
 
 }  // namespace kiln::rt::kernels

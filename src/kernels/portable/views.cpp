@@ -1,5 +1,6 @@
 // Materialized views: view_copy, permute_copy, transpose_copy, expand_copy,
-// unsqueeze/squeeze_copy, slice_copy/select_copy and their scatters, flip, repeat.
+// unsqueeze/squeeze_copy, slice_copy/select_copy and their scatters, flip, repeat,
+// diagonal_copy, as_strided_copy.
 //
 // Each describes the view of a contiguous self as sizes, element strides and an
 // offset, and copies it out through util/strided_copy.h's engine (a reshape
@@ -7,6 +8,7 @@
 #include "util/register.h"
 #include "util/shape_checks.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -385,6 +387,91 @@ void select_scatter_out(KernelContext& ctx, const Tensor& self, const Tensor& sr
   if (select_view(ctx, op, self, dim, index, v)) scatter_into_view(ctx, op, self, src, out, v);
 }
 
+// ---------------------------------------------------------------------------
+// Diagonals and arbitrary strided views
+
+// diagonal_copy: self without dim1 and dim2, then one dim along their diagonal
+// (offset > 0 above it, < 0 below), whose stride is the sum of theirs.
+void diagonal_copy_out(KernelContext& ctx, const Tensor& self, int64_t offset, int64_t dim1, int64_t dim2,
+                       Tensor& out) {
+  const char* op = "aten::diagonal_copy.out";
+  if (self.dim < 2) {
+    ctx.fail(Status::InvalidArgument, "%s: diagonal requires a tensor of at least 2 dimensions, got %d", op, self.dim);
+    return;
+  }
+  if (!normalize_dim(ctx, op, dim1, self.dim, &dim1) || !normalize_dim(ctx, op, dim2, self.dim, &dim2)) return;
+  if (dim1 == dim2) {
+    ctx.fail(Status::InvalidArgument, "%s: diagonal dimensions cannot be identical %lld, %lld", op,
+             static_cast<long long>(dim1), static_cast<long long>(dim2));
+    return;
+  }
+  const View in = identity_view(self);
+  const int64_t s1 = self.sizes[dim1], s2 = self.sizes[dim2];
+  int64_t len = offset >= 0 ? std::min(s1, s2 - offset) : std::min(s1 + offset, s2);
+  if (len < 0) len = 0;
+  View v;
+  v.ndim = 0;
+  for (int i = 0; i < self.dim; ++i) {
+    if (i == dim1 || i == dim2) continue;
+    v.sizes[v.ndim] = in.sizes[i];
+    v.strides[v.ndim++] = in.strides[i];
+  }
+  v.sizes[v.ndim] = len;
+  v.strides[v.ndim++] = in.strides[dim1] + in.strides[dim2];
+  if (len > 0) v.offset = offset >= 0 ? offset * in.strides[dim2] : -offset * in.strides[dim1];
+  view_out(ctx, op, self, out, v);
+}
+
+// as_strided_copy: the elements of self's (contiguous) storage at storage_offset + sum(i_d * stride_d).
+void as_strided_copy_out(KernelContext& ctx, const Tensor& self, IntArrayRef size, IntArrayRef stride,
+                         std::optional<int64_t> storage_offset, Tensor& out) {
+  const char* op = "aten::as_strided_copy.out";
+  if (size.size() != stride.size()) {
+    ctx.fail(Status::InvalidArgument, "%s: mismatch in length of strides and shape (%zu and %zu)", op, stride.size(),
+             size.size());
+    return;
+  }
+  if (size.size() > static_cast<size_t>(kMaxDims)) {
+    ctx.fail(Status::NotSupported, "%s: %zu dimensions exceed the maximum of %d", op, size.size(), kMaxDims);
+    return;
+  }
+  const int64_t base = storage_offset.value_or(0);
+  if (base < 0) {
+    ctx.fail(Status::InvalidArgument, "%s: negative storage offset %lld", op, static_cast<long long>(base));
+    return;
+  }
+  View v;
+  v.ndim = static_cast<int>(size.size());
+  v.offset = base;
+  int64_t last = base;  // the furthest element the view reads
+  bool empty = false;
+  for (int i = 0; i < v.ndim; ++i) {
+    const int64_t n = size[static_cast<size_t>(i)], st = stride[static_cast<size_t>(i)];
+    if (n < 0 || st < 0) {
+      ctx.fail(Status::InvalidArgument, "%s: negative size or stride in size %s, stride %s", op, ShapeText(size).buf,
+               ShapeText(stride).buf);
+      return;
+    }
+    v.sizes[i] = n;
+    v.strides[i] = st;
+    int64_t reach = 0;
+    if (n == 0) empty = true;
+    else if (__builtin_mul_overflow(n - 1, st, &reach) || __builtin_add_overflow(last, reach, &last)) {
+      ctx.fail(Status::InvalidArgument, "%s: size %s with stride %s overflows", op, ShapeText(size).buf,
+               ShapeText(stride).buf);
+      return;
+    }
+  }
+  if (!empty && last >= self.numel) {
+    ctx.fail(Status::OutOfRange, "%s: size %s, stride %s and storage offset %lld reach element %lld of a storage of "
+             "%lld elements", op, ShapeText(size).buf, ShapeText(stride).buf, static_cast<long long>(base),
+             static_cast<long long>(last), static_cast<long long>(self.numel));
+    return;
+  }
+  int64_t numel = 0;
+  if (checked_numel(ctx, op, v.shape(), &numel)) view_out(ctx, op, self, out, v);
+}
+
 }  // namespace
 
 KILN_KERNEL(view_copy_out, view_copy_out);
@@ -401,5 +488,7 @@ KILN_KERNEL(slice_copy_Tensor_out, slice_copy_out);
 KILN_KERNEL(select_copy_int_out, select_copy_out);
 KILN_KERNEL(slice_scatter_out, slice_scatter_out);
 KILN_KERNEL(select_scatter_out, select_scatter_out);
+KILN_KERNEL(diagonal_copy_out, diagonal_copy_out);
+KILN_KERNEL(as_strided_copy_out, as_strided_copy_out);
 
 }  // namespace kiln::rt::kernels
