@@ -254,6 +254,14 @@ void pow_scalar_out(KernelContext& ctx, Scalar base, const Tensor& e, Tensor& ou
   });
 }
 
+// atan2(self, other): integral (and bool) inputs compute in float32
+void atan2_out(KernelContext& ctx, const TensorOrScalar& a, const TensorOrScalar& b, Tensor& out) {
+  binary_tensor<kFloatingTypes>(ctx, {"aten::atan2.out", true}, a, b, out, [](auto tag) {
+    using C = typename decltype(tag)::type;
+    return [](C y, C x) { return static_cast<C>(std::atan2(y, x)); };
+  });
+}
+
 // ---------------------------------------------------------------------------
 // minimum / maximum / clamp
 
@@ -435,6 +443,7 @@ KILN_KERNEL(floor_divide_out, floor_divide_out);
 KILN_KERNEL(pow_Tensor_Tensor_out, pow_tensor_tensor_out);
 KILN_KERNEL(pow_Tensor_Scalar_out, pow_tensor_scalar_out);
 KILN_KERNEL(pow_Scalar_out, pow_scalar_out);
+KILN_KERNEL(atan2_out, atan2_out);
 KILN_KERNEL(minimum_out, min_max_out<false>);
 KILN_KERNEL(maximum_out, min_max_out<true>);
 KILN_KERNEL(clamp_out, clamp_out);

@@ -81,6 +81,20 @@ void bitwise_not_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
   });
 }
 
+// isinf / isnan: a bool per element (integral inputs are never either); out any dtype bool casts to.
+template <bool kInf>
+void float_class_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
+  unary<kAllTypes>(ctx, {kInf ? "aten::isinf.out" : "aten::isnan.out", false, true}, self, out, [](auto tag) {
+    using C = typename decltype(tag)::type;
+    return [](C x) -> bool {
+      bool r = false;
+      if constexpr (std::is_floating_point_v<C>) r = kInf ? std::isinf(x) : x != x;
+      else (void)x;
+      return r;
+    };
+  });
+}
+
 void logical_not_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
   if (!resize_out(ctx, out, self.shape(), "aten::logical_not.out")) return;
   map_elements<bool, bool>(make_plan(out, {&self}), [](bool x) { return !x; });
@@ -164,6 +178,8 @@ KILN_KERNEL(round_out, rounding_out<Rounding::Round>);
 KILN_KERNEL(trunc_out, rounding_out<Rounding::Trunc>);
 KILN_KERNEL(bitwise_not_out, bitwise_not_out);
 KILN_KERNEL(logical_not_out, logical_not_out);
+KILN_KERNEL(isinf_out, float_class_out<true>);
+KILN_KERNEL(isnan_out, float_class_out<false>);
 KILN_KERNEL(gelu_out, gelu_out);
 KILN_KERNEL(silu_out, silu_out);
 
@@ -197,6 +213,9 @@ KILN_FLOAT_UNARY(tan_out, std::tan(x));
 KILN_FLOAT_UNARY(asin_out, std::asin(x));
 KILN_FLOAT_UNARY(acos_out, std::acos(x));
 KILN_FLOAT_UNARY(atan_out, std::atan(x));
+KILN_FLOAT_UNARY(acosh_out, std::acosh(x));
+KILN_FLOAT_UNARY(asinh_out, std::asinh(x));
+KILN_FLOAT_UNARY(atanh_out, std::atanh(x));
 KILN_FLOAT_UNARY(sinh_out, std::sinh(x));
 KILN_FLOAT_UNARY(cosh_out, std::cosh(x));
 KILN_FLOAT_UNARY(tanh_out, tanh_any(x));
