@@ -6,6 +6,7 @@
 #include "util/reduce.h"
 #include "util/register.h"
 
+#include <limits>
 #include <optional>
 #include <type_traits>
 
@@ -86,9 +87,8 @@ void scan_extremes(const Tensor& in, const ReducePlan& p, Put&& put) {
 
 // sum.IntList_out / mean.out: (self, int[1]? dim, bool keepdim, ScalarType? dtype, out)
 template <bool kMean>
-void sum_mean(KernelContext& ctx, const Tensor& in, std::optional<IntArrayRef> dim, bool keepdim,
-              std::optional<ScalarType> dtype, Tensor& out) {
-  const char* name = kMean ? "aten::mean.out" : "aten::sum.IntList_out";
+void sum_mean_impl(KernelContext& ctx, const char* name, const Tensor& in, std::optional<IntArrayRef> dim,
+                   bool keepdim, std::optional<ScalarType> dtype, Tensor& out) {
   if (dtype && !check_out_dtype(ctx, out, *dtype, name)) return;
   const ScalarType compute = dtype ? *dtype : out.dtype;
   if (kMean) {
@@ -116,6 +116,111 @@ void sum_mean(KernelContext& ctx, const Tensor& in, std::optional<IntArrayRef> d
       } else {
         o[k] = convert<T>(acc);
       }
+    });
+  });
+}
+
+template <bool kMean>
+void sum_mean(KernelContext& ctx, const Tensor& in, std::optional<IntArrayRef> dim, bool keepdim,
+              std::optional<ScalarType> dtype, Tensor& out) {
+  sum_mean_impl<kMean>(ctx, kMean ? "aten::mean.out" : "aten::sum.IntList_out", in, dim, keepdim, dtype, out);
+}
+
+// mean.dtype_out: (self, ScalarType? dtype, out), the mean of every element (a 0-dim out)
+void mean_dtype(KernelContext& ctx, const Tensor& in, std::optional<ScalarType> dtype, Tensor& out) {
+  sum_mean_impl<true>(ctx, "aten::mean.dtype_out", in, std::nullopt, false, dtype, out);
+}
+
+// prod.out / prod.int_out: the product of the reduced elements in compute dtype `dtype`
+// (else out's): double accumulation for floating dtypes, wrapping int64 for integers
+// (the same bits as wrapping in the narrower type), nonzero-ness for bool.
+void prod_impl(KernelContext& ctx, const char* name, const Tensor& in, std::span<const int64_t> dims, bool keepdim,
+               std::optional<ScalarType> dtype, Tensor& out) {
+  if (dtype && !check_out_dtype(ctx, out, *dtype, name)) return;
+  const ScalarType compute = dtype ? *dtype : out.dtype;
+  ReducePlan p;
+  if (!plan_reduction(ctx, in, dims, true, keepdim, false, out, name, &p)) return;
+  if (out.numel == 0) return;
+  dispatch(compute, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using L = sum_load_t<T>;
+    using A = sum_acc_t<T>;
+    T* o = out.data_as<T>();
+    alignas(64) L buf[kChunk];
+    for_each_out(p, [&](int64_t k, int64_t base) {
+      A acc = 1;
+      if (p.red_numel != 0) {
+        for_each_reduced_row(p, base, [&](int64_t off, int64_t stride, int64_t n) {
+          for_each_chunk(n, [&](int64_t s, int64_t m) {
+            load_chunk<L>(in, off + s * stride, stride, m, compute, buf);
+            for (int64_t i = 0; i < m; ++i) {
+              if constexpr (std::is_same_v<T, bool>) {
+                acc = acc != 0 && buf[i] != 0 ? 1 : 0;
+              } else if constexpr (is_int_v<T>) {
+                const auto v = static_cast<uint64_t>(static_cast<int64_t>(static_cast<T>(buf[i])));
+                acc = static_cast<int64_t>(static_cast<uint64_t>(acc) * v);
+              } else {
+                acc *= buf[i];
+              }
+            }
+          });
+        });
+      }
+      o[k] = convert<T>(acc);
+    });
+  });
+}
+
+void prod_all(KernelContext& ctx, const Tensor& in, std::optional<ScalarType> dtype, Tensor& out) {
+  prod_impl(ctx, "aten::prod.out", in, {}, false, dtype, out);
+}
+
+void prod_dim(KernelContext& ctx, const Tensor& in, int64_t dim, bool keepdim, std::optional<ScalarType> dtype,
+              Tensor& out) {
+  prod_impl(ctx, "aten::prod.int_out", in, IntArrayRef(&dim, 1), keepdim, dtype, out);
+}
+
+// var.correction_out: (self, int[1]? dim, Scalar? correction, bool keepdim, out); floating
+// dtypes, out the input's. Two passes in double per out element: the mean, then the sum
+// of squared deviations, divided by max(N - correction, 0) (0 gives inf or NaN, as torch).
+void var_correction(KernelContext& ctx, const Tensor& in, std::optional<IntArrayRef> dim,
+                    std::optional<Scalar> correction, bool keepdim, Tensor& out) {
+  const char* name = "aten::var.correction_out";
+  if (!is_floating(in.dtype)) {
+    ctx.fail(Status::InvalidArgument, "%s: only floating dtypes are supported, got %s", name, dtype_str(in.dtype));
+    return;
+  }
+  if (!check_out_dtype(ctx, out, in.dtype, name)) return;
+  const double c = correction ? correction->as<double>() : 1.0;
+  ReducePlan p;
+  if (!plan_reduction(ctx, in, dim.value_or(IntArrayRef{}), true, keepdim, false, out, name, &p)) return;
+  if (out.numel == 0) return;
+  const double n_all = static_cast<double>(p.red_numel);
+  const double divisor = n_all - c > 0 ? n_all - c : 0.0;
+  dispatch<kFloatingTypes>(in.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = out.data_as<T>();
+    alignas(64) double buf[kChunk];
+    for_each_out(p, [&](int64_t k, int64_t base) {
+      double sum = 0, m2 = 0;
+      if (p.red_numel != 0) {
+        for_each_reduced_row(p, base, [&](int64_t off, int64_t stride, int64_t n) {
+          for_each_chunk(n, [&](int64_t s, int64_t m) {
+            load_chunk<double>(in, off + s * stride, stride, m, in.dtype, buf);
+            sum += sum_as_double(buf, m);
+          });
+        });
+        const double mean = sum / n_all;
+        for_each_reduced_row(p, base, [&](int64_t off, int64_t stride, int64_t n) {
+          for_each_chunk(n, [&](int64_t s, int64_t m) {
+            load_chunk<double>(in, off + s * stride, stride, m, in.dtype, buf);
+            m2 += sum_sq_dev(buf, m, mean);
+          });
+        });
+      } else {
+        m2 = std::numeric_limits<double>::quiet_NaN();  // the variance of nothing
+      }
+      o[k] = convert<T>(m2 / divisor);
     });
   });
 }
@@ -267,6 +372,10 @@ void argmin(KernelContext& ctx, const Tensor& in, std::optional<int64_t> dim, bo
 
 KILN_KERNEL(sum_IntList_out, sum_mean<false>);
 KILN_KERNEL(mean_out, sum_mean<true>);
+KILN_KERNEL(mean_dtype_out, mean_dtype);
+KILN_KERNEL(prod_out, prod_all);
+KILN_KERNEL(prod_int_out, prod_dim);
+KILN_KERNEL(var_correction_out, var_correction);
 KILN_KERNEL(amax_out, amax_amin<true>);
 KILN_KERNEL(amin_out, amax_amin<false>);
 KILN_KERNEL(argmax_out, argmax);
