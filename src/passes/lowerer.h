@@ -766,7 +766,7 @@ class Lowerer {
     }
     // Rewrite families kept in their own files (declared below).
     if (lower_data(n)) return;  // before lower_conv: circular padding
-    if (lower_state(n) || lower_attention(n) || lower_conv(n) || lower_sequence(n)) return;
+    if (lower_state(n) || lower_attention(n) || lower_conv(n) || lower_sequence(n) || lower_math(n)) return;
     // Core ATen ops the op table knows run as they are.
     if (find_op_schema(t) != nullptr) {
       passthrough(t);
@@ -921,6 +921,9 @@ class Lowerer {
   bool lower_sequence(const Node& n);   // RNNs, einsum, sort/topk, scatter/gather, index ops
   void lower_rnn(const Node& n, int cell);  // (rewrites_sequence.cpp)
   void lower_einsum(const Node& n);
+  bool lower_math(const Node& n);        // norms and distances (rewrites_math.cpp)
+  void lower_vector_norm(const Node& n);
+  double number_in(const Node& n, std::string_view name, double dflt) const;
   bool lower_state(const Node& n);      // mutable buffers, dynamic shapes
   bool lower_data(const Node& n);       // diagonals, as_strided, index_fill/add, circular pad (rewrites_data.cpp)
   // Programs quantized before export (rewrites_quant.cpp): torchao's affine quantization ops.

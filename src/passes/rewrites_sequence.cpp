@@ -131,9 +131,9 @@ bool Lowerer::lower_sequence(const Node& n) {
     const TensorMeta om = out_meta(n);
     const ValueId sum = emit("aten.sum.dim_IntList", {NA("self", tensor_arg(sq)), NA("dim", ints_arg(dims)),
                                                       NA("keepdim", bool_arg(keepdim))}, om, "sum");
-    // N - correction <= 0: inf or nan, as torch gives (0 / 0 and x / 0)
-    bind(n, emit("aten.div.Scalar", {NA("self", tensor_arg(sum)),
-                                      NA("other", float_arg(static_cast<double>(count) - correction))}, om, "var"));
+    // torch divides by max(N - correction, 0): inf or nan when that is 0 (x / 0, 0 / 0; an empty input too)
+    const double divisor = std::max(static_cast<double>(count) - correction, 0.0);
+    bind(n, emit("aten.div.Scalar", {NA("self", tensor_arg(sum)), NA("other", float_arg(divisor))}, om, "var"));
     return true;
   }
   if (t == "aten.fill.Scalar") {  // a tensor of self's shape and dtype, every element the value
