@@ -134,6 +134,7 @@ BINARY = {
     "bitwise_and": ("aten::bitwise_and", "Tensor_out", torch.bitwise_and, []),
     "bitwise_or": ("aten::bitwise_or", "Tensor_out", torch.bitwise_or, []),
     "bitwise_xor": ("aten::bitwise_xor", "Tensor_out", torch.bitwise_xor, []),
+    "atan2": ("aten::atan2", "out", torch.atan2, []),
     "logical_and": ("aten::logical_and", "out", torch.logical_and, []),
     "logical_or": ("aten::logical_or", "out", torch.logical_or, []),
     "logical_xor": ("aten::logical_xor", "out", torch.logical_xor, []),
@@ -402,6 +403,8 @@ UNARY = {
     "cosh": ("aten::cosh", torch.cosh), "tanh": ("aten::tanh", torch.tanh), "erf": ("aten::erf", torch.erf),
     "sigmoid": ("aten::sigmoid", torch.sigmoid), "silu": ("aten::silu", torch.nn.functional.silu),
     "bitwise_not": ("aten::bitwise_not", torch.bitwise_not), "logical_not": ("aten::logical_not", torch.logical_not),
+    "acosh": ("aten::acosh", torch.acosh), "asinh": ("aten::asinh", torch.asinh), "atanh": ("aten::atanh", torch.atanh),
+    "isinf": ("aten::isinf", torch.isinf), "isnan": ("aten::isnan", torch.isnan),
 }
 
 
@@ -623,6 +626,90 @@ def test_layer_norm_errors():
     i = torch.ones(2, 3, dtype=torch.int32)
     expect_error("aten::native_layer_norm", "out", [T(i), Ints([3]), NONE, NONE, Double(1e-5)] + outs)
     expect_error("aten::native_layer_norm", "out", [T(x), Ints([3]), NONE, NONE, Double(1e-5)] + outs[:2])
+
+
+# ---------------------------------------------------------------------------
+# prod, mean over everything (mean.dtype_out), var, cdist, pdist
+
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (0, False), (-1, True), (1, False)], ids=str)
+@pytest.mark.parametrize("dtype", ALL, ids=ids)
+def test_prod(dtype, dim, keepdim):
+    x = rand((3, 4, 2), dtype, seed=51, lo=-1.5, hi=1.5)
+    if dim is None:
+        compare("aten::prod", "out", [T(x), NONE], lambda: aten.prod(x))
+    else:
+        compare("aten::prod", "int_out", [T(x), Int(dim), Bool(keepdim), NONE], lambda: aten.prod.dim_int(x, dim, keepdim))
+
+
+@pytest.mark.parametrize("din,dtype", [(torch.int32, torch.int32), (torch.float32, torch.float64),
+                                       (torch.int8, torch.float32), (torch.bool, torch.int64)], ids=str)
+def test_prod_dtype_arg(din, dtype):
+    x = rand((3, 5), din, seed=52)
+    compare("aten::prod", "int_out", [T(x), Int(1), Bool(False), Int(int_code(dtype))],
+            lambda: aten.prod.dim_int(x, 1, False, dtype=dtype))
+    compare("aten::prod", "out", [T(x), Int(int_code(dtype))], lambda: aten.prod(x, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=ids)
+def test_mean_dtype_out(dtype):
+    x = rand((3, 4, 5), dtype, seed=53)
+    compare("aten::mean", "dtype_out", [T(x), NONE], lambda: aten.mean(x), **red_tol(dtype, 60))
+    if dtype != torch.float64:
+        compare("aten::mean", "dtype_out", [T(x), Int(int_code(torch.float64))],
+                lambda: aten.mean(x, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("correction", [None, 0, 1, 2, 0.5], ids=str)
+@pytest.mark.parametrize("dims,keepdim", [(None, False), ([1], False), ([0, 2], True), ([-1], True)], ids=str)
+@pytest.mark.parametrize("dtype", ALL, ids=ids)
+def test_var_correction(dtype, dims, keepdim, correction):
+    x = rand((3, 4, 5), dtype, seed=54)
+    corr = NONE if correction is None else (Double(correction) if isinstance(correction, float) else Int(correction))
+    compare("aten::var", "correction_out", [T(x), NONE if dims is None else Ints(dims), corr, Bool(keepdim)],
+            lambda: aten.var.correction(x, dims, correction=correction, keepdim=keepdim), **red_tol(dtype, 60, 9.0))
+
+
+@pytest.mark.parametrize("shape,dims", [((0, 3), [0]), ((0, 3), None), ((3, 1), [1]), ((), None)], ids=str)
+def test_var_correction_edges(shape, dims):
+    x = rand(shape, torch.float32, seed=55)
+    compare("aten::var", "correction_out", [T(x), NONE if dims is None else Ints(dims), NONE, Bool(False)],
+            lambda: aten.var.correction(x, dims))
+
+
+DIST_P = [0.0, 1.0, 2.0, 3.0, 0.5, float("inf")]
+
+
+@pytest.mark.parametrize("p", DIST_P, ids=str)
+@pytest.mark.parametrize("sa,sb", [((4, 3), (5, 3)), ((2, 4, 3), (5, 3)), ((2, 1, 4, 6), (3, 2, 6)),
+                                   ((0, 3), (2, 3)), ((3, 0), (2, 0))], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=ids)  # torch's CPU kernels have no float16
+def test_cdist(dtype, sa, sb, p):
+    a, b = rand(sa, dtype, seed=56), rand(sb, dtype, seed=57)
+    if p == 0.0:  # some equal coordinates
+        a, b = a.round(), b.round()
+    compare("aten::_cdist_forward", "out", [T(a), T(b), Double(p), NONE],
+            lambda: aten._cdist_forward(a, b, p, 2))  # compute_mode 2: no matrix-product shortcut
+
+
+@pytest.mark.parametrize("p", DIST_P, ids=str)
+@pytest.mark.parametrize("shape", [(5, 3), (1, 4), (6, 1), (4, 0)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=ids)
+def test_pdist(dtype, shape, p):
+    x = rand(shape, dtype, seed=58)
+    if p == 0.0:
+        x = x.round()
+    compare("aten::_pdist_forward", "out", [T(x), Double(p)], lambda: aten._pdist_forward(x, p))
+
+
+def test_distance_errors():
+    a = torch.ones(3, 2)
+    expect_error("aten::_cdist_forward", "out", [T(a), T(torch.ones(3, 4)), Double(2.0), NONE, out_like(torch.ones(3, 3))])
+    expect_error("aten::_cdist_forward", "out", [T(a), T(a), Double(-1.0), NONE, out_like(torch.ones(3, 3))])
+    expect_error("aten::_pdist_forward", "out", [T(torch.ones(2, 3, 2)), Double(2.0), out_like(torch.ones(3))])
+    expect_error("aten::_pdist_forward", "out", [T(torch.ones(3, 2, dtype=torch.int32)), Double(2.0),
+                                                 out_like(torch.ones(3, dtype=torch.int32))])
+    expect_error("aten::_pdist_forward", "out", [T(torch.ones(3, 2, dtype=torch.float16)), Double(2.0),
+                                                 out_like(torch.ones(3, dtype=torch.float16))])
 
 
 # ---------------------------------------------------------------------------

@@ -59,8 +59,8 @@ void with_norm(double p, F&& f) {
 
 bool check_distance_args(KernelContext& ctx, const Tensor& a, const Tensor* b, double p, const Tensor& out,
                          const char* name) {
-  if (!is_floating(a.dtype)) {
-    ctx.fail(Status::InvalidArgument, "%s: only floating dtypes are supported, got %s", name, dtype_str(a.dtype));
+  if (!in_set(a.dtype, kFloatTypes)) {  // as torch on CPU: no float16/bfloat16
+    ctx.fail(Status::InvalidArgument, "%s: only float32 and float64 are supported, got %s", name, dtype_str(a.dtype));
     return false;
   }
   if (b != nullptr && b->dtype != a.dtype) {
@@ -118,7 +118,7 @@ void cdist_forward(KernelContext& ctx, const Tensor& x1, const Tensor& x2, doubl
   if (out.numel == 0) return;
   const int64_t r1 = x1.strides[x1.dim - 2], c1 = x1.strides[x1.dim - 1];
   const int64_t r2 = x2.strides[x2.dim - 2], c2 = x2.strides[x2.dim - 1];
-  dispatch<kFloatingTypes>(x1.dtype, [&](auto tag) {
+  dispatch<kFloatTypes>(x1.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* a = x1.data_as<const T>();
     const T* b = x2.data_as<const T>();
@@ -156,7 +156,7 @@ void pdist_forward(KernelContext& ctx, const Tensor& self, double p, Tensor& out
   if (!resize_out(ctx, out, {&pairs, 1}, name)) return;
   if (out.numel == 0) return;
   const int64_t rs = self.strides[0], cs = self.strides[1];
-  dispatch<kFloatingTypes>(self.dtype, [&](auto tag) {
+  dispatch<kFloatTypes>(self.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = self.data_as<const T>();
     T* o = out.data_as<T>();
