@@ -351,6 +351,7 @@ class ProjLstm(torch.nn.Module):
     ("lstm_proj", ProjLstm(), (torch.randn(2, 1, 4),), "proj_size is not supported"),
     ("einsum_diagonal", Fn(lambda a: torch.einsum("ii->i", a)), (torch.randn(3, 3),), "repeated label"),
     ("einsum_three", Fn(lambda a: torch.einsum("ij,jk,kl->il", a, a, a)), (torch.randn(3, 3),), "three"),
+    ("nonzero", Fn(lambda a: torch.nonzero(a)), (torch.randn(3, 4),), "output size depends on the data"),
 ])
 def test_unsupported_forms_fail_clearly(name, module, inputs, why, tmp_path):
     spec = export_inline(module, inputs, tmp_path / name, name)
