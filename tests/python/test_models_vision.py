@@ -377,6 +377,17 @@ class CircularPad(nn.Module):  # wrap around in two dims, then crop one side (a 
         return F.pad(y, (-1, 2, 0, -2), mode="circular") * 2.0
 
 
+class DilatedDeconv(nn.Module):  # output padding 2/3 >= stride 3/2 in width: legal for torch (below the
+    # dilation), not for XNNPACK's deconvolution, so kiln keeps it on the portable path
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 4, (4, 5), stride=(3, 2), padding=(1, 2), output_padding=(2, 3), groups=2,
+                                     dilation=(4, 5))
+
+    def forward(self, x):
+        return self.up(x)
+
+
 # name: (module, input shape, the backend of ExecuTorch's lowering kiln's runtime runs too,
 #        whether ExecuTorch's runtime runs kiln's files)
 CORNERS = {
@@ -387,6 +398,7 @@ CORNERS = {
     "norm_shuffle": (NormShuffleCorners, (2, 4, 8, 8), "portable", True),  # instance norm: batch-stat batch norm
     "adaptive_max": (AdaptiveMax, (1, 3, 8, 9), None, True),  # ExecuTorch's to_edge rejects adaptive_max_pool2d
     "circular_pad": (CircularPad, (1, 2, 5, 6), "portable", True),
+    "dilated_deconv": (DilatedDeconv, (2, 2, 4, 4), "portable", True),  # ExecuTorch's xnnpack file of it fails to run
 }
 
 

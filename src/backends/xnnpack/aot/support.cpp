@@ -283,6 +283,14 @@ std::optional<std::string> check_arguments(const graph::Graph& g, const graph::N
     if (r != 3 && r != 4) return "convolution of other than 1-D or 2-D images";
     for (int64_t p : ints_of(args[4], n.name))
       if (p < 0) return "negative padding";
+    if (bool_of(args[6], n.name)) {
+      // XNNPACK's deconvolution takes the output padding as an adjustment below the stride;
+      // torch allows it up to the dilation too (XNNPACK's setup then fails)
+      const auto stride = ints_of(args[3], n.name), out_pad = ints_of(args[7], n.name);
+      for (size_t i = 0; i < out_pad.size(); ++i)
+        if (out_pad[i] >= (i < stride.size() ? stride[i] : stride.empty() ? 1 : stride[0]))
+          return "transposed convolution with an output padding not below its stride";
+    }
     return std::nullopt;
   }
   if (t == "aten.max_pool2d_with_indices.default") {
