@@ -671,6 +671,8 @@ bool Lowerer::lower_conv(const Node& n) {
     TensorMeta m = out_meta(n);
     const auto& xm = meta_of(x);
     const int64_t nw = meta_of(w).numel();
+    // a 0-d input with a 1-D weight broadcasts to [1] (the result is 0-d); read before emit() adds values
+    const bool scalar = xm.sizes.empty() && meta_of(w).sizes.size() == 1;
     if (nw != 1) {
       if (xm.sizes.size() < 2 || xm.sizes[1] != nw) unsupported(n, "prelu weight does not match the channels");
       std::vector<int64_t> shape(xm.sizes.size() - 1, 1);
@@ -680,6 +682,13 @@ bool Lowerer::lower_conv(const Node& n) {
     ValueId pos = emit("aten.relu.default", {NA("self", tensor_arg(x))}, m, "pos");
     ValueId neg = emit("aten.neg.default", {NA("self", tensor_arg(x))}, m, "negx");
     neg = emit("aten.relu.default", {NA("self", tensor_arg(neg))}, m, "neg");
+    if (scalar) {
+      TensorMeta one = contiguous(m.dtype, {1});
+      neg = emit("aten.mul.Tensor", {NA("self", tensor_arg(neg)), NA("other", tensor_arg(w))}, one, "scaled");
+      ValueId y = emit("aten.sub.Tensor", {NA("self", tensor_arg(pos)), NA("other", tensor_arg(neg))}, one);
+      bind(n, view(y, {}));
+      return true;
+    }
     neg = emit("aten.mul.Tensor", {NA("self", tensor_arg(neg)), NA("other", tensor_arg(w))}, m, "scaled");
     bind(n, emit("aten.sub.Tensor", {NA("self", tensor_arg(pos)), NA("other", tensor_arg(neg))}, m));
     return true;

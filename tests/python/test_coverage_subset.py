@@ -28,7 +28,8 @@ SAMPLES = {"arange": [0, 2], "permute": [1, 2], "clone": [0, 1],
            # 1-D operands on either side (matmul), a 0-d input (unfold sample 0, which ExecuTorch's
            # unfold_copy kernel aborts on unless kiln lowers it as a view)
            "nn.functional.conv1d": [0, 1], "nn.functional.pad.circular": [0, 2], "matmul": [1, 2],
-           "unfold": [0, 1], "linalg.vector_norm": [0, 2]}
+           "unfold": [0, 1], "linalg.vector_norm": [0, 2],
+           "nn.functional.prelu": [1, 7]}  # a 0-d input with a 1-D weight (sample 7)
 
 # Operators kiln lowers today (every sample, both backends).
 MUST_LOWER = [
@@ -42,7 +43,7 @@ MUST_LOWER = [
     "acosh", "atan2", "isnan", "bitwise_xor", "prod", "linalg.vector_norm", "cdist", "nn.functional.pdist",
     "diagonal", "as_strided", "masked_scatter", "index_add", "index_fill", "nn.functional.pad.circular", "matmul",
     "nn.functional.conv1d", "nn.functional.max_pool1d", "nn.functional.interpolate.bicubic",
-    "nn.functional.interpolate.linear", "nn.functional.unfold", "grid_sampler_2d", "unfold",
+    "nn.functional.interpolate.linear", "nn.functional.unfold", "grid_sampler_2d", "unfold", "nn.functional.prelu",
 ]
 # Operators issue 11 asks for that may not lower yet: a clean error is allowed,
 # a lowering must run correctly.

@@ -1443,6 +1443,9 @@ Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
         args[a]->tensor().numel != st.arg_numel[a] || !args[a]->tensor().data)
       return failf(error, Status::InvalidArgument, "argument %zu is not a float tensor of %lld elements", a,
                    static_cast<long long>(st.arg_numel[a]));
+    if (!args[a]->tensor().is_contiguous())  // the steps read and write every tensor in its sizes' row-major order
+      return failf(error, Status::NotSupported,
+                   "argument %zu is not contiguous (only identity dim order is supported, as in the portable kernels)", a);
     if (st.bound_args[a] != args[a]->tensor().data) rebind = true;
   }
   if (rebind) {
