@@ -165,13 +165,7 @@ bool Lowerer::lower_conv(const Node& n) {
     if (!a || a->kind == Argument::Kind::None) return dflt;
     return ints_in(n, name);
   };
-  auto float_or = [&](const char* name, double dflt) {
-    const Argument* a = opt(n, name);
-    if (!a || a->kind == Argument::Kind::None) return dflt;
-    if (a->kind == Argument::Kind::Float) return std::get<double>(a->payload);
-    if (a->kind == Argument::Kind::Int) return static_cast<double>(std::get<int64_t>(a->payload));
-    unsupported(n, fmt::format("argument '{}' is not a float", name));
-  };
+  auto float_or = [&](const char* name, double dflt) { return number_in(n, name, dflt); };
   auto opt_tensor_arg = [](std::optional<ValueId> v) { return v ? tensor_arg(*v) : Argument::none(); };
   auto emit_conv = [&](ValueId x, ValueId w, std::optional<ValueId> b, std::vector<int64_t> stride,
                        std::vector<int64_t> padding, std::vector<int64_t> dilation, bool transposed,
