@@ -211,10 +211,6 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     check(xnnpack, "{}: the program is quantized already ({} linear layers with torchao's quantized weights and "
                    "dynamically quantized activations): kiln lowers quantized programs for --backend xnnpack",
           spec.exported_program, r.lowering.prequantized_linears);
-  if (edge.dynamic)
-    check(!xnnpack, "{}: dynamic shapes are lowered for --backend portable only so far (XNNPACK delegates of "
-                    "dynamic programs are not supported yet)",
-          spec.exported_program);
 
   std::optional<partition::XnnpackDelegation> delegation;
   if (xnnpack) {

@@ -4,8 +4,10 @@
 #include "kiln/backends/xnnpack/payload.h"
 #include "kiln/backends/xnnpack/support.h"
 #include "kiln/core/error.h"
+#include "kiln/passes/dynamic.h"
 
 #include <algorithm>
+#include <set>
 
 namespace kiln::partition {
 namespace {
@@ -33,6 +35,39 @@ pte::DataBlob constant_blob(const passes::EdgeProgram& p, graph::ValueId v) {
   return blob;
 }
 
+// A dynamic program's graph with every symbol bound to another value than its upper bound (one
+// less, or its lower bound): the sizes of its tensors and its symbolic integer arguments there.
+graph::Graph rebound_graph(const passes::EdgeProgram& p) {
+  const passes::DynamicShapes& dyn = *p.dynamic;
+  std::map<std::string, int64_t, std::less<>> binding;
+  for (const graph::Symbol& sym : dyn.symbols) binding[sym.name] = std::max(sym.min, std::max<int64_t>(2, sym.max - 1));
+  graph::Graph g = p.graph;
+  for (const auto& [v, exprs] : dyn.sizes) {
+    graph::TensorMeta& m = g.values[v].meta;
+    const bool contiguous = m.is_contiguous();
+    for (size_t k = 0; k < exprs.size() && k < m.sizes.size(); ++k) m.sizes[k] = exprs[k].eval(binding);
+    if (contiguous && m.strides.size() == m.sizes.size()) {
+      int64_t stride = 1;
+      for (size_t k = m.sizes.size(); k-- > 0;) {
+        m.strides[k] = stride;
+        stride *= std::max<int64_t>(1, m.sizes[k]);
+      }
+    }
+  }
+  for (const auto& [key, exprs] : dyn.int_args) {
+    graph::Node& n = g.nodes[static_cast<size_t>(key.first)];
+    for (graph::NamedArgument& in : n.inputs) {
+      if (in.name != key.second) continue;
+      if (in.arg.kind == graph::Argument::Kind::Int && exprs.size() == 1) in.arg.payload = exprs[0].eval(binding);
+      if (in.arg.kind == graph::Argument::Kind::Ints) {
+        auto& ints = std::get<std::vector<int64_t>>(in.arg.payload);
+        for (size_t k = 0; k < ints.size() && k < exprs.size(); ++k) ints[k] = exprs[k].eval(binding);
+      }
+    }
+  }
+  return g;
+}
+
 }  // namespace
 
 std::string xnnpack_constant_key(const ContentDigest& digest) {
@@ -53,7 +88,17 @@ std::optional<std::string> xnnpack_boundary(const graph::Graph& graph, graph::Va
 XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options,
                                       const xnn::PayloadOptions& payload_options) {
   XnnpackDelegation d;
-  SupportFn supports = [&program](const graph::Graph& g, const graph::Node& n, std::string* reason) {
+  // A dynamic program's regions are built twice, at the upper bounds and with the symbols bound
+  // elsewhere: an XNNPACK node that differs between the two other than in a reshape's one inferred
+  // size would fix a size that changes per call, and its edge node stays on the portable path.
+  std::optional<graph::Graph> elsewhere;
+  if (program.dynamic) elsewhere = rebound_graph(program);
+  std::set<size_t> fixed_sizes;
+  SupportFn supports = [&program, &fixed_sizes](const graph::Graph& g, const graph::Node& n, std::string* reason) {
+    if (!fixed_sizes.empty() && fixed_sizes.contains(static_cast<size_t>(&n - g.nodes.data()))) {
+      if (reason) *reason = "dynamic shapes: its XNNPACK form would fix a size that changes from call to call";
+      return false;
+    }
     if (n.target == "aten.convolution.default") {  // XNNPACK packs convolution weights: they must be constants
       for (const auto& in : n.inputs)
         for (graph::ValueId v : in.arg.tensor_ids())
@@ -64,18 +109,34 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     }
     return xnn::xnnpack_supports(g, n, reason);
   };
-  d.partition = partition_program(program, supports, xnnpack_boundary, options);
   const auto& g = program.graph;
+  std::vector<xnn::Payload> payloads;
+  for (int round = 0;; ++round) {
+    d.partition = partition_program(program, supports, xnnpack_boundary, options);
+    payloads.clear();
+    std::set<size_t> bad;
+    for (const Region& r : d.partition.regions) {
+      xnn::Region xr;
+      xr.nodes = r.nodes;
+      xr.inputs = r.inputs;
+      xr.outputs = r.outputs;
+      for (graph::ValueId v : r.constants)
+        xr.constants.push_back({v, xnnpack_constant_key(d.partition.constant_digest.at(v)), constant_blob(program, v),
+                                program.constants.at(v).quantized});
+      payloads.push_back(xnn::build_payload(g, xr, payload_options));
+      if (elsewhere) {
+        const xnn::Payload other = xnn::build_payload(*elsewhere, xr, payload_options);
+        for (int32_t node : xnn::make_sizes_inferred(payloads.back(), other)) bad.insert(static_cast<size_t>(node));
+      }
+    }
+    if (bad.empty()) break;
+    check(round < 32, "internal: dynamic-shape partitioning did not settle");
+    fixed_sizes.insert(bad.begin(), bad.end());
+  }
 
-  for (const Region& r : d.partition.regions) {
-    xnn::Region xr;
-    xr.nodes = r.nodes;
-    xr.inputs = r.inputs;
-    xr.outputs = r.outputs;
-    for (graph::ValueId v : r.constants)
-      xr.constants.push_back({v, xnnpack_constant_key(d.partition.constant_digest.at(v)), constant_blob(program, v),
-                              program.constants.at(v).quantized});
-    xnn::Payload payload = xnn::build_payload(g, xr, payload_options);
+  for (size_t ri = 0; ri < d.partition.regions.size(); ++ri) {
+    const Region& r = d.partition.regions[ri];
+    xnn::Payload& payload = payloads[ri];
     d.summary.xnnpack_nodes += payload.stats.xnodes;
     d.summary.quantized_nodes += payload.stats.quantized_nodes;
     if (payload.stats.prequantized_nodes) {

@@ -447,8 +447,21 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
   }
   // A tensor that is neither constant nor planned gets memory only as a method input
   // (set_input) or output; any other such tensor would be handed to kernels as null.
+  // ExecuTorch's executorch_prim::et_view (its dynamic programs' views) writes a tensor without
+  // memory of its own: the kernel points it at its input's bytes.
+  std::vector<bool> view_result(n, false);
+  if (len(plan.chains()) == 1)
+    for (size_t c = 0; c < len(plan.chains()->Get(0)->instructions()); ++c) {
+      const auto* kc = plan.chains()->Get(0)->instructions()->Get(static_cast<flatbuffers::uoffset_t>(c))->instr_args_as_KernelCall();
+      if (kc == nullptr || kc->op_index() < 0 || static_cast<size_t>(kc->op_index()) >= len(plan.operators()) || len(kc->args()) == 0)
+        continue;
+      const fb::Operator* op = plan.operators()->Get(static_cast<flatbuffers::uoffset_t>(kc->op_index()));
+      if (op->name() == nullptr || op->name()->string_view() != "executorch_prim::et_view") continue;
+      const int32_t r = kc->args()->Get(static_cast<flatbuffers::uoffset_t>(len(kc->args()) - 1));
+      if (value_index_ok(r)) view_result[static_cast<size_t>(r)] = true;
+    }
   for (size_t i = 0; i < n; ++i) {
-    if (tensor_of_value[i] == SIZE_MAX) continue;
+    if (tensor_of_value[i] == SIZE_MAX || view_result[i]) continue;
     const Tensor& t = m.tensors_[tensor_of_value[i]];
     if (t.data != nullptr || t.nbytes() == 0) continue;
     const int32_t v = static_cast<int32_t>(i);
@@ -495,8 +508,22 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
                                                                 cs->value()->size())
                                    : std::span<const std::byte>()});
     }
+    // Whether a call of this delegate passes a dynamic-bound tensor (its sizes change per call)
+    bool dynamic = false;
+    if (len(plan.chains()) == 1)
+      for (size_t c = 0; c < len(plan.chains()->Get(0)->instructions()) && !dynamic; ++c) {
+        const fb::Instruction* ins = plan.chains()->Get(0)->instructions()->Get(static_cast<flatbuffers::uoffset_t>(c));
+        const auto* dc = ins->instr_args_as_DelegateCall();
+        if (dc == nullptr || dc->delegate_index() != static_cast<int32_t>(k)) continue;
+        for (size_t a = 0; a < len(dc->args()); ++a) {
+          const int32_t idx = dc->args()->Get(static_cast<flatbuffers::uoffset_t>(a));
+          if (!value_index_ok(idx)) continue;  // reported with the instructions below
+          const fb::Tensor* ft = values->Get(static_cast<flatbuffers::uoffset_t>(idx))->val_as_Tensor();
+          dynamic |= ft != nullptr && ft->shape_dynamism() == fb::TensorShapeDynamism::DYNAMIC_BOUND;
+        }
+      }
     DelegateHandle h{backend, nullptr};
-    const BackendInitContext ctx{file_, payload.value(), specs, options.backend};
+    const BackendInitContext ctx{file_, payload.value(), specs, options.backend, dynamic};
     if (Status s = backend->init(ctx, &h.state, error); s != Status::Ok) return s;
     m.delegates_.push_back(h);
     m.delegate_labels_.push_back(id);
@@ -595,7 +622,11 @@ Result<Method> Program::load_method(const char* name, const MethodOptions& optio
       if (mi.kind == Method::Instruction::Kind::Kernel && keeps_result[static_cast<size_t>(mi.op_or_delegate)] &&
           len(args) > 0) {
         const int32_t result = args->Get(static_cast<flatbuffers::uoffset_t>(len(args) - 1));
-        if (m.values_[static_cast<size_t>(result)].tag != EValue::Tag::Int)
+        const bool view = m.operator_labels_[static_cast<size_t>(mi.op_or_delegate)] == "executorch_prim::et_view.default";
+        if (view && m.values_[static_cast<size_t>(result)].tag != EValue::Tag::Tensor)
+          return failure(error, Status::InvalidProgram, "instruction %zu (et_view): its result value %d is not a Tensor", k,
+                         result);
+        if (!view && m.values_[static_cast<size_t>(result)].tag != EValue::Tag::Int)
           return failure(error, Status::InvalidProgram, "instruction %zu (%s): its result value %d is not an Int", k,
                          m.operator_labels_[static_cast<size_t>(mi.op_or_delegate)].c_str(), result);
         mi.refresh_begin = static_cast<uint32_t>(m.int_refresh_.size());

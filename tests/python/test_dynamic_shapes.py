@@ -89,15 +89,27 @@ def close(got, ref, what):
 CASES = [("small", SmallModel, (5, 16), 0), ("seq", SeqModel, (1, 5, 16), 1)]
 
 
+def delegate_count(pte: Path) -> int:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    loaded = deserialize_pte_binary(pte.read_bytes())
+    return len((loaded.program if hasattr(loaded, "program") else loaded).execution_plan[0].delegates)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
 @pytest.mark.parametrize("decompose", [False, True], ids=["default", "core_aten"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_one_lowering_runs_every_length_in_both_runtimes(tmp_path, case, decompose):
+def test_one_lowering_runs_every_length_in_both_runtimes(tmp_path, case, decompose, backend):
     name, cls, shape, dim = case
     torch.manual_seed(0)
     module = cls().eval()
     spec = export_dynamic(module, torch.randn(*shape), dim, tmp_path, name, decompose)
-    run_kiln("lower", "--spec", spec, "--backend", "portable", "-q")
-    pte = tmp_path / f"{name}_portable.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "-q")
+    pte = tmp_path / f"{name}_{backend}.pte"
+    if backend == "xnnpack":  # the linear layers, at least, run in XNNPACK delegates of the dynamic length
+        meta = json.loads(pte.with_suffix(".json").read_text())["delegation"]
+        assert meta["delegate_call_sites"] >= 1, meta
+        assert not {"aten.addmm.default", "aten.mm.default", "aten.linear.default"} & set(meta["fallback_ops"]), meta
 
     # The program's format: the input is DYNAMIC_BOUND at the upper bound; sizes come from sym_size.
     from executorch.exir._serialize._program import deserialize_pte_binary
@@ -108,7 +120,8 @@ def test_one_lowering_runs_every_length_in_both_runtimes(tmp_path, case, decompo
     x_value = plan.values[plan.inputs[0]].val
     assert x_value.shape_dynamism == TensorShapeDynamism.DYNAMIC_BOUND
     assert x_value.sizes[dim] == MAX_T
-    assert "aten::sym_size" in [op.name for op in plan.operators]
+    if backend == "portable":
+        assert "aten::sym_size" in [op.name for op in plan.operators]
 
     for t in (1, 3, MAX_T):
         s = list(shape)
@@ -132,26 +145,27 @@ def test_reader_reports_symbols_and_size_expressions(tmp_path):
     assert x["sym_shape"] == ["1", str(sym), "16"]
 
 
-def test_bad_lengths_and_unsupported_backend_give_one_line(tmp_path):
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_bad_lengths_give_one_line(tmp_path, backend):
     module = SmallModel().eval()
     spec = export_dynamic(module, torch.randn(5, 16), 0, tmp_path, "small", False)
-    run_kiln("lower", "--spec", spec, "--backend", "portable", "-q")
-    pte = tmp_path / "small_portable.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "-q")
+    pte = tmp_path / f"small_{backend}.pte"
     for bad in (np.zeros((MAX_T + 1, 16), np.float32), np.zeros((3, 15), np.float32)):
         np.save(tmp_path / "bad.npy", bad)
         proc = run_kiln("run", pte, "--input", tmp_path / "bad.npy", check=False)
         assert proc.returncode != 0
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    # after a refused input, the same program still runs a good one (fresh process, same file)
-    x = torch.randn(2, 16)
+    # after a refused input, the same program still runs good ones, in one process (kiln run --steps)
+    xs = [torch.randn(t, 16) for t in (2, MAX_T, 2)]
+    args = []
+    for k, x in enumerate(xs):
+        np.save(tmp_path / f"x{k}.npy", x.numpy())
+        args += ["-i", tmp_path / f"x{k}.npy", "-o", tmp_path / f"y{k}.npy"]
+    run_kiln("run", pte, "--steps", len(xs), *args)
     with torch.no_grad():
-        close(kiln_run(pte, x.numpy(), tmp_path), module(x).numpy(), "after bad input")
-    # XNNPACK lowering of a dynamic program is refused with one line and writes nothing
-    out = tmp_path / "small_xnnpack.pte"
-    proc = run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", out, "-q", check=False)
-    assert proc.returncode != 0 and "dynamic" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not out.exists()
+        for k, x in enumerate(xs):
+            close(np.load(tmp_path / f"y{k}.npy"), module(x).numpy(), f"call {k} (T={x.shape[0]})")
 
 
 class AttentionBlock(torch.nn.Module):
@@ -178,12 +192,15 @@ class AttentionBlock(torch.nn.Module):
         return x + self.fc2(torch.nn.functional.gelu(self.fc(self.ln2(x))))
 
 
-def test_attention_block_with_a_causal_mask_of_the_dynamic_length(tmp_path):
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_attention_block_with_a_causal_mask_of_the_dynamic_length(tmp_path, backend):
     torch.manual_seed(0)
     module = AttentionBlock().eval()
     spec = export_dynamic(module, torch.randn(1, 5, 32), 1, tmp_path, "block", False)
-    run_kiln("lower", "--spec", spec, "--backend", "portable", "-q")
-    pte = tmp_path / "block_portable.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "-q")
+    pte = tmp_path / f"block_{backend}.pte"
+    if backend == "xnnpack":
+        assert delegate_count(pte) >= 1
     for t in (1, 3, MAX_T):
         x = torch.randn(1, t, 32)
         with torch.no_grad():
@@ -202,12 +219,13 @@ class Stateful(torch.nn.Module):
         return x * 2 + self.acc
 
 
-def test_dynamic_program_with_state_keeps_it_across_lengths(tmp_path):
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_dynamic_program_with_state_keeps_it_across_lengths(tmp_path, backend):
     """A buffer the program updates, with inputs of a different length each call: one lowering, the state
     carried from call to call in both runtimes (kiln run --steps; ExecuTorch's method called again)."""
     spec = export_dynamic(Stateful(), torch.randn(5, 16), 0, tmp_path, "state", True)
-    run_kiln("lower", "--spec", spec, "--backend", "portable", "-q")
-    pte = tmp_path / "state_portable.pte"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "-q")
+    pte = tmp_path / f"state_{backend}.pte"
     xs = [torch.randn(t, 16, generator=torch.Generator().manual_seed(t)) for t in (3, 1, MAX_T, 2)]
     eager = Stateful()
     with torch.no_grad():

@@ -170,11 +170,13 @@ def test_decode_copies_no_kv_cache(tiny_llm, backend, tmp_path):
         assert fused.get("aten.permute_copy.default + aten.bmm.default") == layers, fused
 
 
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
-def test_dynamic_prefill_then_decode_both_runtimes(arch, tmp_path):
+def test_dynamic_prefill_then_decode_both_runtimes(arch, backend, tmp_path):
     """`--dynamic`: T is a symbolic size 1..max_seq_len and the KV cache is state. One lowering takes a whole
     prompt in one call (prefill), then one token a call and a few at once, the cache carried across calls with
-    rows written in place at dynamic positions. Oracle: the same wrapper in eager, call by call."""
+    rows written in place at dynamic positions. Oracle: the same wrapper in eager, call by call. With xnnpack,
+    the delegates take every length (XNNPACK's reshape in ExecuTorch's runtime, a plan per length in kiln's)."""
     import torch
 
     out = tmp_path / "export"
@@ -196,9 +198,13 @@ def test_dynamic_prefill_then_decode_both_runtimes(arch, tmp_path):
     with torch.no_grad():
         want = [module(torch.tensor([t]), torch.arange(p, p + len(t))).numpy() for t, p in calls]
     pte = tmp_path / f"{arch}_dynamic.pte"
-    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "portable", "--out", pte, "-q")
+    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", backend, "--out", pte, "-q")
     meta = json.loads(pte.with_suffix(".json").read_text())
     assert meta["state"]["mutable_buffers"] == 6, meta["state"]
+    if backend == "xnnpack":  # the products, norms and attention are delegated, every linear layer among them
+        d = meta["delegation"]
+        assert d["delegate_call_sites"] >= 1 and d["delegated_node_count"] > d["fallback_count"], d
+        assert "aten.mm.default" not in d.get("fallback_ops", {}) and "aten.addmm.default" not in d.get("fallback_ops", {}), d
     args = []
     for k, (t, p) in enumerate(calls):
         np.save(tmp_path / f"t{k}.npy", np.array([t], dtype=np.int64))

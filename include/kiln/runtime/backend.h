@@ -65,6 +65,9 @@ struct BackendInitContext {
   std::span<const std::byte> payload;       // this delegate's processed blob
   std::span<const CompileSpecView> specs;   // its compile specs
   const BackendOptions& options;            // the method's options for its delegates
+  // Some tensor a call of this delegate passes is dynamic-bound (TensorShapeDynamism::DYNAMIC_BOUND):
+  // its sizes may change from call to call, up to the sizes the program lists.
+  bool dynamic_shapes = false;
 };
 
 struct Backend {

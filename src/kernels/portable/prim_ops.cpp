@@ -72,6 +72,51 @@ void scalar_arith(KernelContext& ctx, std::span<EValue*> args) {
   args[2]->scalar.i = r;
 }
 
+// executorch_prim::et_view.default(Tensor self, int[] size) -> Tensor: ExecuTorch's view in
+// dynamic programs. The result has no memory of its own: it is `self`'s bytes under `size`
+// (one -1 entry inferred), set per call.
+void et_view(KernelContext& ctx, std::span<EValue*> args) {
+  const char* op = "executorch_prim::et_view";
+  if (!check_args(ctx, args, 3, op)) return;
+  if (!args[0]->is_tensor() || args[1]->tag != EValue::Tag::IntList || !args[2]->is_tensor()) {
+    ctx.fail(Status::InvalidProgram, "%s: expects (Tensor, int[]) -> Tensor", op);
+    return;
+  }
+  const Tensor& self = args[0]->tensor();
+  Tensor& out = args[2]->tensor();
+  std::span<const int64_t> size = args[1]->ints;
+  if (size.size() > static_cast<size_t>(kMaxDims) || out.dtype != self.dtype || !self.is_contiguous()) {
+    ctx.fail(Status::InvalidProgram, "%s: the view's rank, dtype or input layout is not supported", op);
+    return;
+  }
+  int64_t shape[kMaxDims];
+  int64_t known = 1;
+  int inferred = -1;
+  for (size_t d = 0; d < size.size(); ++d) {
+    shape[d] = size[d];
+    if (shape[d] == -1 && inferred < 0) { inferred = static_cast<int>(d); continue; }
+    if (shape[d] < 0) {
+      ctx.fail(Status::InvalidArgument, "%s: size %lld at dim %zu", op, static_cast<long long>(shape[d]), d);
+      return;
+    }
+    known *= shape[d];
+  }
+  if (inferred >= 0) shape[inferred] = known == 0 ? 0 : self.numel / known;
+  int64_t numel = 1;
+  for (size_t d = 0; d < size.size(); ++d) numel *= shape[d];
+  if (numel != self.numel) {
+    ctx.fail(Status::InvalidArgument, "%s: a view of %lld elements as %lld", op, static_cast<long long>(self.numel),
+             static_cast<long long>(numel));
+    return;
+  }
+  out.data = self.data;
+  out.capacity_bytes = self.nbytes();
+  out.dim = static_cast<int32_t>(size.size());
+  for (int32_t d = 0; d < out.dim; ++d) out.dim_order[d] = static_cast<uint8_t>(d);
+  if (resize_tensor(out, std::span<const int64_t>(shape, size.size())) != Status::Ok)
+    ctx.fail(Status::InvalidArgument, "%s: the view does not fit its input", op);
+}
+
 struct PrimEntry {
   std::string_view name, overload;
   KernelFn fn;
@@ -87,6 +132,7 @@ constexpr PrimEntry kPrims[] = {
     {"executorch_prim::mod", "int", scalar_arith<Arith::Mod>},
     {"executorch_prim::sym_max", "Scalar", scalar_arith<Arith::Max>},
     {"executorch_prim::sym_min", "Scalar", scalar_arith<Arith::Min>},
+    {"executorch_prim::et_view", "default", et_view},
 };
 
 }  // namespace

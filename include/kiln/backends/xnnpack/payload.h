@@ -118,6 +118,13 @@ struct Payload {
 // node or value otherwise.
 Payload build_payload(const graph::Graph& graph, const Region& region, const PayloadOptions& options = {});
 
+// A region of a dynamic program: `at_bounds` built from the graph at its upper bounds, `elsewhere`
+// from the same graph with its symbols bound to other values. Where one entry of a reshape's new
+// shape differs between them, sets it to 0 in at_bounds (the size XNNPACK's reshape, and kiln's
+// runtime, infer per call); returns the edge nodes (debug handles) whose XNNPACK nodes differ in any
+// other way (a slice, pad or constant sized for the upper bounds): those cannot be delegated.
+std::vector<int32_t> make_sizes_inferred(Payload& at_bounds, const Payload& elsewhere);
+
 // Adds `blobs` to `program.named_data`, skipping keys already there (the
 // same weight is stored once however many payloads name it). Returns the
 // number added. Throws kiln::Error if a key is already present with a

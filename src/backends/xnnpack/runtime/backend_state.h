@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace kiln::backends::xnnpack::detail {
@@ -218,6 +219,20 @@ struct State {
   Engine engine = Engine::Kiln;
   bool per_node = false;                  // one XNNPACK subgraph per node (profiling detail)
   int64_t live_positions = 0;             // this call's, from the last attention scores step
+  // A delegate whose calls change sizes (rt::BackendInitContext::dynamic_shapes). This plan is the
+  // payload's own sizes (its upper bounds); a call whose inputs have other sizes runs a plan made
+  // for them (Builder::infer_dims: each node's output sizes from its inputs', as XNNPACK's reshape
+  // does), kept for the next call of the same sizes (most recently used first, at most kMaxPlans),
+  // sharing this plan's repacked weights. Fully-connected fp32 weights stay in the file's layout.
+  static constexpr size_t kMaxPlans = 4;
+  bool dynamic = false;
+  bool resizes_outputs = false;           // gives the call's output tensors this plan's sizes
+  const rt::PteFile* file = nullptr;
+  std::span<const std::byte> payload;
+  std::vector<std::unique_ptr<State>> plans;
+  State* last = nullptr;                  // the plan the last call ran (profiles read it); null: this one
+  std::unordered_map<uint32_t, const uint8_t*> qb4w_panels;  // int4 weights repacked (in `owned`), by value
+  std::unordered_map<uint32_t, const float*> weight_sums;    // quantized weights' row sums (in `owned`), by value
 
   ~State() {
     for (Step& s : steps)
@@ -251,7 +266,7 @@ int64_t live_positions(const float* mask, int64_t rows, int64_t n);
 void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out);
 void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out);
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);
-void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out);
+void run_fully_connected(const Exec& ex, Step& s, const float* x, float* out);
 void run_transpose(const Exec& ex, const Step& s, const float* in, float* out);
 void run_slice(const Step& s, const float* in, float* out);
 void run_unary(const Exec& ex, const Step& s, const float* in, float* out);

@@ -182,9 +182,18 @@ class Builder {
   Builder(const rt::PteFile* file, ErrorMessage* error) : file_(file), error_(error) {}
 
   Status build(std::span<const std::byte> payload, State& st);
+  // A plan of a dynamic delegate (State::dynamic): `root` is the plan at the payload's sizes, which
+  // owns the weights every plan shares; `call`, if not empty, the call whose input sizes this plan
+  // is for (else the payload's).
+  void plan_for(State* root, std::span<EValue* const> call) {
+    root_ = root;
+    call_ = call;
+    dynamic_ = true;
+  }
 
  private:
   Status parse(std::span<const std::byte> payload, State& st);
+  Status infer_dims(State& st);
   Status plan_storage(State& st);
   Status make_steps(State& st);
   Status subgraph_step(State& st, size_t begin, size_t end);
@@ -206,7 +215,9 @@ class Builder {
   std::vector<NodeIO> io_;
   std::vector<bool> skip_;                 // reshapes that are views
   std::vector<bool> only_packed_;          // per value: read only as fully-connected weights
-  std::unordered_map<uint32_t, const uint8_t*> qb4w_panels_;  // int4 weights repacked (st.owned), by value
+  State* root_ = nullptr;                  // who owns repacked weights (State::qb4w_panels): st itself if null
+  std::span<EValue* const> call_;          // dynamic: the call this plan is for
+  bool dynamic_ = false;                   // the delegate's sizes change per call: one weight layout for all
   // fused row chains (Engine::Kiln)
   Status find_chains(State& st);
   bool add_row_op(const State& st, size_t node, int64_t rows, int64_t cols, Step& step,
@@ -348,6 +359,200 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
       return failf(error_, Status::InvalidProgram, "node %zu writes value %u, a constant or input", i, io_[i].out);
   }
   return quantized_rows(st);
+}
+
+// A plan for a call of a dynamic delegate whose inputs have other sizes than the payload's: every
+// value's sizes from the call's inputs, node by node in the payload's order, as XNNPACK's reshape
+// of a runtime derives them (a reshape's 0 entry is the one size it infers). A value keeps the
+// payload's sizes when its node's inputs kept theirs; no value grows past the payload's elements
+// (its upper bound).
+Status Builder::infer_dims(State& st) {
+  if (call_.size() < st.num_inputs)
+    return fail(error_, Status::InvalidArgument, "the call passes fewer arguments than the graph has inputs");
+  std::vector<int64_t> bound(st.values.size());
+  std::vector<bool> changed(st.values.size(), false);
+  for (size_t v = 0; v < st.values.size(); ++v) bound[v] = st.values[v].numel;
+  auto set = [&](uint32_t id, std::span<const int64_t> d, size_t node) -> Status {
+    Value& v = st.values[id];
+    if (d.size() != v.ndims)
+      return node == SIZE_MAX ? failf(error_, Status::InvalidArgument, "value %u: an input of rank %zu, the payload's is %u",
+                                      id, d.size(), v.ndims)
+                              : failf(error_, Status::InvalidArgument, "value %u: rank %zu for this call, the payload's "
+                                      "is %u (node %zu)", id, d.size(), v.ndims, node);
+    int64_t numel = 1;
+    bool differs = false;
+    for (size_t k = 0; k < d.size(); ++k) {
+      if (d[k] < 0) return failf(error_, Status::InvalidArgument, "value %u: negative size", id);
+      numel *= d[k];
+      differs |= d[k] != v.dims[k];
+      v.dims[k] = d[k];
+    }
+    if (numel > bound[id])
+      return failf(error_, Status::InvalidArgument,
+                   "value %u: %lld elements for this call, more than the %lld the payload plans (its upper bound)", id,
+                   static_cast<long long>(numel), static_cast<long long>(bound[id]));
+    v.numel = numel;
+    changed[id] = changed[id] || differs;
+    return Status::Ok;
+  };
+  for (size_t a = 0; a < st.num_inputs; ++a) {
+    const EValue* e = call_[a];
+    if (!e || !e->is_tensor())
+      return failf(error_, Status::InvalidArgument, "argument %zu is not a tensor", a);
+    const rt::Tensor& t = e->tensor();
+    const int64_t one = 1;
+    const bool scalar = t.dim == 0 && st.values[st.arg_values[a]].ndims == 1;  // XNNPACK's [1]
+    if (Status s = set(st.arg_values[a], scalar ? std::span<const int64_t>(&one, 1) : t.shape(), SIZE_MAX); s != Status::Ok)
+      return s;
+  }
+  for (size_t i = 0; i < io_.size(); ++i) {
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    const NodeIO& io = io_[i];
+    bool any = false;
+    for (size_t j = 0; j < io.num_in; ++j) any |= io.in[j] != kInvalidId && changed[io.in[j]];
+    if (!any) continue;  // the payload's sizes
+    const Value& x = st.values[io.in[0]];
+    const Value& y = st.values[io.out];
+    std::array<int64_t, kMaxRank> d{};
+    size_t n = y.ndims;
+    auto unsupported = [&] {
+      return failf(error_, Status::NotSupported, "node %zu (%s): kiln's XNNPACK backend cannot change its sizes per call",
+                   i, node_name(node->xnode_union_type()));
+    };
+    auto bad = [&](const char* what) {
+      return failf(error_, Status::InvalidArgument, "node %zu (%s): %s for this call's sizes", i,
+                   node_name(node->xnode_union_type()), what);
+    };
+    switch (node->xnode_union_type()) {
+      case NodeType::XNNAdd: case NodeType::XNNSubtract: case NodeType::XNNMultiply: case NodeType::XNNDiv:
+      case NodeType::XNNMinimum: case NodeType::XNNMaximum: {  // numpy broadcasting, aligned on the last dim
+        const Value& b = st.values[io.in[1]];
+        if (n != std::max(x.ndims, b.ndims)) return unsupported();
+        for (size_t k = 0; k < n; ++k) {
+          const int64_t da = k + x.ndims >= n ? x.dims[k + x.ndims - n] : 1;
+          const int64_t db = k + b.ndims >= n ? b.dims[k + b.ndims - n] : 1;
+          if (da != db && da != 1 && db != 1) return bad("operand sizes do not broadcast");
+          d[k] = da == 1 ? db : da;
+        }
+        break;
+      }
+      case NodeType::XNNSoftmax: case NodeType::XNNSigmoid: case NodeType::XNNClamp: case NodeType::XNNSquare:
+      case NodeType::XNNSquareRoot: case NodeType::XNNNegate: case NodeType::XNNAbs: case NodeType::XNNFloor:
+      case NodeType::XNNCeiling: case NodeType::XNNHardswish: case NodeType::XNNReciprocalSquareRoot:
+      case NodeType::XNNGelu: case NodeType::XNNTanh: case NodeType::XNNExp: case NodeType::XNNLog:
+      case NodeType::XNNSin: case NodeType::XNNCos: case NodeType::XNNCopy: case NodeType::XNNConvert:
+      case NodeType::XNNELU: case NodeType::XNNLeakyReLU:
+        if (n != x.ndims) return unsupported();
+        std::copy_n(x.dims.begin(), n, d.begin());
+        break;
+      case NodeType::XNNFullyConnected: {
+        const Value& w = st.values[io.in[1]];
+        if (w.ndims != 2 || x.ndims < 1) return unsupported();
+        const bool kn = (node->xnode_union_as_XNNFullyConnected()->flags() & 1u) != 0;
+        const int64_t k = kn ? w.dims[0] : w.dims[1], nn = kn ? w.dims[1] : w.dims[0];
+        if (x.dims[x.ndims - 1] != k) return bad("the input's last size is not the weights' input channels");
+        if (n == x.ndims) {
+          std::copy_n(x.dims.begin(), n, d.begin());
+          d[n - 1] = nn;
+        } else if (n == 2) {
+          d[0] = x.numel / k;
+          d[1] = nn;
+        } else {
+          return unsupported();
+        }
+        break;
+      }
+      case NodeType::XNNBatchMatrixMultiply: {
+        const Value& b = st.values[io.in[1]];
+        const bool tb = static_cast<const fbx::_XNNNode2x1*>(node->xnode_union())->flags() != 0;
+        if (x.ndims < 2 || b.ndims < 2 || n != std::max(x.ndims, b.ndims)) return unsupported();
+        const int64_t m = x.dims[x.ndims - 2], ka = x.dims[x.ndims - 1];
+        const int64_t kb = tb ? b.dims[b.ndims - 1] : b.dims[b.ndims - 2], nn = tb ? b.dims[b.ndims - 2] : b.dims[b.ndims - 1];
+        if (ka != kb) return bad("the operands' inner sizes differ");
+        for (size_t k = 0; k + 2 < n; ++k) {
+          const int64_t da = k + x.ndims >= n ? x.dims[k + x.ndims - n] : 1;
+          const int64_t db = k + b.ndims >= n ? b.dims[k + b.ndims - n] : 1;
+          if (da != db && da != 1 && db != 1) return bad("batch sizes do not broadcast");
+          d[k] = da == 1 ? db : da;
+        }
+        d[n - 2] = m;
+        d[n - 1] = nn;
+        break;
+      }
+      case NodeType::XNNStaticTranspose: {
+        const auto* p = node->xnode_union_as_XNNStaticTranspose();
+        if (!p->perm() || p->perm()->size() != x.ndims || n != x.ndims) return unsupported();
+        for (size_t k = 0; k < n; ++k) {
+          const uint32_t pk = p->perm()->Get(static_cast<flatbuffers::uoffset_t>(k));
+          if (pk >= x.ndims) return unsupported();
+          d[k] = x.dims[pk];
+        }
+        break;
+      }
+      case NodeType::XNNStaticReshape: {
+        const auto* p = node->xnode_union_as_XNNStaticReshape();
+        if (!p->new_shape() || p->new_shape()->size() != n) return unsupported();
+        int64_t known = 1;
+        size_t inferred = SIZE_MAX;
+        for (size_t k = 0; k < n; ++k) {
+          d[k] = p->new_shape()->Get(static_cast<flatbuffers::uoffset_t>(k));
+          if (d[k] != 0) { known *= d[k]; continue; }
+          if (inferred != SIZE_MAX) return unsupported();  // XNNPACK infers one size at most
+          inferred = k;
+        }
+        if (inferred != SIZE_MAX) {
+          if (known == 0 || x.numel % known != 0) return bad("the input's elements do not fill the new shape");
+          d[inferred] = x.numel / known;
+        } else if (known != x.numel) {
+          return unsupported();  // a fixed shape over an input whose size changed
+        }
+        break;
+      }
+      case NodeType::XNNStaticSlice: {
+        const auto* p = node->xnode_union_as_XNNStaticSlice();
+        if (!p->offsets() || !p->sizes() || p->offsets()->size() != x.ndims || p->sizes()->size() != x.ndims ||
+            n != x.ndims)
+          return unsupported();
+        for (size_t k = 0; k < n; ++k) {
+          const int64_t off = p->offsets()->Get(static_cast<flatbuffers::uoffset_t>(k));
+          const int64_t size = p->sizes()->Get(static_cast<flatbuffers::uoffset_t>(k));
+          d[k] = size == 0 ? x.dims[k] - off : size;  // 0: to the end
+          if (off < 0 || d[k] < 0 || off + d[k] > x.dims[k]) return bad("the slice lies outside the input");
+        }
+        break;
+      }
+      case NodeType::XNNConcatenate2: case NodeType::XNNConcatenate3: case NodeType::XNNConcatenate4:
+      case NodeType::XNNConcatenate5: {
+        const uint32_t axis = static_cast<const fbx::_XNNCat*>(node->xnode_union())->axis();
+        if (axis >= n || x.ndims != n) return unsupported();
+        std::copy_n(x.dims.begin(), n, d.begin());
+        d[axis] = 0;
+        for (size_t j = 0; j < io.num_in; ++j) {
+          const Value& e = st.values[io.in[j]];
+          if (e.ndims != n) return unsupported();
+          for (size_t k = 0; k < n; ++k)
+            if (k != axis && e.dims[k] != x.dims[k]) return bad("the inputs' sizes differ off the axis");
+          d[axis] += e.dims[axis];
+        }
+        break;
+      }
+      case NodeType::XNNStaticConstantPad: {
+        const auto* p = node->xnode_union_as_XNNStaticConstantPad();
+        if (!p->pre_paddings() || !p->post_paddings() || p->pre_paddings()->size() != x.ndims ||
+            p->post_paddings()->size() != x.ndims || n != x.ndims)
+          return unsupported();
+        for (size_t k = 0; k < n; ++k)
+          d[k] = x.dims[k] + p->pre_paddings()->Get(static_cast<flatbuffers::uoffset_t>(k)) +
+                 p->post_paddings()->Get(static_cast<flatbuffers::uoffset_t>(k));
+        break;
+      }
+      default:
+        return unsupported();
+    }
+    if (Status s = set(io.out, std::span<const int64_t>(d.data(), n), i); s != Status::Ok) return s;
+  }
+  for (size_t a = 0; a < st.arg_values.size(); ++a) st.arg_numel[a] = st.values[st.arg_values[a]].numel;
+  return Status::Ok;
 }
 
 // A quantized value's parameters (ExecuTorch's forms for 8da4w / 8da8w).
@@ -974,7 +1179,8 @@ Status Builder::subgraph_step(State& st, size_t begin, size_t end) {
     if (skip_[i] || graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i))->xnode_union_type() != NodeType::XNNFullyConnected)
       continue;
     for (size_t j = 1; j < 3; ++j)
-      if (uint32_t v = io_[i].in[j]; v != kInvalidId && only_packed_[v] && file_) file_->release_pages(st.values[v].constant_bytes);
+      if (uint32_t v = io_[i].in[j]; v != kInvalidId && only_packed_[v] && file_ && !dynamic_)
+        file_->release_pages(st.values[v].constant_bytes);
   }
   if (count == 1) {
     for (size_t i = begin; i < end; ++i)
@@ -1050,23 +1256,29 @@ Status Builder::kiln_step(State& st, size_t i) {
         step.m = in.numel / step.k;
         step.rows_layout = in.rows_layout;
         step.qweights = w.constant;
-        auto* sums = static_cast<float*>(std::aligned_alloc(kArenaAlign, (static_cast<size_t>(step.n) * 4 + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
-        if (!sums) return fail(error_, Status::OutOfMemory, "out of memory for weight sums");
-        st.owned.emplace_back(sums, &std::free);
+        // per weight, once for every node and plan that reads it (a dynamic delegate's plans share them)
+        State& owner = root_ ? *root_ : st;
+        const float*& shared_sums = owner.weight_sums[io.in[1]];
+        float* sums = nullptr;
+        if (!shared_sums) {
+          sums = static_cast<float*>(std::aligned_alloc(kArenaAlign, (static_cast<size_t>(step.n) * 4 + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
+          if (!sums) return fail(error_, Status::OutOfMemory, "out of memory for weight sums");
+          owner.owned.emplace_back(sums, &std::free);
+        }
         if (w.quant == Value::Quant::Int4Groups) {
           step.group = w.group_size;
           step.group_scales = w.group_scales;
-          cpu::qb4w_weight_sums(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, sums);
+          if (sums) cpu::qb4w_weight_sums(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, sums);
           step.label = "kiln fully connected, int8 x int4";
           if (step.rows_layout == static_cast<uint8_t>(cpu::Qd8Layout::Signed)) {
             // repacked once into kiln's panels (one copy per weight, however many nodes read it);
             // the file's pages then leave memory, so the model is held once
-            const uint8_t*& panels = qb4w_panels_[io.in[1]];
+            const uint8_t*& panels = owner.qb4w_panels[io.in[1]];
             if (!panels) {
               const size_t bytes = cpu::qb4w_panels_bytes(step.n, step.k, step.group);
               auto* buf = static_cast<uint8_t*>(std::aligned_alloc(kArenaAlign, (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
               if (!buf) return fail(error_, Status::OutOfMemory, "out of memory repacking int4 weights");
-              st.owned.emplace_back(reinterpret_cast<float*>(buf), &std::free);
+              owner.owned.emplace_back(reinterpret_cast<float*>(buf), &std::free);
               cpu::qb4w_pack_panels(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, buf);
               panels = buf;
               if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
@@ -1076,11 +1288,12 @@ Status Builder::kiln_step(State& st, size_t i) {
           }
         } else {
           step.channel_scales = w.channel_scales;
-          cpu::qc8w_weight_sums(static_cast<const int8_t*>(w.constant), w.channel_scales, step.n, step.k, sums);
+          if (sums) cpu::qc8w_weight_sums(static_cast<const int8_t*>(w.constant), w.channel_scales, step.n, step.k, sums);
           step.label = "kiln fully connected, int8 x int8";
         }
         if (st.per_node) step.label += " " + std::to_string(step.n) + "x" + std::to_string(step.k);
-        step.weight_sums = sums;
+        if (sums) shared_sums = sums;
+        step.weight_sums = shared_sums;
         step.in.resize(1);
         if (io.in[2] != kInvalidId) {
           const Value& b = st.values[io.in[2]];
@@ -1105,7 +1318,10 @@ Status Builder::kiln_step(State& st, size_t i) {
       // W's layout for the product: a few rows (one token) are dot products over W's rows, [N, K], so
       // that each task streams one contiguous block of W; many rows run the GEMM over [K, N]. A file
       // with the other layout is transposed once, into kiln's memory, and its copy leaves memory.
-      step.weights_nk = step.m < kGemvRows;
+      // A dynamic delegate keeps W as the file has it for every size (run_fully_connected has a
+      // GEMM over [N, K] for many rows), so that no plan holds a second copy of the weights.
+      step.weights_nk = dynamic_ ? !kn : step.m < kGemvRows;
+      if (step.weights_nk && step.m >= kGemvRows) step.scratch.assign(static_cast<size_t>(step.m * step.k), 0.0f);
       if (step.weights_nk != kn) {
         step.weights = static_cast<const float*>(w.constant);  // read in place, from the file
       } else {
@@ -1396,6 +1612,8 @@ void find_live_attention(State& st) {
 
 Status Builder::build(std::span<const std::byte> payload, State& st) {
   if (Status s = parse(payload, st); s != Status::Ok) return s;
+  if (!call_.empty())
+    if (Status s = infer_dims(st); s != Status::Ok) return s;
   if (Status s = plan_storage(st); s != Status::Ok) return s;
   // Which constants only fully-connected nodes read (as weights, which XNNPACK packs)
   only_packed_.assign(st.values.size(), true);
@@ -1427,16 +1645,78 @@ bool xnn_ready = false;  // xnn_initialize succeeded (register_runtime_backend)
 Status init(const rt::BackendInitContext& ctx, void** state, ErrorMessage* error) {
   auto st = std::unique_ptr<State>(new (std::nothrow) State);
   if (!st) return fail(error, Status::OutOfMemory, "out of memory");
+  st->dynamic = ctx.dynamic_shapes;
   if (Status s = plan_payload(&ctx.file, ctx.payload, ctx.options, *st, error); s != Status::Ok) return s;
   *state = st.release();
   return Status::Ok;
 }
 
-// Binds the call's tensors and runs the steps (detail::execute_state).
+Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error);
+
+// Whether a call's tensor has a value's sizes (a 0-d tensor is a payload's [1]: XNNPACK has no 0-d values).
+bool same_sizes(const rt::Tensor& t, const Value& v) {
+  if (t.dim == 0) return v.numel == 1;
+  return static_cast<uint32_t>(t.dim) == v.ndims && std::equal(v.dims.begin(), v.dims.begin() + v.ndims, t.sizes);
+}
+
+// Whether the call's inputs have the sizes `st` is planned for.
+bool inputs_match(const State& st, std::span<EValue*> args) {
+  for (size_t a = 0; a < st.num_inputs && a < args.size(); ++a) {
+    if (!args[a] || !args[a]->is_tensor()) return true;  // reported by run_plan
+    if (!same_sizes(args[a]->tensor(), st.values[st.arg_values[a]])) return false;
+  }
+  return true;
+}
+
+// Runs the call on the plan for its input sizes (detail::execute_state): `st` itself, or for a dynamic
+// delegate the plan made for these sizes, made now if no recent call had them.
 Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
   if (args.size() != st.arg_values.size())
     return failf(error, Status::InvalidArgument, "the call passes %zu arguments, the graph has %zu inputs and outputs",
                  args.size(), st.arg_values.size());
+  if (!st.dynamic || inputs_match(st, args)) {
+    st.last = nullptr;
+    return run_plan(st, args, error);
+  }
+  size_t found = st.plans.size();
+  for (size_t p = 0; p < st.plans.size() && found == st.plans.size(); ++p)
+    if (inputs_match(*st.plans[p], args)) found = p;
+  if (found == st.plans.size()) {  // a plan for these sizes (allocates: once per new set of sizes)
+    auto plan = std::unique_ptr<State>(new (std::nothrow) State);
+    if (!plan) return fail(error, Status::OutOfMemory, "out of memory");
+    plan->engine = st.engine;
+    plan->per_node = st.per_node;
+    plan->pool = st.pool;
+    plan->exec = st.exec;
+    plan->profiling = st.profiling;
+    plan->resizes_outputs = true;
+    Builder b(st.file, error);
+    b.plan_for(&st, args);
+    if (Status s = b.build(st.payload, *plan); s != Status::Ok) return s;
+    if (st.plans.size() == State::kMaxPlans) st.plans.pop_back();
+    st.plans.insert(st.plans.begin(), std::move(plan));
+    found = 0;
+  } else if (found != 0) {
+    std::rotate(st.plans.begin(), st.plans.begin() + static_cast<std::ptrdiff_t>(found),
+                st.plans.begin() + static_cast<std::ptrdiff_t>(found + 1));
+    found = 0;
+  }
+  st.last = st.plans[found].get();
+  return run_plan(*st.last, args, error);
+}
+
+// Binds the call's tensors and runs the steps of one plan.
+Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error) {
+  if (st.resizes_outputs || st.dynamic)  // the outputs get this call's sizes (dynamic-bound tensors)
+    for (size_t a = st.num_inputs; a < args.size(); ++a) {
+      if (!args[a] || !args[a]->is_tensor()) continue;  // reported below
+      const Value& v = st.values[st.arg_values[a]];
+      rt::Tensor& t = args[a]->tensor();
+      if (same_sizes(t, v)) continue;
+      if (rt::resize_tensor(t, std::span<const int64_t>(v.dims.data(), v.ndims)) != Status::Ok)
+        return failf(error, Status::InvalidArgument, "output %zu cannot hold %lld elements", a - st.num_inputs,
+                     static_cast<long long>(v.numel));
+    }
   bool rebind = false;
   for (size_t a = 0; a < args.size(); ++a) {
     if (!args[a] || !args[a]->is_tensor() || args[a]->tensor().dtype != ScalarType::Float ||
@@ -1518,11 +1798,13 @@ void enable_profiling(void* opaque, bool on) {
   auto& st = *static_cast<State*>(opaque);
   st.profiling = on;
   for (Step& s : st.steps) s.calls = s.total_ns = s.last_start_ns = s.last_end_ns = 0;
+  for (auto& p : st.plans) enable_profiling(p.get(), on);
 }
 
 // One entry per step label (summed), in order of first appearance.
 size_t profile(const void* opaque, std::span<rt::BackendProfileEntry> out) {
-  const auto& st = *static_cast<const State*>(opaque);
+  const auto& root = *static_cast<const State*>(opaque);
+  const State& st = root.last ? *root.last : root;  // the plan of the last call's sizes
   std::vector<const std::string*> labels;
   std::vector<rt::BackendProfileEntry> sums;
   for (const Step& s : st.steps) {
@@ -1541,7 +1823,8 @@ size_t profile(const void* opaque, std::span<rt::BackendProfileEntry> out) {
 
 // Every step, in execution order (rt::BackendStepProfile).
 size_t step_profile(const void* opaque, std::span<rt::BackendStepProfile> out) {
-  const auto& st = *static_cast<const State*>(opaque);
+  const auto& root = *static_cast<const State*>(opaque);
+  const State& st = root.last ? *root.last : root;  // the plan of the last call's sizes
   for (size_t k = 0; k < st.steps.size() && k < out.size(); ++k) {
     const Step& s = st.steps[k];
     out[k] = {s.label.c_str(), s.debug_handles.data(), s.debug_handles.size(), s.calls, s.total_ns,
@@ -1568,7 +1851,10 @@ Status detail::plan_payload(const rt::PteFile* file, std::span<const std::byte> 
   st.pool = shared_pool(std::max<size_t>(1, o.threads));
   st.exec.pool = st.pool.get();
   st.exec.threads = st.pool ? static_cast<int64_t>(st.pool->threads()) : 1;
+  st.file = file;
+  st.payload = payload;
   Builder b(file, error);
+  if (st.dynamic) b.plan_for(nullptr, {});  // one layout of the weights for every size
   return b.build(payload, st);
 }
 
