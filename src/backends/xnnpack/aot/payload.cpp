@@ -1202,6 +1202,21 @@ const fbx::XNNGraph* payload_graph(const Payload& p) {
   return fbx::GetXNNGraph(p.bytes.data() + fb_off);
 }
 
+// The dims of value `id` in a payload's graph (null if it has none).
+std::optional<std::vector<int64_t>> value_dims(const fbx::XNNGraph* g, uint32_t id) {
+  if (!g->xvalues()) return std::nullopt;
+  for (const fbx::XValue* v : *g->xvalues()) {
+    const fbx::XNNTensorValue* t = v->xvalue_union_as_XNNTensorValue();
+    if (!t)
+      if (const auto* q = v->xvalue_union_as_XNNQuantizedTensorValue()) t = q->tensor_value();
+    if (!t || t->id_out() != id) continue;
+    std::vector<int64_t> d;
+    if (t->dims()) d.assign(t->dims()->begin(), t->dims()->end());
+    return d;
+  }
+  return std::nullopt;
+}
+
 template <class V>
 bool same_vector(const V* a, const V* b) {
   if (!a || !b) return a == b;
@@ -1264,8 +1279,28 @@ std::vector<int32_t> make_sizes_inferred(Payload& at_bounds, const Payload& else
         break;
       }
       case XType::XNNStaticSlice: {
+        // A size that differs is allowed where the slice takes all of a dim that changes: it becomes
+        // 0, "to the end" (XNNPACK's reshape of a slice, kiln's runtime).
         const auto *p = x->xnode_union_as_XNNStaticSlice(), *q = y->xnode_union_as_XNNStaticSlice();
-        if (!same_vector(p->offsets(), q->offsets()) || !same_vector(p->sizes(), q->sizes())) bad.insert(handle);
+        if (!same_vector(p->offsets(), q->offsets()) || !p->sizes() || !q->sizes() ||
+            p->sizes()->size() != q->sizes()->size()) {
+          bad.insert(handle);
+          break;
+        }
+        const std::optional<std::vector<int64_t>> in_a = value_dims(a, p->input_id()), in_b = value_dims(b, q->input_id());
+        for (uint32_t k = 0; k < p->sizes()->size(); ++k) {
+          if (p->sizes()->Get(k) == q->sizes()->Get(k)) continue;
+          const bool whole = in_a && in_b && k < in_a->size() && k < in_b->size() && p->offsets()->Get(k) == 0 &&
+                             static_cast<int64_t>(p->sizes()->Get(k)) == (*in_a)[k] &&
+                             static_cast<int64_t>(q->sizes()->Get(k)) == (*in_b)[k];
+          if (!whole) {
+            bad.insert(handle);
+            break;
+          }
+          const auto* at = p->sizes()->Data() + k * sizeof(uint32_t);
+          std::memset(at_bounds.bytes.data() + (at - reinterpret_cast<const uint8_t*>(at_bounds.bytes.data())), 0,
+                      sizeof(uint32_t));
+        }
         break;
       }
       case XType::XNNStaticTranspose:
