@@ -1,7 +1,8 @@
 """ExecuTorch's runtime on an LLM .pte (forward(tokens[1, 1], input_pos[1]) -> logits), timed like
-`kiln bench-llm`: prefill of P fixed pseudo-random tokens from position 0 (one execute per token,
-as the program takes one), then N decode steps (one execute each); per repetition tokens/s, after
-one warm-up pass. Prints one JSON object with the keys of `kiln bench-llm --json`.
+`kiln bench-llm`: prefill of P fixed pseudo-random tokens from position 0 (one execute per token
+when the program takes one; one execute of all P when its `enable_dynamic_shape` method says it
+takes up to get_max_seq_len), then N decode steps (one execute each); per repetition tokens/s,
+after one warm-up pass. Prints one JSON object with the keys of `kiln bench-llm --json`.
 
     .venv/bin/python bench/llm_compare/et_llm.py FILE.pte [-p 128] [-n 128] [--threads T] [--reps R]
 
@@ -49,10 +50,15 @@ def main() -> None:
     rng = random.Random(args.seed)
     ids = [rng.randrange(vocab) for _ in range(args.p + args.n)]
     inputs = [[torch.tensor([[t]], dtype=torch.long), torch.tensor([i], dtype=torch.long)] for i, t in enumerate(ids)]
+    dynamic = "enable_dynamic_shape" in program.method_names and bool(
+        program.load_method("enable_dynamic_shape").execute([])[0])
+    prefill = [inputs[i] for i in range(args.p)]
+    if dynamic and args.p:
+        prefill = [[torch.tensor([ids[:args.p]], dtype=torch.long), torch.arange(args.p, dtype=torch.long)]]
     pp, tg = [], []
     for rep in range(-1, args.reps):  # -1: warm-up
         t0 = time.perf_counter()
-        for x in inputs[:args.p]:
+        for x in prefill:
             method.execute(x)
         t1 = time.perf_counter()
         for x in inputs[args.p:]:
@@ -63,7 +69,7 @@ def main() -> None:
                 pp.append(args.p / (t1 - t0))
             if args.n:
                 tg.append(args.n / (t2 - t1))
-    print(json.dumps({"model": args.pte, "max_seq_len": max_seq, "vocab": vocab, "tokens_per_call": 1,
+    print(json.dumps({"model": args.pte, "max_seq_len": max_seq, "vocab": vocab, "tokens_per_call": max_seq if dynamic else 1,
                       "load_ms": load_ms, "et_threadpool_threads": got,
                       "results": [{"threads": args.threads,
                                    "prefill_tokens_per_s": statistics.median(pp) if pp else None,

@@ -4,6 +4,7 @@ to OUT.tmp then renamed.
 
     .venv/bin/python bench/llm_compare/et_lower.py MODEL_SPEC.json OUT.pte [8da4w:G]
 
+A spec of a `--dynamic` export (T from 1 to max_seq_len) gives a dynamic program either way.
 With 8da4w:G the program is ExecuTorch's 8da4w instead: the same wrapper module (python -m kiln_export
 llm, SmolLM2's weights, a cache of the spec's max_seq_len) quantized by torchao
 (quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup(G)))), exported, then lowered the same way.
@@ -31,11 +32,16 @@ def quantized_export(spec: dict, scheme: str):
     folder, fname = os.path.split(llm.smollm2_gguf())
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
                                                  attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
-    module = llm.make_module(model, int(spec["constant_methods"]["get_max_seq_len"]), False).eval()
+    max_seq = int(spec["constant_methods"]["get_max_seq_len"])
+    module = llm.make_module(model, max_seq, False).eval()
     quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
                                                             weight_granularity=PerGroup(int(group or 32))))
     # strict (dynamo) export, as ExecuTorch's LLM export does: the non-strict export of the quantized
     # wrapper (tensor-subclass weights, mutated cache buffers) fails in run_decompositions (torch 2.13)
+    if spec.get("llm", {}).get("dynamic"):  # T from 1 to max_seq_len, as the spec's own .pt2
+        t = torch.export.Dim("seq_len", min=1, max=max_seq)
+        return torch.export.export(module, (torch.tensor([[1, 2]]), torch.tensor([0, 1])),
+                                   dynamic_shapes=({1: t}, {0: t}), strict=True)
     return torch.export.export(module, (torch.tensor([[1]]), torch.tensor([0])), strict=True)
 
 

@@ -85,13 +85,14 @@ def smollm2_gguf() -> Path:
     return Path(llm.smollm2_gguf())
 
 
-def make_artifacts(work: Path, kiln: Path, max_seq: int) -> dict:
+def make_artifacts(work: Path, kiln: Path, max_seq: int, dynamic: bool = False) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    export = work / f"export_{max_seq}"
+    export = work / (f"export_{max_seq}_dynamic" if dynamic else f"export_{max_seq}")
     spec = export / "model_spec.json"
     if not spec.exists():
-        must([PY, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len", max_seq, "--out", export],
-             f"exporting SmolLM2 (max_seq_len {max_seq}) to {export}")
+        must([PY, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len", max_seq, "--out", export]
+             + (["--dynamic"] if dynamic else []),
+             f"exporting SmolLM2 (max_seq_len {max_seq}{', dynamic T' if dynamic else ''}) to {export}")
     files = {"kiln_fp32": export / "kiln_fp32.pte", "kiln_8da4w": export / "kiln_8da4w.pte",
              "et_fp32": export / "et_fp32.pte", "et_8da4w": export / "et_8da4w.pte", "gguf_q4_1": smollm2_gguf(),
              "gguf_f32": work / "smollm2_f32.gguf"}
@@ -132,6 +133,10 @@ def main() -> None:
     ap.add_argument("--out-md", default=str(REPO / "artifacts" / "llm_compare" / "results.md"))
     ap.add_argument("--json", default=None, help="also write every cell's runs here")
     ap.add_argument("--under-load", action="store_true", help="mark the table 'measured under load'")
+    ap.add_argument("--dynamic", action="store_true",
+                    help="export T as a symbolic size 1..p+n (python -m kiln_export llm --dynamic): kiln's and "
+                    "ExecuTorch's programs then take the whole prompt in one call (prefill) and one token per "
+                    "decode call")
     ap.add_argument("--only", default=None, help="run only these sides (comma-separated: kiln, ExecuTorch, "
                     "'ET runner', llama.cpp), e.g. to rerun one side's cells after a fix")
     args = ap.parse_args()
@@ -140,7 +145,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     kiln = work / "kiln.bin"  # a copy: a rebuild during the run cannot mix two versions
     shutil.copy2(args.kiln, kiln)
-    files = make_artifacts(work, kiln, args.p + args.n)
+    files = make_artifacts(work, kiln, args.p + args.n, args.dynamic)
 
     cells = []  # (precision, side, file key, threads)
     for t in threads:
@@ -190,7 +195,8 @@ def main() -> None:
     md.append(title + (" — measured under load" if args.under_load else ""))
     md.append("")
     md.append(f"    .venv/bin/python bench/llm_compare/llm_compare.py --rounds {args.rounds} --threads {args.threads} "
-              f"-p {args.p} -n {args.n}")
+              f"-p {args.p} -n {args.n}" + (" --dynamic" if args.dynamic else "") +
+              (f" --only \"{args.only}\"" if args.only else ""))
     md.append("")
     if args.under_load:
         md.append("**Measured under load** (other engineers' builds and tests on the machine): these numbers show "
@@ -201,8 +207,9 @@ def main() -> None:
               f"{' '.join(f'{x:.2f}' for x in load0)} at the start, {' '.join(f'{x:.2f}' for x in load1)} at the end. "
               f"**Software**: kiln `{commit}`" + (f"; llama.cpp system info: `{llama_info}`" if llama_info else "") + ".")
     md.append("")
-    md.append(f"Prefill: a {args.p}-token prompt from position 0 (kiln and ExecuTorch: one forward call per token, "
-              f"the programs take T = 1; llama.cpp: one batch); decode: {args.n} tokens after it, one call each. "
+    how = ("one forward call of all of them, the programs take T from 1 to the cache length (--dynamic)"
+           if args.dynamic else "one forward call per token, the programs take T = 1")
+    md.append(f"Prefill: a {args.p}-token prompt from position 0 (kiln and ExecuTorch: {how}; llama.cpp: one batch); decode: {args.n} tokens after it, one call each. "
               f"Tokens/s, median over {args.rounds} round(s) of fresh processes (alternating order), each the median "
               f"of {args.reps} pass(es) after a warm-up. Ratio > 1: kiln faster. ExecuTorch runtime: "
               f"`executorch.runtime`'s `execute` per token from Python (bench/llm_compare/et_llm.py); ExecuTorch "

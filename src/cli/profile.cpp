@@ -35,6 +35,7 @@ struct ProfileOptions {
   std::vector<std::string> inputs;
   int iters = 10;
   int warmup = 1;
+  int64_t tokens = 0;  // LLM programs with a dynamic token count: tokens per step (0: the maximum)
   int threads = 1;
   std::string engine = "kiln";
   std::string trace;
@@ -223,18 +224,32 @@ int run_profile(const ProfileOptions& o) {
   }
   int64_t step_tokens = 0;
   std::string phase = "forward";
-  if (llm && m.num_inputs() == 2 && m.input(1).dtype == ScalarType::Long && o.inputs.empty()) {
+  const bool llm_steps = llm && m.num_inputs() == 2 && m.input(1).dtype == ScalarType::Long && o.inputs.empty();
+  check(o.tokens == 0 || (llm_steps && m.input_is_dynamic(0) && m.input_is_dynamic(1)),
+        "{}: --tokens needs an LLM program whose token count is dynamic (python -m kiln_export llm --dynamic)", o.file);
+  if (llm_steps) {
     step_tokens = m.input(0).numel;
+    check(o.tokens <= step_tokens, "--tokens {}: the program takes at most {} per call", o.tokens, step_tokens);
+    if (o.tokens > 0) step_tokens = o.tokens;
     phase = step_tokens == 1 ? "decode" : "prefill";
   }
   int64_t pos = 0;
   auto set_inputs = [&] {
     if (step_tokens > 0) {  // the next positions (wrapping before the cache's end)
       if (max_seq_len > 0 && pos + step_tokens > max_seq_len) pos = 0;
-      std::vector<int64_t> p(static_cast<size_t>(m.input(1).numel));
+      std::vector<int64_t> p(static_cast<size_t>(step_tokens));
       for (size_t k = 0; k < p.size(); ++k) p[k] = pos + static_cast<int64_t>(k);
-      std::memcpy(inputs[1].data(), p.data(), inputs[1].size());
+      std::memcpy(inputs[1].data(), p.data(), p.size() * sizeof(int64_t));
       pos += step_tokens;
+      if (o.tokens > 0) {  // a dynamic program: tokens [1, T], positions [T]
+        const int64_t tok_shape[2] = {1, step_tokens}, pos_shape[1] = {step_tokens};
+        if (m.set_input(0, inputs[0].data(), static_cast<size_t>(step_tokens) * sizeof(int64_t), tok_shape, &err) !=
+                rt::Status::Ok ||
+            m.set_input(1, inputs[1].data(), static_cast<size_t>(step_tokens) * sizeof(int64_t), pos_shape, &err) !=
+                rt::Status::Ok)
+          fail("inputs: {}", err.c_str());
+        return;
+      }
     }
     for (size_t i = 0; i < inputs.size(); ++i)
       if (m.set_input(i, inputs[i].data(), inputs[i].size(), &err) != rt::Status::Ok) fail("input {}: {}", i, err.c_str());
@@ -535,6 +550,8 @@ void add_profile_command(CLI::App& app, std::function<int()>& run) {
                                              "tokens 0 at successive positions)");
   cmd->add_option("--iters", opts->iters, "profiled runs")->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "runs before profiling")->capture_default_str();
+  cmd->add_option("--tokens", opts->tokens, "LLM programs with a dynamic token count: tokens per profiled step "
+                                            "(1: decode steps; default: the most the program takes)");
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();
   cmd->add_option("--engine", opts->engine, "kiln or xnnpack (as kiln bench)")
       ->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();

@@ -199,8 +199,11 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   passes::EdgeOptions edge_options;
   using QK = backends::xnnpack::QuantScheme::Kind;
   edge_options.fold_weight_transposes = quant.kind != QK::Int4Groups && quant.kind != QK::Int8Channels;
+  // A dynamic program's XNNPACK delegates keep linear weights [N, K], as the file has them: the layout
+  // one-token steps stream (kiln's runtime keeps one layout for every size; its GEMM reads it too)
+  if (!ep.graph.symbols.empty() && xnnpack) edge_options.fold_weight_transposes = false;
   passes::EdgeProgram edge = ep.graph.symbols.empty() ? passes::to_edge(ep, &r.lowering, edge_options)
-                                                      : passes::to_edge_dynamic(ep, &r.lowering);
+                                                      : passes::to_edge_dynamic(ep, &r.lowering, edge_options);
   if (embedding_quant.bits != 0) {
     progress(fmt::format("quantizing embedding tables (int{})", embedding_quant.bits));
     r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant);

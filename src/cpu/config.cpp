@@ -56,10 +56,10 @@ bool cpu_has(Isa isa) {
 #endif
 
 const F32GemmVariant kF32Gemm[] = {
-    KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512})
-    KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2})
-    KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon})
-    {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic},
+    KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512, f32_gemm_4x64__avx512_bt})
+    KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2, f32_gemm_4x24__avx2_bt})
+    KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon, f32_gemm_8x8__neon_bt})
+    {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic, f32_gemm_6x8__generic_bt},
 };
 
 #define KILN_GEMV_ROW(isa, ISA) {"f32_gemv__" #isa, Isa::ISA, f32_gemv_axpy_rows__##isa, f32_gemv_dot__##isa, \

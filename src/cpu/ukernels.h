@@ -16,13 +16,18 @@ namespace kiln::cpu {
   void name(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,          \
             int64_t ldb, bool accumulate, float* c, int64_t ldc)
 
+// The _bt forms take b as Bᵀ, [n, k] with row stride ldb.
 KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic);
+KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic_bt);
 #ifdef KILN_CPU_X86
 KILN_DECLARE_F32_GEMM(f32_gemm_4x24__avx2);
+KILN_DECLARE_F32_GEMM(f32_gemm_4x24__avx2_bt);
 KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512);
+KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512_bt);
 #endif
 #ifdef KILN_CPU_ARM64
 KILN_DECLARE_F32_GEMM(f32_gemm_8x8__neon);
+KILN_DECLARE_F32_GEMM(f32_gemm_8x8__neon_bt);
 #endif
 
 // f32-gemv: the streaming products for a few rows (see kiln/cpu/config.h).

@@ -113,17 +113,17 @@ std::string binding_text(const pt2::SymbolBinding& b) {
 
 }  // namespace
 
-EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats) {
+EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats, const EdgeOptions& options) {
   const auto& symbols = ep.graph.symbols;
   check(!symbols.empty(), "internal: to_edge_dynamic on a static program");
   pt2::SymbolBinding upper;
   for (const auto& s : symbols) upper[s.name] = s.max;
-  EdgeProgram base = to_edge(ep, stats);
+  EdgeProgram base = to_edge(ep, stats, options);
   auto lower_at = [&](pt2::SymbolBinding b) {
     Lowered l;
     l.binding = std::move(b);
     l.ep = std::make_unique<pt2::ExportedProgram>(pt2::read_pt2(ep.path, &l.binding));
-    l.edge = to_edge(*l.ep, nullptr);
+    l.edge = to_edge(*l.ep, nullptr, options);
     check_same_structure(base, l.edge, binding_text(l.binding));
     return l;
   };

@@ -52,6 +52,17 @@ TEST_P(F32Gemm, LeadingDimensionsWiderThanRows) {
           GemmTester().m(m).n(n).k(k).a_pad(3).b_pad(5).c_pad(7).accumulate(acc).test(GetParam());
 }
 
+// gemm_bt (B given as Bᵀ, [n, k]: a linear layer's weights as files hold them) against the same reference.
+TEST_P(F32Gemm, TransposedB) {
+  for (int64_t k : {int64_t{1}, int64_t{5}, kc() - 1, kc() + 1, 2 * kc() + 3})
+    for (int64_t m : {int64_t{1}, mr() + 1, 2 * mr() + 1})
+      for (int64_t n : {int64_t{1}, int64_t{3}, nr() - 1, nr(), nr() + 1, 2 * nr() + 5})
+        for (bool acc : {false, true})
+          GemmTester().m(m).n(n).k(k).b_pad(k % 2 == 0 ? 0 : 3).c_pad(2).accumulate(acc).alpha(acc ? 0.5f : 1.0f)
+              .transposed_b(true).test(GetParam());
+  GemmTester().m(37).n(200).k(300).float_data(true).transposed_b(true).test(GetParam());
+}
+
 TEST_P(F32Gemm, FloatData) {
   for (uint32_t seed : {1u, 2u, 3u})
     GemmTester().m(2 * mr() + 1).n(2 * nr() + 1).k(kc() + 5).alpha(0.7f).accumulate(seed == 2).b_pad(1).float_data(true)

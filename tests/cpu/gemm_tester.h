@@ -45,11 +45,13 @@ class GemmTester {
   GemmTester& accumulate(bool v) { accumulate_ = v; return *this; }
   GemmTester& float_data(bool v) { float_data_ = v; return *this; }
   GemmTester& seed(uint32_t v) { seed_ = v; return *this; }
+  // runs the variant's gemm_bt on Bᵀ ([n, k], its rows padded by b_pad) instead of gemm on B
+  GemmTester& transposed_b(bool v) { transposed_b_ = v; return *this; }
 
   void test(const F32GemmVariant& v) const {
     SCOPED_TRACE(::testing::Message() << v.name << " m=" << m_ << " n=" << n_ << " k=" << k_ << " lda=" << lda()
                                       << " ldb=" << ldb() << " ldc=" << ldc() << " alpha=" << alpha_
-                                      << " accumulate=" << accumulate_);
+                                      << " accumulate=" << accumulate_ << " transposed_b=" << transposed_b_);
     std::mt19937 rng(seed_);
     auto fill = [&](std::vector<float>& x) {
       std::uniform_int_distribution<int> ints(-3, 3);
@@ -65,7 +67,15 @@ class GemmTester {
       for (int64_t j = n_; j < ldc(); ++j) c0[static_cast<size_t>(i * ldc() + j)] = kSentinel;
 
     std::vector<float> c = c0;
-    v.gemm(m_, n_, k_, alpha_, a.data(), lda(), b.data(), ldb(), accumulate_, c.data(), ldc());
+    if (transposed_b_) {
+      const int64_t ldbt = k_ + b_pad_;
+      std::vector<float> bt(static_cast<size_t>(n_ * ldbt), kSentinel);
+      for (int64_t p = 0; p < k_; ++p)
+        for (int64_t j = 0; j < n_; ++j) bt[static_cast<size_t>(j * ldbt + p)] = b[static_cast<size_t>(p * ldb() + j)];
+      v.gemm_bt(m_, n_, k_, alpha_, a.data(), lda(), bt.data(), ldbt, accumulate_, c.data(), ldc());
+    } else {
+      v.gemm(m_, n_, k_, alpha_, a.data(), lda(), b.data(), ldb(), accumulate_, c.data(), ldc());
+    }
 
     // the reference, and a bound on each entry's rounding error relative to it
     std::vector<double> ref(static_cast<size_t>(m_ * n_)), bound(static_cast<size_t>(m_ * n_));
@@ -111,7 +121,7 @@ class GemmTester {
 
   int64_t m_ = 1, n_ = 1, k_ = 1, a_pad_ = 0, b_pad_ = 0, c_pad_ = 0;
   float alpha_ = 1.0f;
-  bool accumulate_ = false, float_data_ = false;
+  bool accumulate_ = false, float_data_ = false, transposed_b_ = false;
   uint32_t seed_ = 0;
 };
 

@@ -53,6 +53,7 @@ struct F32GemmVariant {
   int mr, nr;        // register tile: rows of A, columns of B
   int64_t kc;        // K block (rows of a packed B panel)
   F32GemmFn gemm;
+  F32GemmFn gemm_bt;  // the same with b given as Bᵀ, [n, k] (sgemm_bt)
 };
 
 std::span<const F32GemmVariant> f32_gemm_variants();  // all built in, widest first, runnable or not

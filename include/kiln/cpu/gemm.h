@@ -15,6 +15,11 @@ namespace kiln::cpu {
 void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
            bool accumulate, float* c, int64_t ldc);
 
+// C[m, n] = alpha * A[m, k] · Bᵀ + (accumulate ? C : 0) with b = Bᵀ given [n, k] (row stride ldb): a
+// linear layer's weights as files hold them, without a transposed copy (B's panels are packed from it).
+void sgemm_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+              bool accumulate, float* c, int64_t ldc);
+
 // The code paths of sgemm are the ISA levels of config.h.
 using SgemmIsa = Isa;
 
@@ -25,5 +30,7 @@ inline const char* sgemm_isa_name(SgemmIsa isa) { return isa_name(isa); }  // "g
 // nothing, when this build or CPU lacks it.
 bool sgemm_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                 const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
+bool sgemm_bt_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc);
 
 }  // namespace kiln::cpu

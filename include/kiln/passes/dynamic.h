@@ -38,6 +38,7 @@ struct DynamicShapes {
 // Lowers a dynamic program (ep read at its upper bounds; ep.graph.symbols not
 // empty) to edge form with its DynamicShapes. Throws kiln::Error with one line
 // when a dependence on a symbol is not one kiln can express.
-EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats = nullptr);
+EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats = nullptr,
+                            const EdgeOptions& options = {});
 
 }  // namespace kiln::passes

@@ -16,5 +16,10 @@ __attribute__((target("avx2,fma"))) void f32_gemm_4x24__avx2(int64_t m, int64_t 
   f32_gemm_blocked<4, 3, VecOf<32>::type, 256>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
+__attribute__((target("avx2,fma"))) void f32_gemm_4x24__avx2_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+    int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  f32_gemm_blocked<4, 3, VecOf<32>::type, 256, true>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+
 }  // namespace kiln::cpu
 #endif

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace kiln::cpu {
 namespace {  // internal linkage: each variant's file keeps its own copy, built for its ISA
@@ -51,6 +52,24 @@ KILN_CPU_INLINE void pack_b(const float* b, int64_t ldb, int64_t kc, int64_t nr,
       for (; j < NR; ++j) bp[k * NR + j] = 0.0f;
     }
   }
+}
+
+// The same panel from a transposed B, given as Bᵀ[0:nr, 0:kc] (row stride ldb): each of its rows is
+// a column of the panel (a linear layer's weights as files hold them, [N, K]).
+template <int NR>
+KILN_CPU_INLINE void pack_b_transposed(const float* bt, int64_t ldb, int64_t kc, int64_t nr, float* bp) {
+  int64_t j = 0;
+  for (; j + 4 <= nr; j += 4) {  // four rows of Bᵀ at a time: four streams, each written NR apart
+    const float *r0 = bt + j * ldb, *r1 = r0 + ldb, *r2 = r1 + ldb, *r3 = r2 + ldb;
+    for (int64_t k = 0; k < kc; ++k) {
+      float* o = bp + k * NR + j;
+      o[0] = r0[k], o[1] = r1[k], o[2] = r2[k], o[3] = r3[k];
+    }
+  }
+  for (; j < nr; ++j)
+    for (int64_t k = 0; k < kc; ++k) bp[k * NR + j] = bt[j * ldb + k];
+  for (; j < NR; ++j)
+    for (int64_t k = 0; k < kc; ++k) bp[k * NR + j] = 0.0f;
 }
 
 // One MR x NR tile: C[0:mr, 0:nr] = alpha * A[0:mr, 0:kc] · Bp + (load_c ? C : 0).
@@ -104,7 +123,8 @@ KILN_CPU_INLINE void micro_tile(int64_t kc, const float* a, int64_t lda, int64_t
 }
 
 // KC: rows of a packed B panel; the default keeps the panel at 32 KiB (L1).
-template <int MR, int NV, typename V, int64_t KC = 32 * 1024 / (NV * static_cast<int64_t>(sizeof(V)))>
+// BT: b is Bᵀ, [n, k] with row stride ldb (C = A · bᵀ).
+template <int MR, int NV, typename V, int64_t KC = 32 * 1024 / (NV * static_cast<int64_t>(sizeof(V))), bool BT = false>
 KILN_CPU_INLINE void f32_gemm_blocked(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                                       const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   constexpr int VL = static_cast<int>(sizeof(V) / sizeof(float));
@@ -115,17 +135,24 @@ KILN_CPU_INLINE void f32_gemm_blocked(int64_t m, int64_t n, int64_t k, float alp
     const bool load_c = accumulate || pc > 0;
     for (int64_t jr = 0; jr < n; jr += NR) {
       const int64_t nr = n - jr < NR ? n - jr : NR;
-      pack_b<NR>(b + pc * ldb + jr, ldb, kc, nr, bp);
+      if constexpr (BT) {
+        pack_b_transposed<NR>(b + jr * ldb + pc, ldb, kc, nr, bp);
+      } else {
+        pack_b<NR>(b + pc * ldb + jr, ldb, kc, nr, bp);
+      }
       // The next panel's rows of B (the next columns, or the next K block's first ones): kc rows
       // ldb apart, each its own stream, too many for the hardware prefetcher, so packing them
       // would wait on memory row by row. Each tile below prefetches its share of those rows.
       const float* next_b = nullptr;
       int64_t next_kc = 0, next_nr = 0;
       if (jr + NR < n) {
-        next_b = b + pc * ldb + jr + NR, next_kc = kc, next_nr = n - jr - NR < NR ? n - jr - NR : NR;
+        next_b = BT ? b + (jr + NR) * ldb + pc : b + pc * ldb + jr + NR, next_kc = kc,
+        next_nr = n - jr - NR < NR ? n - jr - NR : NR;
       } else if (pc + KC < k) {
-        next_b = b + (pc + KC) * ldb, next_kc = k - pc - KC < KC ? k - pc - KC : KC, next_nr = n < NR ? n : NR;
+        next_b = BT ? b + pc + KC : b + (pc + KC) * ldb, next_kc = k - pc - KC < KC ? k - pc - KC : KC,
+        next_nr = n < NR ? n : NR;
       }
+      if constexpr (BT) std::swap(next_kc, next_nr);  // Bᵀ's panel: next_nr rows of next_kc floats
       const int64_t tiles = (m + MR - 1) / MR;
       for (int64_t ir = 0; ir < m; ir += MR) {
         const int64_t mr = m - ir < MR ? m - ir : MR;

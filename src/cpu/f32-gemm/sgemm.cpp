@@ -37,6 +37,23 @@ bool sgemm_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, cons
   return false;
 }
 
+void sgemm_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+              bool accumulate, float* c, int64_t ldc) {
+  if (sgemm_needs_work(m, n, k, accumulate, c, ldc))
+    f32_gemm_config().gemm_bt(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+bool sgemm_bt_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (!isa_supported(isa)) return false;
+  for (const F32GemmVariant& v : f32_gemm_variants())
+    if (v.isa == isa) {
+      if (sgemm_needs_work(m, n, k, accumulate, c, ldc)) v.gemm_bt(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+      return true;
+    }
+  return false;
+}
+
 SgemmIsa sgemm_isa() { return f32_gemm_config().isa; }
 
 }  // namespace kiln::cpu

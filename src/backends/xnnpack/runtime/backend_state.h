@@ -266,7 +266,7 @@ int64_t live_positions(const float* mask, int64_t rows, int64_t n);
 void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out);
 void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out);
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);
-void run_fully_connected(const Exec& ex, Step& s, const float* x, float* out);
+void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out);
 void run_transpose(const Exec& ex, const Step& s, const float* in, float* out);
 void run_slice(const Step& s, const float* in, float* out);
 void run_unary(const Exec& ex, const Step& s, const float* in, float* out);

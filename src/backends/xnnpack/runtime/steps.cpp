@@ -116,33 +116,22 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
 
 // out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks
 // (over rows when W has a few columns).
-void run_fully_connected(const Exec& ex, Step& s, const float* x, float* out) {
+void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out) {
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();  // a few rows: streaming products (W read once)
   if (s.weights_nk && s.m >= kGemvRows) {
     // Many rows with W as the file has it, [n, k] (a dynamic delegate keeps one layout for every
-    // size): xt = xᵀ [k, m] into the step's scratch, then per block of 64 rows of W,
-    // tile[nb, m] = W[n0:n0+nb, :] · xt, written into out transposed (+ bias, clamped).
-    constexpr int64_t kRowsBlock = 64, kColsBlock = 256;
-    float* xt = s.scratch.data();
-    for (int64_t r0 = 0; r0 < s.m; r0 += 16)
-      for (int64_t c0 = 0; c0 < s.k; c0 += 16)
-        for (int64_t r = r0; r < std::min(s.m, r0 + 16); ++r)
-          for (int64_t c = c0; c < std::min(s.k, c0 + 16); ++c) xt[c * s.m + r] = x[r * s.k + c];
-    const int64_t blocks = (s.n + kRowsBlock - 1) / kRowsBlock;
-    ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
-      const int64_t n0 = static_cast<int64_t>(t) * kRowsBlock, nb = std::min(kRowsBlock, s.n - n0);
-      alignas(64) float tile[kRowsBlock * kColsBlock];  // 64 KiB of the worker's stack
-      for (int64_t m0 = 0; m0 < s.m; m0 += kColsBlock) {
-        const int64_t mb = std::min(kColsBlock, s.m - m0);
-        cpu::sgemm(nb, mb, s.k, 1.0f, s.weights + n0 * s.k, s.k, xt + m0, s.m, false, tile, mb);
-        for (int64_t i0 = 0; i0 < mb; i0 += 16)
-          for (int64_t j0 = 0; j0 < nb; j0 += 16)
-            for (int64_t i = i0; i < std::min(mb, i0 + 16); ++i)
-              for (int64_t j = j0; j < std::min(nb, j0 + 16); ++j) {
-                const float v = tile[j * mb + i] + (s.bias ? s.bias[n0 + j] : 0.0f);
-                out[(m0 + i) * s.n + n0 + j] = std::min(std::max(v, s.lo), s.hi);
-              }
-      }
+    // size): the GEMM packs its B panels from W's rows (cpu::sgemm_bt); tasks of 64-column blocks.
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, kTasksPerThread * ex.threads));
+    const int64_t cols = ((s.n + tasks - 1) / tasks + 63) / 64 * 64;
+    ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
+      const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
+      if (nb <= 0) return;
+      if (s.bias)
+        for (int64_t i = 0; i < s.m; ++i) std::memcpy(out + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
+      cpu::sgemm_bt(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0 * s.k, s.k, s.bias != nullptr, out + n0, s.n);
+      if (s.lo != -INFINITY || s.hi != INFINITY)
+        for (int64_t i = 0; i < s.m; ++i)
+          for (int64_t j = n0; j < n0 + nb; ++j) out[i * s.n + j] = std::min(std::max(out[i * s.n + j], s.lo), s.hi);
     });
     return;
   }

@@ -1321,7 +1321,6 @@ Status Builder::kiln_step(State& st, size_t i) {
       // A dynamic delegate keeps W as the file has it for every size (run_fully_connected has a
       // GEMM over [N, K] for many rows), so that no plan holds a second copy of the weights.
       step.weights_nk = dynamic_ ? !kn : step.m < kGemvRows;
-      if (step.weights_nk && step.m >= kGemvRows) step.scratch.assign(static_cast<size_t>(step.m * step.k), 0.0f);
       if (step.weights_nk != kn) {
         step.weights = static_cast<const float*>(w.constant);  // read in place, from the file
       } else {
