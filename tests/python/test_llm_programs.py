@@ -221,6 +221,21 @@ def test_dynamic_prefill_then_decode_both_runtimes(arch, backend, tmp_path):
     # kiln's LLM runner feeds a prompt to such a program in whole calls
     bench = json.loads(run_kiln("bench-llm", pte, "-p", "8", "-n", "2", "-r", "1", "--json").stdout)
     assert bench["tokens_per_call"] == MAX_SEQ and bench["results"][0]["prefill_tokens_per_s"] > 0, bench
+    if backend == "xnnpack":
+        # ExecuTorch's own lowering of the same dynamic .pt2 (its XNNPACK delegates reshaped per call, its
+        # views as executorch_prim::et_view) in kiln's runtime: the same calls, the same oracle
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+
+        ep = torch.export.load(str(out / f"{arch}.pt2"))
+        et_pte = tmp_path / f"{arch}_dynamic_et.pte"
+        et_pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+        et_args = [a if not str(a).endswith(tuple(f"o{k}.npy" for k in range(len(calls)))) else
+                   tmp_path / ("et_" + Path(a).name) for a in args]
+        run_kiln("run", et_pte, "--steps", len(calls), *et_args)
+        for k, ((t, p), w) in enumerate(zip(calls, want)):
+            assert_close(np.load(tmp_path / f"et_o{k}.npy"), w,
+                         f"{arch}: ExecuTorch's .pte in kiln's runtime, call {k} (T={len(t)} at {p})")
 
 
 def _kiln_external_steps(pte: Path, tokens, caches: int, work: Path):
