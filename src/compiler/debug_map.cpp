@@ -71,6 +71,8 @@ std::string debug_map_json(const DebugMapInput& in) {
       std::string op = s == nullptr ? node.target
                                     : (s->overload.empty() ? std::string(s->kernel) : fmt::format("{}.{}", s->kernel, s->overload));
       instructions.push_back({{"index", k}, {"kind", "kernel"}, {"debug_handle", inode[k]}, {"op", op}});
+    } else if (iregion[k] < 0) {  // a dynamic program's shape arithmetic (sym_size, executorch_prim)
+      instructions.push_back({{"index", k}, {"kind", "scalar"}});
     } else {
       const auto r = static_cast<size_t>(iregion[k]);
       region_instruction[r] = static_cast<int32_t>(k);

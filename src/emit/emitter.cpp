@@ -505,6 +505,8 @@ class Emitter {
     call.args = std::move(args);
     call.args.push_back(out);
     plan_.instructions.push_back(std::move(call));
+    report_->instruction_node.push_back(-1);  // no graph node: shape arithmetic (the debug map's "scalar")
+    report_->instruction_region.push_back(-1);
     ++report_->kernel_calls;
     ++report_->operators[fmt::format("{}.{}", name, overload)];
     return out;

@@ -221,6 +221,13 @@ def test_dynamic_prefill_then_decode_both_runtimes(arch, backend, tmp_path):
     # kiln's LLM runner feeds a prompt to such a program in whole calls
     bench = json.loads(run_kiln("bench-llm", pte, "-p", "8", "-n", "2", "-r", "1", "--json").stdout)
     assert bench["tokens_per_call"] == MAX_SEQ and bench["results"][0]["prefill_tokens_per_s"] > 0, bench
+    # kiln profile of decode steps and of a prefill: the debug map describes this program (its shape
+    # arithmetic included), so the rows are named after the model's modules
+    dmap = json.loads(pte.with_suffix(".debug.json").read_text())
+    for tokens in (1, 5):
+        prof = json.loads(run_kiln("profile", pte, "--tokens", tokens, "--iters", "2", "--json").stdout)
+        assert prof["debug_map"] and prof["instructions"] == len(dmap["instructions"]), prof.get("note")
+        assert any(".mlp" in r["module"] for r in prof["by_module"]), prof["by_module"][:5]
     if backend == "xnnpack":
         # ExecuTorch's own lowering of the same dynamic .pt2 (its XNNPACK delegates reshaped per call, its
         # views as executorch_prim::et_view) in kiln's runtime: the same calls, the same oracle
