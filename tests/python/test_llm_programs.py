@@ -221,6 +221,12 @@ def test_dynamic_prefill_then_decode_both_runtimes(arch, backend, tmp_path):
     # kiln's LLM runner feeds a prompt to such a program in whole calls
     bench = json.loads(run_kiln("bench-llm", pte, "-p", "8", "-n", "2", "-r", "1", "--json").stdout)
     assert bench["tokens_per_call"] == MAX_SEQ and bench["results"][0]["prefill_tokens_per_s"] > 0, bench
+    # after a prefill and a decode step, the next decode step allocates nothing (its plan is kept)
+    proc = subprocess.run([str(REPO / "build" / "kiln_alloc_check"), str(pte), "--llm-steps"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["hook_counted"] >= 1 and result["allocations_during_execute"] == 0, result
     # kiln profile of decode steps and of a prefill: the debug map describes this program (its shape
     # arithmetic included), so the rows are named after the model's modules
     dmap = json.loads(pte.with_suffix(".debug.json").read_text())

@@ -56,9 +56,12 @@ int posix_memalign(void** out, size_t a, size_t n) {
 }
 
 int main(int argc, char** argv) {
+  // --llm-steps: a dynamic LLM program (forward(tokens[1, T], input_pos[T])): a 3-token prefill and a
+  // 1-token decode step unarmed, then a decode step at the next position armed (a size seen before)
   const bool profile = argc == 3 && std::strcmp(argv[2], "--profile") == 0;
-  if (argc != 2 && !profile) {
-    std::fprintf(stderr, "usage: kiln_alloc_check FILE.pte [--profile]\n");
+  const bool llm_steps = argc == 3 && std::strcmp(argv[2], "--llm-steps") == 0;
+  if (argc != 2 && !profile && !llm_steps) {
+    std::fprintf(stderr, "usage: kiln_alloc_check FILE.pte [--profile | --llm-steps]\n");
     return 2;
   }
   // delegated programs: the XNNPACK backend with a thread pool, as `kiln bench --threads 2` runs them
@@ -89,6 +92,42 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "set_input: %s\n", err.c_str());
       return 1;
     }
+  }
+  if (llm_steps) {
+    if (method->num_inputs() != 2 || !method->input_is_dynamic(0) || !method->input_is_dynamic(1)) {
+      std::fprintf(stderr, "--llm-steps: not a dynamic LLM program\n");
+      return 1;
+    }
+    int64_t pos = 0;
+    std::vector<int64_t> p(static_cast<size_t>(method->input(1).numel));  // positions, filled per step
+    auto step = [&](int64_t t, bool armed) -> kiln::rt::Status {
+      for (int64_t k = 0; k < t; ++k) p[static_cast<size_t>(k)] = pos + k;
+      pos += t;
+      const int64_t ts[2] = {1, t}, ps[1] = {t};
+      if (method->set_input(0, inputs[0].data(), static_cast<size_t>(t) * 8, ts, &err) != kiln::rt::Status::Ok ||
+          method->set_input(1, p.data(), static_cast<size_t>(t) * 8, ps, &err) != kiln::rt::Status::Ok)
+        return kiln::rt::Status::InvalidArgument;
+      g_armed = armed;
+      kiln::rt::Status s = method->execute(&err);
+      g_armed = false;
+      return s;
+    };
+    if (step(3, false) != kiln::rt::Status::Ok || step(1, false) != kiln::rt::Status::Ok) {
+      std::fprintf(stderr, "execute: %s\n", err.c_str());
+      return 1;
+    }
+    kiln::rt::Status s = step(1, true);
+    long during = g_count.exchange(0);
+    if (s != kiln::rt::Status::Ok) {
+      std::fprintf(stderr, "execute: %s\n", err.c_str());
+      return 1;
+    }
+    g_armed = true;
+    void* volatile probe = std::malloc(16);
+    g_armed = false;
+    std::free(probe);
+    std::printf("{\"allocations_during_execute\": %ld, \"hook_counted\": %ld}\n", during, g_count.load());
+    return 0;
   }
   if (method->execute(&err) != kiln::rt::Status::Ok) {  // warm-up, unarmed
     std::fprintf(stderr, "execute: %s\n", err.c_str());
