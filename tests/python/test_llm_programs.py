@@ -441,6 +441,50 @@ def test_smollm2_64_greedy_tokens_match_transformers(smollm2, tmp_path):
 PER_OP_NEW = 12
 
 
+def test_smollm2_dynamic_prefill_then_64_greedy_tokens_match_transformers(smollm2, tmp_path):
+    """SmolLM2 exported with a dynamic token count and lowered for XNNPACK: the whole chat prompt in one call, then
+    one call per token; the greedy tokens are transformers' in kiln's runtime and in ExecuTorch's, and ExecuTorch's
+    TextLLMRunner (which prefills such a program in one call) writes transformers' answer."""
+    import torch
+
+    _, _, model, tok = smollm2
+    out = tmp_path / "export"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len", "128",
+                           "--dynamic", "--out", str(out)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pte = out / "smollm2_dynamic.pte"
+    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--out", pte, "-q")
+    chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    prompt, want = greedy_chat_reference(model, tok, chat, SMOL_NEW)
+    calls = [(prompt, 0)] + [([t], len(prompt) + k) for k, t in enumerate(want[:-1])]
+    args = []
+    for k, (t, p) in enumerate(calls):
+        np.save(tmp_path / f"t{k}.npy", np.array([t], dtype=np.int64))
+        np.save(tmp_path / f"p{k}.npy", np.arange(p, p + len(t), dtype=np.int64))
+        args += ["-i", tmp_path / f"t{k}.npy", "-i", tmp_path / f"p{k}.npy", "-o", tmp_path / f"o{k}.npy"]
+    run_kiln("run", pte, "--steps", len(calls), "--threads", "2", *args)
+    got_kiln = [int(np.load(tmp_path / f"o{k}.npy")[0, -1].argmax()) for k in range(len(calls))]
+    assert got_kiln == want, f"kiln runtime: {tok.decode(got_kiln)!r} != {tok.decode(want)!r}"
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    got_et = [int(method.execute([torch.tensor([t]), torch.arange(p, p + len(t))])[0][0, -1].argmax())
+              for t, p in calls]
+    assert got_et == want, f"ExecuTorch runtime: {tok.decode(got_et)!r} != {tok.decode(want)!r}"
+
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    eos = list(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])
+    end = next(i for i, t in enumerate(want) if t in eos)
+    pieces = []
+    runner = TextLLMRunner(str(pte), str(out / "tokenizer.json"))
+    runner.generate(text, GenerationConfig(echo=False, max_new_tokens=SMOL_NEW, temperature=0.0),
+                    token_callback=pieces.append)
+    assert "".join(pieces) == tok.decode(want[:end + 1]), ("".join(pieces), tok.decode(want[:end + 1]))
+
+
 def test_smollm2_per_op_runs_in_executorch_with_its_partition_table(smollm2, tmp_path):
     """--per-op (one XNNPACK delegate per node) on SmolLM2: ExecuTorch's runtime gives transformers' greedy
     tokens, and the delegation report names what is delegated and what runs as a portable operator."""
