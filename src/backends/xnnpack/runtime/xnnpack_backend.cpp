@@ -670,6 +670,30 @@ static void transpose_blocked(const float* src, int64_t rows, int64_t cols, floa
 }
 
 // Groups (reshape views), where each group lives, and the arena plan by lifetime.
+// The plan's activations (zeroed), if not made yet, and the subgraphs whose values all live in the
+// arena or constants set up on it (once: those that bind the call's arguments are set up per call).
+Status ensure_arena(State& st, ErrorMessage* error) {
+  if (st.arena != nullptr || st.arena_bytes == 0) return Status::Ok;
+  st.arena = static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, st.arena_bytes));
+  if (!st.arena) return failf(error, Status::OutOfMemory, "cannot allocate %zu bytes of activations", st.arena_bytes);
+  std::memset(st.arena, 0, st.arena_bytes);
+  return Status::Ok;
+}
+
+Status setup_subgraphs(State& st, ErrorMessage* error) {
+  for (Step& step : st.steps) {
+    if (step.kind != StepKind::Subgraph) continue;
+    for (size_t e = 0; e < step.externals.size(); ++e) {
+      const Storage& sto = st.groups[static_cast<size_t>(step.external_groups[e])].storage;
+      if (sto.kind == Storage::Kind::Arena) step.externals[e].data = st.arena + sto.offset;
+    }
+    if (!step.binds_args &&
+        xnn_setup_runtime(step.runtime, step.externals.size(), step.externals.data()) != xnn_status_success)
+      return fail(error, Status::Internal, "xnn_setup_runtime failed");
+  }
+  return Status::Ok;
+}
+
 Status Builder::plan_storage(State& st) {
   const size_t nv = st.values.size();
   std::vector<int32_t> parent(nv);
@@ -793,12 +817,10 @@ Status Builder::plan_storage(State& st) {
     top = std::max(top, at + need);
   }
   st.arena_bytes = top;
-  if (top > 0) {
-    st.arena = static_cast<std::byte*>(std::aligned_alloc(kArenaAlign, top));
-    if (!st.arena) return failf(error_, Status::OutOfMemory, "cannot allocate %zu bytes of activations", top);
-    std::memset(st.arena, 0, top);
-  }
-  return Status::Ok;
+  // A dynamic delegate's first plan is at its upper bounds, which calls may never reach: its arena
+  // is made when a call first runs it (ensure_arena), not held from load.
+  if (dynamic_ && call_.empty()) return Status::Ok;
+  return ensure_arena(st, error_);
 }
 
 
@@ -1622,19 +1644,9 @@ Status Builder::build(std::span<const std::byte> payload, State& st) {
       if (io_[i].in[j] != kInvalidId && !(fc && j >= 1)) only_packed_[io_[i].in[j]] = false;
   }
   if (Status s = make_steps(st); s != Status::Ok) return s;
-  // Subgraphs whose values all live in the arena or constants are set up once, here.
-  for (Step& step : st.steps) {
-    if (step.kind != StepKind::Subgraph) continue;
-    for (size_t e = 0; e < step.externals.size(); ++e) {
-      const Storage& sto = st.groups[static_cast<size_t>(step.external_groups[e])].storage;
-      if (sto.kind == Storage::Kind::Arena) step.externals[e].data = st.arena + sto.offset;
-    }
-    if (!step.binds_args &&
-        xnn_setup_runtime(step.runtime, step.externals.size(), step.externals.data()) != xnn_status_success)
-      return fail(error_, Status::Internal, "xnn_setup_runtime failed");
-  }
   st.bound_args.assign(st.arg_values.size(), nullptr);
-  return Status::Ok;
+  if (st.arena == nullptr && st.arena_bytes > 0) return Status::Ok;  // set up with the arena, at the first call
+  return setup_subgraphs(st, error_);
 }
 
 // ---------------------------------------------------------------- the Backend
@@ -1706,6 +1718,10 @@ Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
 
 // Binds the call's tensors and runs the steps of one plan.
 Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error) {
+  if (st.arena == nullptr && st.arena_bytes > 0) {  // a dynamic delegate's plan at its upper bounds, first run
+    if (Status s = ensure_arena(st, error); s != Status::Ok) return s;
+    if (Status s = setup_subgraphs(st, error); s != Status::Ok) return s;
+  }
   if (st.resizes_outputs || st.dynamic)  // the outputs get this call's sizes (dynamic-bound tensors)
     for (size_t a = st.num_inputs; a < args.size(); ++a) {
       if (!args[a] || !args[a]->is_tensor()) continue;  // reported below
