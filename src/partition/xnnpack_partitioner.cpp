@@ -35,12 +35,14 @@ pte::DataBlob constant_blob(const passes::EdgeProgram& p, graph::ValueId v) {
   return blob;
 }
 
-// A dynamic program's graph with every symbol bound to another value than its upper bound (one
-// less, or its lower bound): the sizes of its tensors and its symbolic integer arguments there.
+// A dynamic program's graph with every symbol bound to one less than its upper bound (a symbol of
+// one value keeps it): the sizes of its tensors and its symbolic integer arguments there. (At 1, a
+// size-1 dim can make the payload builder take another form: then the node stays portable, which
+// is safe, only less delegated.)
 graph::Graph rebound_graph(const passes::EdgeProgram& p) {
   const passes::DynamicShapes& dyn = *p.dynamic;
   std::map<std::string, int64_t, std::less<>> binding;
-  for (const graph::Symbol& sym : dyn.symbols) binding[sym.name] = std::max(sym.min, std::max<int64_t>(2, sym.max - 1));
+  for (const graph::Symbol& sym : dyn.symbols) binding[sym.name] = sym.max > sym.min ? sym.max - 1 : sym.max;
   graph::Graph g = p.graph;
   for (const auto& [v, exprs] : dyn.sizes) {
     graph::TensorMeta& m = g.values[v].meta;

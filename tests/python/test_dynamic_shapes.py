@@ -48,17 +48,17 @@ class SeqModel(torch.nn.Module):
         return self.l2(h.view(b, t, 32)).sum(dim=-1, keepdim=True) + h.view(b * t, 32)[:, :1].view(b, t, 1)
 
 
-def export_dynamic(module, example, dim: int, out: Path, name: str, decompose: bool) -> Path:
+def export_dynamic(module, example, dim: int, out: Path, name: str, decompose: bool, max_t: int = MAX_T) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     module.eval()
     torch.manual_seed(0)
-    T = torch.export.Dim("T", min=1, max=MAX_T)
+    T = torch.export.Dim("T", min=1, max=max_t)
     ep = torch.export.export(module, (example,), dynamic_shapes={"x": {dim: T}})
     if decompose:
         ep = ep.run_decompositions()
     torch.export.save(ep, out / f"{name}.pt2")
     shape = list(example.shape)
-    shape[dim] = MAX_T
+    shape[dim] = max_t
     spec = {"name": name, "model_id": f"tests/{name}", "seq_len": MAX_T, "exported_program": f"{name}.pt2",
             "ir": "core_aten" if decompose else "default",
             "inputs": [{"name": "x", "dtype": "float32", "shape": shape}],
@@ -127,6 +127,22 @@ def test_one_lowering_runs_every_length_in_both_runtimes(tmp_path, case, decompo
         s = list(shape)
         s[dim] = t
         x = torch.randn(*s)
+        with torch.no_grad():
+            ref = module(x).numpy()
+        close(kiln_run(pte, x.numpy(), tmp_path), ref, f"kiln runtime, T={t}")
+        close(et_run(pte, x.numpy()), ref, f"ExecuTorch runtime, T={t}")
+
+
+def test_xnnpack_delegates_of_a_two_value_dim(tmp_path):
+    """T in [1, 2]: the lowering's second look at each region is at T = 1, and every length runs right."""
+    torch.manual_seed(0)
+    module = SmallModel().eval()
+    spec = export_dynamic(module, torch.randn(2, 16), 0, tmp_path, "small2", False, max_t=2)
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "-q")
+    pte = tmp_path / "small2_xnnpack.pte"
+    assert delegate_count(pte) >= 1
+    for t in (1, 2):
+        x = torch.randn(t, 16)
         with torch.no_grad():
             ref = module(x).numpy()
         close(kiln_run(pte, x.numpy(), tmp_path), ref, f"kiln runtime, T={t}")
