@@ -1202,7 +1202,7 @@ const fbx::XNNGraph* payload_graph(const Payload& p) {
   return fbx::GetXNNGraph(p.bytes.data() + fb_off);
 }
 
-// The dims of value `id` in a payload's graph (null if it has none).
+// The dims of value `id` in a payload's graph (nullopt if the graph has no such value).
 std::optional<std::vector<int64_t>> value_dims(const fbx::XNNGraph* g, uint32_t id) {
   if (!g->xvalues()) return std::nullopt;
   for (const fbx::XValue* v : *g->xvalues()) {
@@ -1232,7 +1232,8 @@ std::vector<int32_t> make_sizes_inferred(Payload& at_bounds, const Payload& else
   const auto* an = a->xnodes();
   const auto* bn = b->xnodes();
   const size_t na = an ? an->size() : 0, nb = bn ? bn->size() : 0;
-  // Constants must not depend on the sizes: a node reading one that does is not expressible.
+  // Constants must not depend on the sizes. When one does (a constant the builder sized from a
+  // symbolic dim), which node reads it is not traced here: the region's nodes all stay portable.
   std::map<uint32_t, std::vector<int64_t>> const_dims_a, const_dims_b;
   auto collect = [](const fbx::XNNGraph* g, std::map<uint32_t, std::vector<int64_t>>& out) {
     if (!g->xvalues()) return;
