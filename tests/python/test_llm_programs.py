@@ -409,6 +409,20 @@ def test_token_out_of_range_is_one_clear_error(tiny_llm, tmp_path):
 SMOL_NEW = 64
 
 
+def _check_text_llm_runner(pte: Path, tokenizer: Path, model, tok, chat, want):
+    """ExecuTorch's TextLLMRunner on `pte`, greedy: the text transformers generates up to its end-of-turn token."""
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    eos = list(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])
+    end = next(i for i, t in enumerate(want) if t in eos)
+    pieces = []
+    runner = TextLLMRunner(str(pte), str(tokenizer))
+    runner.generate(text, GenerationConfig(echo=False, max_new_tokens=SMOL_NEW, temperature=0.0),
+                    token_callback=pieces.append)
+    assert "".join(pieces) == tok.decode(want[:end + 1]), ("".join(pieces), tok.decode(want[:end + 1]))
+
+
 def test_smollm2_64_greedy_tokens_match_transformers(smollm2, tmp_path):
     spec, pte, model, tok = smollm2
     out = spec.parent
@@ -426,16 +440,7 @@ def test_smollm2_64_greedy_tokens_match_transformers(smollm2, tmp_path):
 
     # ExecuTorch's LLM runner (constant methods, forward(tokens, start_pos), token-by-token prefill) on kiln's
     # .pte: greedy until the end-of-turn token, as transformers generates it
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
-    text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-    eos = list(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])
-    end = next(i for i, t in enumerate(want) if t in eos)
-    pieces = []
-    runner = TextLLMRunner(str(pte), str(out / "tokenizer.json"))
-    runner.generate(text, GenerationConfig(echo=False, max_new_tokens=SMOL_NEW, temperature=0.0),
-                    token_callback=pieces.append)
-    assert "".join(pieces) == tok.decode(want[:end + 1]), ("".join(pieces), tok.decode(want[:end + 1]))
+    _check_text_llm_runner(pte, out / "tokenizer.json", model, tok, chat, want)
 
 
 PER_OP_NEW = 12
@@ -473,16 +478,7 @@ def test_smollm2_dynamic_prefill_then_64_greedy_tokens_match_transformers(smollm
               for t, p in calls]
     assert got_et == want, f"ExecuTorch runtime: {tok.decode(got_et)!r} != {tok.decode(want)!r}"
 
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
-    text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-    eos = list(model.config.eos_token_id if isinstance(model.config.eos_token_id, list) else [model.config.eos_token_id])
-    end = next(i for i, t in enumerate(want) if t in eos)
-    pieces = []
-    runner = TextLLMRunner(str(pte), str(out / "tokenizer.json"))
-    runner.generate(text, GenerationConfig(echo=False, max_new_tokens=SMOL_NEW, temperature=0.0),
-                    token_callback=pieces.append)
-    assert "".join(pieces) == tok.decode(want[:end + 1]), ("".join(pieces), tok.decode(want[:end + 1]))
+    _check_text_llm_runner(pte, out / "tokenizer.json", model, tok, chat, want)
 
 
 def test_smollm2_per_op_runs_in_executorch_with_its_partition_table(smollm2, tmp_path):

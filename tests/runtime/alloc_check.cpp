@@ -55,6 +55,17 @@ int posix_memalign(void** out, size_t a, size_t n) {
 }
 }
 
+// Prints the result line: allocations counted while armed, and whether the hook counts at all
+// (a malloc made armed, after the measured call, must be seen).
+int report(long during) {
+  g_armed = true;
+  void* volatile probe = std::malloc(16);
+  g_armed = false;
+  std::free(probe);
+  std::printf("{\"allocations_during_execute\": %ld, \"hook_counted\": %ld}\n", during, g_count.load());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   // --llm-steps: a dynamic LLM program (forward(tokens[1, T], input_pos[T])): a 3-token prefill and a
   // 1-token decode step unarmed, then a decode step at the next position armed (a size seen before)
@@ -122,12 +133,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "execute: %s\n", err.c_str());
       return 1;
     }
-    g_armed = true;
-    void* volatile probe = std::malloc(16);
-    g_armed = false;
-    std::free(probe);
-    std::printf("{\"allocations_during_execute\": %ld, \"hook_counted\": %ld}\n", during, g_count.load());
-    return 0;
+    return report(during);
   }
   if (method->execute(&err) != kiln::rt::Status::Ok) {  // warm-up, unarmed
     std::fprintf(stderr, "execute: %s\n", err.c_str());
@@ -144,10 +150,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "execute: %s\n", err.c_str());
     return 1;
   }
-  g_armed = true;
-  void* volatile probe = std::malloc(16);
-  g_armed = false;
-  std::free(probe);
-  std::printf("{\"allocations_during_execute\": %ld, \"hook_counted\": %ld}\n", during, g_count.load());
-  return 0;
+  return report(during);
 }

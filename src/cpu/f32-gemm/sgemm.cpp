@@ -26,15 +26,22 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
     f32_gemm_config().gemm(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
-bool sgemm_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+// `fn` (gemm or gemm_bt) of the variant for `isa`; false when this build or CPU lacks it.
+static bool run_variant(SgemmIsa isa, F32GemmFn F32GemmVariant::*fn, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
+                        int64_t ldc) {
   if (!isa_supported(isa)) return false;
   for (const F32GemmVariant& v : f32_gemm_variants())
     if (v.isa == isa) {
-      if (sgemm_needs_work(m, n, k, accumulate, c, ldc)) v.gemm(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+      if (sgemm_needs_work(m, n, k, accumulate, c, ldc)) (v.*fn)(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
       return true;
     }
   return false;
+}
+
+bool sgemm_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  return run_variant(isa, &F32GemmVariant::gemm, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 void sgemm_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
@@ -45,13 +52,7 @@ void sgemm_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int6
 
 bool sgemm_bt_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                    const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
-  if (!isa_supported(isa)) return false;
-  for (const F32GemmVariant& v : f32_gemm_variants())
-    if (v.isa == isa) {
-      if (sgemm_needs_work(m, n, k, accumulate, c, ldc)) v.gemm_bt(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
-      return true;
-    }
-  return false;
+  return run_variant(isa, &F32GemmVariant::gemm_bt, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 SgemmIsa sgemm_isa() { return f32_gemm_config().isa; }

@@ -118,24 +118,7 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
 // (over rows when W has a few columns).
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out) {
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();  // a few rows: streaming products (W read once)
-  if (s.weights_nk && s.m >= kGemvRows) {
-    // Many rows with W as the file has it, [n, k] (a dynamic delegate keeps one layout for every
-    // size): the GEMM packs its B panels from W's rows (cpu::sgemm_bt); tasks of 64-column blocks.
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + 63) / 64, kTasksPerThread * ex.threads));
-    const int64_t cols = ((s.n + tasks - 1) / tasks + 63) / 64 * 64;
-    ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
-      const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, s.n - n0);
-      if (nb <= 0) return;
-      if (s.bias)
-        for (int64_t i = 0; i < s.m; ++i) std::memcpy(out + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
-      cpu::sgemm_bt(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0 * s.k, s.k, s.bias != nullptr, out + n0, s.n);
-      if (s.lo != -INFINITY || s.hi != INFINITY)
-        for (int64_t i = 0; i < s.m; ++i)
-          for (int64_t j = n0; j < n0 + nb; ++j) out[i * s.n + j] = std::min(std::max(out[i * s.n + j], s.lo), s.hi);
-    });
-    return;
-  }
-  if (s.weights_nk) {  // W [n, k], a few rows: each task reads one contiguous block of W's rows
+  if (s.weights_nk && s.m < kGemvRows) {  // W [n, k], a few rows: each task reads one contiguous block of W's rows
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 31) / 32, kTasksPerThread * ex.threads));
     const int64_t per = (s.n + blocks - 1) / blocks;
     ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
@@ -166,7 +149,7 @@ void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* o
     });
     return;
   }
-  if (s.n < 4) {
+  if (s.n < 4 && !s.weights_nk) {  // W [k, n] with a few columns: columns of W, strided
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, kTasksPerThread * ex.threads));
     const int64_t per = (s.m + parts - 1) / parts;
     ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
@@ -189,7 +172,10 @@ void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* o
     if (nb <= 0) return;
     if (s.bias)
       for (int64_t i = 0; i < s.m; ++i) std::memcpy(out + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
-    cpu::sgemm(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0, s.n, s.bias != nullptr, out + n0, s.n);
+    if (s.weights_nk)  // W as the file has it, [n, k] (a dynamic delegate keeps one layout for every size):
+      cpu::sgemm_bt(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0 * s.k, s.k, s.bias != nullptr, out + n0, s.n);
+    else
+      cpu::sgemm(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0, s.n, s.bias != nullptr, out + n0, s.n);
     if (s.lo != -INFINITY || s.hi != INFINITY)
       for (int64_t i = 0; i < s.m; ++i)
         for (int64_t j = n0; j < n0 + nb; ++j) out[i * s.n + j] = std::min(std::max(out[i * s.n + j], s.lo), s.hi);
