@@ -46,6 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
 HERE = Path(__file__).resolve().parent
+VOCAB, HIDDEN = 49152, 576  # SmolLM2-135M's embedding table
 
 
 def log(msg: str) -> None:
@@ -112,6 +113,8 @@ def make_artifacts(work: Path, kiln: Path, max_seq: int, dynamic: bool = False) 
 
 
 def cell_cmd(side: str, path: Path, kiln: Path, t: int, p: int, n: int, reps: int):
+    if side == "bandwidth":  # the roofline's probe, a cell of its own: the host's bandwidth drifts during a run
+        return [Path(kiln).parent / "kiln_bandwidth.bin", "--threads", t, "--reps", 3]
     if side == "kiln":
         return [kiln, "bench-llm", path, "-p", p, "-n", n, "--threads", t, "--reps", reps, "--json"]
     if side == "ET runner":
@@ -145,17 +148,19 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     kiln = work / "kiln.bin"  # a copy: a rebuild during the run cannot mix two versions
     shutil.copy2(args.kiln, kiln)
+    shutil.copy2(Path(args.kiln).parent / "kiln_bandwidth", work / "kiln_bandwidth.bin")
     files = make_artifacts(work, kiln, args.p + args.n, args.dynamic)
 
     cells = []  # (precision, side, file key, threads)
     for t in threads:
+        cells += [("-", "bandwidth", "-", t)]
         cells += [("fp32", "kiln", "kiln_fp32", t), ("fp32", "ExecuTorch", "et_fp32", t),
                   ("fp32", "ET runner", "et_fp32", t),
                   ("fp32", "llama.cpp", "gguf_f32", t), ("8da4w / Q4_1", "kiln", "kiln_8da4w", t),
                   ("8da4w / Q4_1", "ExecuTorch", "et_8da4w", t), ("8da4w / Q4_1", "ET runner", "et_8da4w", t),
                   ("8da4w / Q4_1", "llama.cpp", "gguf_q4_1", t)]
     if args.only:
-        keep = {x.strip() for x in args.only.split(",")}
+        keep = {x.strip() for x in args.only.split(",")} | {"bandwidth"}
         cells = [c for c in cells if c[1] in keep]
     results = {c: [] for c in cells}
     errors = {}
@@ -168,7 +173,7 @@ def main() -> None:
                 continue
             prec, side, key, t = c
             log(f"round {r + 1}/{args.rounds}: {side} {prec} {t} thread(s)")
-            proc = run(cell_cmd(side, files[key], kiln, t, args.p, args.n, args.reps))
+            proc = run(cell_cmd(side, files.get(key, ""), kiln, t, args.p, args.n, args.reps))
             if proc.returncode != 0:
                 errors[c] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]
                 log(f"  failed: {errors[c]}")
@@ -176,6 +181,9 @@ def main() -> None:
             # the last line: ExecuTorch's runner logs to stdout before the script's JSON
             j = json.loads(proc.stdout.strip().splitlines()[-1])
             row = j["results"][0]
+            if side == "bandwidth":
+                results[c].append((None, row["read_gb_per_s"], None))
+                continue
             results[c].append((row["prefill_tokens_per_s"], row["decode_tokens_per_s"], j.get("system_info")))
     load1 = os.getloadavg()
 
@@ -216,9 +224,26 @@ def main() -> None:
               f"TextLLMRunner: its C++ LLM runner through its bindings (bench/llm_compare/et_runner_llm.py) on a text "
               f"prompt cut to {args.p} tokens, greedy, its own Stats timestamps (ms), decode stops early at EOS.")
     md.append("")
+    # Weight bytes one decode step reads: kiln's file (fp32: every weight once, the tied table as the LM
+    # head); 8da4w less the fp32 embedding table, of which the lookup reads one row.
+    per_token = {"fp32": Path(files["kiln_fp32"]).stat().st_size,
+                 "8da4w / Q4_1": Path(files["kiln_8da4w"]).stat().st_size - VOCAB * HIDDEN * 4}
+    bw = {t: med(("-", "bandwidth", "-", t), 1) for t in threads}
+    md.append("Roofline: weight bytes per decode step (kiln's fp32 file, "
+              f"{per_token['fp32'] / 1e6:.1f} MB; its 8da4w file less the fp32 embedding table, "
+              f"{per_token['8da4w / Q4_1'] / 1e6:.1f} MB) over the read bandwidth `kiln_bandwidth` measured as a cell "
+              "of the same rounds (median; " + ", ".join(f"{fmt(bw[t])} GB/s at {t} thread(s)" for t in threads) +
+              "). Roofline columns: a runtime's decode bytes/s as a share of it (ExecuTorch's 8da4w and fp32 files "
+              "read the same weights).")
+    md.append("")
+
+    def roof(v, prec, t):
+        return "—" if v is None or not bw.get(t) else f"{100 * v * per_token[prec] / (bw[t] * 1e9):.0f}%"
+
     md.append("| weights | threads | test | kiln | ExecuTorch runtime | ExecuTorch TextLLMRunner | llama.cpp | "
-              "kiln/llama.cpp | kiln/ExecuTorch (runtime) | kiln/ExecuTorch (runner) |")
-    md.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+              "kiln/llama.cpp | kiln/ExecuTorch (runtime) | kiln/ExecuTorch (runner) | kiln roofline | "
+              "ExecuTorch roofline |")
+    md.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for prec in ["fp32", "8da4w / Q4_1"]:
         for t in threads:
             for i, test in [(0, f"prefill {args.p}"), (1, f"decode {args.n}")]:
@@ -227,8 +252,10 @@ def main() -> None:
                 e = med((prec, "ExecuTorch", et_key, t), i)
                 er = med((prec, "ET runner", et_key, t), i)
                 l = med((prec, "llama.cpp", "gguf_f32" if prec == "fp32" else "gguf_q4_1", t), i)
+                decode = i == 1
                 md.append(f"| {prec} | {t} | {test} | {fmt(k)} | {fmt(e)} | {fmt(er)} | {fmt(l)} | {ratio(k, l)} | "
-                          f"{ratio(k, e)} | {ratio(k, er)} |")
+                          f"{ratio(k, e)} | {ratio(k, er)} | {roof(k, prec, t) if decode else ''} | "
+                          f"{roof(e, prec, t) if decode else ''} |")
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
                                     for k, v in files.items()) + ". 8da4w: kiln's int8-activation × int4-weight "

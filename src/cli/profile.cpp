@@ -210,6 +210,7 @@ int run_profile(const ProfileOptions& o) {
     max_seq_len = ms->output_value(0).scalar.i;
 
   std::vector<std::vector<std::byte>> inputs;
+  std::vector<std::vector<int64_t>> input_shapes;  // of the --input files (empty: the planned shapes)
   check(o.inputs.empty() || o.inputs.size() == m.num_inputs(), "{}: {} --input given for {} input(s)", o.file,
         o.inputs.size(), m.num_inputs());
   for (size_t i = 0; i < m.num_inputs(); ++i) {
@@ -217,8 +218,12 @@ int run_profile(const ProfileOptions& o) {
       inputs.emplace_back(m.input(i).nbytes());
     } else {
       io::NpyArray a = io::read_npy(o.inputs[i]);
-      check(a.dtype == m.input(i).dtype && m.input(i).same_shape(a.shape), "--input {}: wrong dtype or shape",
-            o.inputs[i]);
+      check(a.dtype == m.input(i).dtype, "--input {}: dtype {} where input {} takes {}", o.inputs[i],
+            dtype_name(a.dtype), i, dtype_name(m.input(i).dtype));
+      // A DYNAMIC_BOUND input takes any shape within its bounds (set_input checks them).
+      check(m.input(i).same_shape(a.shape) || m.input_is_dynamic(i), "--input {}: shape [{}] where input {} takes [{}]",
+            o.inputs[i], fmt::join(a.shape, ", "), i, fmt::join(m.input(i).shape(), ", "));
+      input_shapes.push_back(a.shape);
       inputs.push_back(std::move(a.data));
     }
   }
@@ -252,7 +257,10 @@ int run_profile(const ProfileOptions& o) {
       }
     }
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (m.set_input(i, inputs[i].data(), inputs[i].size(), &err) != rt::Status::Ok) fail("input {}: {}", i, err.c_str());
+      if ((input_shapes.empty() ? m.set_input(i, inputs[i].data(), inputs[i].size(), &err)
+                                : m.set_input(i, inputs[i].data(), inputs[i].size(), input_shapes[i], &err)) !=
+          rt::Status::Ok)
+        fail("input {}: {}", i, err.c_str());
   };
   auto execute = [&] {
     if (m.execute(&err) != rt::Status::Ok) fail("{}: execution failed: {}", o.file, err.c_str());

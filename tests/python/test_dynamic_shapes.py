@@ -257,3 +257,42 @@ def test_dynamic_program_with_state_keeps_it_across_lengths(tmp_path, backend):
     for k, (x, ref) in enumerate(zip(xs, refs)):
         close(np.load(tmp_path / f"y{k}.npy"), ref, f"kiln runtime, call {k} (T={x.shape[0]})")
         close(method.execute([x])[0].numpy(), ref, f"ExecuTorch runtime, call {k} (T={x.shape[0]})")
+
+
+def test_profile_and_bench_take_inputs_of_a_dynamic_length(tmp_path):
+    """`kiln profile` and `kiln bench` run a dynamic program on an .npy of any length within the bound;
+    a longer one gets one line naming the input."""
+    torch.manual_seed(0)
+    module = SmallModel().eval()
+    spec = export_dynamic(module, torch.randn(MAX_T, 16), 0, tmp_path, "small", False)
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "-q")
+    pte = tmp_path / "small_xnnpack.pte"
+    np.save(tmp_path / "x3.npy", np.random.default_rng(0).standard_normal((3, 16), dtype=np.float32))
+    for cmd in ("profile", "bench"):
+        proc = run_kiln(cmd, pte, "-i", tmp_path / "x3.npy", "--iters", "2")
+        assert "execute" in proc.stdout or "median" in proc.stdout, proc.stdout
+    np.save(tmp_path / "x9.npy", np.zeros((MAX_T + 1, 16), dtype=np.float32))
+    np.save(tmp_path / "xd.npy", np.zeros((3, 16), dtype=np.float64))
+    for bad, words in (("x9.npy", "input 0"), ("xd.npy", "dtype")):
+        for cmd in ("profile", "bench"):
+            proc = run_kiln(cmd, pte, "-i", tmp_path / bad, check=False)
+            assert proc.returncode != 0
+            lines = proc.stderr.strip().splitlines()
+            assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_fp32_weights_in_huge_page_memory_give_the_same_results(tmp_path, monkeypatch):
+    """KILN_HUGE_PAGES=all (fully-connected weights copied out of the file at load) and =0 (no
+    huge-page advice for repacked weights): the same outputs as eager at every length."""
+    torch.manual_seed(0)
+    module = SmallModel().eval()
+    spec = export_dynamic(module, torch.randn(MAX_T, 16), 0, tmp_path, "small", False)
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "-q")
+    pte = tmp_path / "small_xnnpack.pte"
+    for mode in ("all", "0"):
+        monkeypatch.setenv("KILN_HUGE_PAGES", mode)
+        for t in (1, MAX_T):
+            x = torch.randn(t, 16)
+            with torch.no_grad():
+                ref = module(x).numpy()
+            close(kiln_run(pte, x.numpy(), tmp_path), ref, f"KILN_HUGE_PAGES={mode}, T={t}")

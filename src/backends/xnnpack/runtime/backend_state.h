@@ -213,6 +213,7 @@ struct State {
   std::vector<const void*> bound_args;  // argument pointers the subgraphs were set up with
   bool profiling = false;
   std::vector<std::unique_ptr<float, decltype(&std::free)>> owned;  // weights kiln laid out itself
+  std::vector<std::shared_ptr<void>> weight_chunks;                  // (weight_memory) holds those it carved
   // the method's options (rt::BackendOptions), kept from init
   std::shared_ptr<cpu::ThreadPool> pool;  // outlives the XNNPACK runtimes created on it (~State deletes them first)
   Exec exec;
@@ -233,6 +234,7 @@ struct State {
   State* last = nullptr;                  // the plan the last call ran (profiles read it); null: this one
   std::unordered_map<uint32_t, const uint8_t*> qb4w_panels;  // int4 weights repacked (in `owned`), by value
   std::unordered_map<uint32_t, const float*> weight_sums;    // quantized weights' row sums (in `owned`), by value
+  std::unordered_map<uint32_t, const uint8_t*> weight_copies;  // fp32 weights copied (weight_memory), by value
 
   ~State() {
     for (Step& s : steps)
@@ -240,6 +242,22 @@ struct State {
     std::free(arena);
   }
 };
+
+// Memory for weights kiln lays out itself that every decode step streams (int4 panels): carved
+// from chunks of 16 MiB (or one chunk for a larger request), 2 MiB-aligned, that the kernel is
+// asked to back with transparent huge pages (madvise MADV_HUGEPAGE: this machine's THP mode is
+// "madvise"). A product streams tens of MB per token; with 4 KiB pages every 4 KiB of weights
+// costs a TLB miss and a page walk, which halved the int4 products' read rate (1 thread: 11-15
+// GB/s on 4 KiB pages, 21-25 GB/s on huge pages, the same kernel and bytes). The chunks are
+// shared by the programs loaded in the process; each chunk lives while a returned owner does.
+// Returns null (with *out null) if no memory is left. KILN_HUGE_PAGES=0: no advice (4 KiB pages).
+// The cost: where no free huge page is left, the first touch waits for the kernel to compact
+// memory (THP defrag "madvise"): ~0.8 s for SmolLM2's 76 MB of panels after other processes
+// filled memory with page cache, nothing when huge pages are free.
+std::shared_ptr<void> weight_memory(size_t bytes, uint8_t** out);
+// KILN_HUGE_PAGES=all: fp32 fully-connected weights are copied into weight_memory too (see
+// Builder: their load-time cost).
+bool huge_pages_for_all_weights();
 
 // What the backend's init and execute do, for its tests to read a delegate's plan
 // (tests/xnnpack/xnnpack_planner_test.cpp). plan_payload builds `st` (fresh) from
