@@ -232,9 +232,10 @@ struct State {
   std::span<const std::byte> payload;
   std::vector<std::unique_ptr<State>> plans;
   State* last = nullptr;                  // the plan the last call ran (profiles read it); null: this one
+  State* owner = nullptr;                 // a plan's: the root state (its weights, file); null: this one
   std::unordered_map<uint32_t, const uint8_t*> qb4w_panels;  // int4 weights repacked (in `owned`), by value
   std::unordered_map<uint32_t, const float*> weight_sums;    // quantized weights' row sums (in `owned`), by value
-  std::unordered_map<uint32_t, const uint8_t*> weight_copies;  // fp32 weights copied (weight_memory), by value
+  std::unordered_map<const void*, const uint8_t*> weight_copies;  // fp32 weights copied (weight_memory), by file bytes
 
   ~State() {
     for (Step& s : steps)
@@ -243,21 +244,21 @@ struct State {
   }
 };
 
-// Memory for weights kiln lays out itself that every decode step streams (int4 panels): carved
-// from chunks of 16 MiB (or one chunk for a larger request), 2 MiB-aligned, that the kernel is
-// asked to back with transparent huge pages (madvise MADV_HUGEPAGE: this machine's THP mode is
-// "madvise"). A product streams tens of MB per token; with 4 KiB pages every 4 KiB of weights
-// costs a TLB miss and a page walk, which halved the int4 products' read rate (1 thread: 11-15
-// GB/s on 4 KiB pages, 21-25 GB/s on huge pages, the same kernel and bytes). The chunks are
-// shared by the programs loaded in the process; each chunk lives while a returned owner does.
-// Returns null (with *out null) if no memory is left. KILN_HUGE_PAGES=0: no advice (4 KiB pages).
-// The cost: where no free huge page is left, the first touch waits for the kernel to compact
-// memory (THP defrag "madvise"): ~0.8 s for SmolLM2's 76 MB of panels after other processes
-// filled memory with page cache, nothing when huge pages are free.
+// Memory for the weights a one-token step streams (int4 panels, fp32 fully-connected weights and
+// the LM head's table, copied out of the file at load, the file's pages released): carved from
+// chunks of 16 MiB (or one chunk for a larger request), 2 MiB-aligned, that the kernel is asked to
+// back with transparent huge pages (madvise MADV_HUGEPAGE; this machine's THP mode is "madvise").
+// A product that streams tens to hundreds of MB per token from 4 KiB pages pays a TLB miss per
+// page: on one core the int4 products read 11-15 GB/s from 4 KiB pages and 21-25 GB/s from huge
+// pages, SmolLM2's fp32 products 17 and 22.5 GB/s (same kernels, same bytes). The chunks are
+// shared by the programs loaded in the process; each lives while a returned owner does. Returns
+// null (with *out null) if no memory is left. The cost is at load: a copy (538 MB: ~0.2 s) into
+// pages the kernel zeroes (huge pages: ~0.1 s for 538 MB, 4 KiB pages ~0.35 s); on this VM the
+// first process to touch free memory the host has not backed yet waits ~10 ms per MB instead.
 std::shared_ptr<void> weight_memory(size_t bytes, uint8_t** out);
-// KILN_HUGE_PAGES=all: fp32 fully-connected weights are copied into weight_memory too (see
-// Builder: their load-time cost).
-bool huge_pages_for_all_weights();
+// False with KILN_HUGE_PAGES=0: fp32 weights are read in place from the file, and weight_memory
+// asks for no huge pages.
+bool huge_pages();
 
 // What the backend's init and execute do, for its tests to read a delegate's plan
 // (tests/xnnpack/xnnpack_planner_test.cpp). plan_payload builds `st` (fresh) from

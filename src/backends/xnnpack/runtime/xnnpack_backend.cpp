@@ -209,6 +209,26 @@ class Builder {
   Status quant_params(const fbx::XNNQuantizedTensorValue& qv, uint32_t id, Value& val, const ConstantAt& constant_at);
   Status quantized_rows(State& st);
   Status check_value(const State& st, uint32_t id, size_t node, const char* role) const;
+  // *out: `bytes` (fp32 weights of the file, streamed once per token) copied into weight_memory,
+  // once per delegate (every plan reads the same copy), the file's pages released if `release`;
+  // with KILN_HUGE_PAGES=0 the file's own bytes.
+  Status in_weight_memory(State& st, std::span<const std::byte> bytes, bool release, const float** out) {
+    *out = reinterpret_cast<const float*>(bytes.data());
+    if (!huge_pages()) return Status::Ok;
+    State& owner = root_ ? *root_ : st;
+    const uint8_t*& copy = owner.weight_copies[bytes.data()];
+    if (!copy) {
+      uint8_t* buf = nullptr;
+      std::shared_ptr<void> chunk = weight_memory(bytes.size(), &buf);
+      if (!buf) return fail(error_, Status::OutOfMemory, "out of memory copying weights");
+      owner.weight_chunks.push_back(std::move(chunk));
+      std::memcpy(buf, bytes.data(), bytes.size());
+      copy = buf;
+      if (release && file_) file_->release_pages(bytes);
+    }
+    *out = reinterpret_cast<const float*>(copy);
+    return Status::Ok;
+  }
 
   const rt::PteFile* file_;
   ErrorMessage* error_;
@@ -1346,23 +1366,13 @@ Status Builder::kiln_step(State& st, size_t i) {
       // GEMM over [N, K] for many rows), so that no plan holds a second copy of the weights.
       step.weights_nk = dynamic_ ? !kn : step.m < kGemvRows;
       if (step.weights_nk != kn) {
-        // The file's layout, read in place from the file. With KILN_HUGE_PAGES=all, copied once (per
-        // weight, for every plan of the delegate) into huge-page weight memory instead, and the file's
-        // pages leave memory: a one-token step then streams the weights 5-7% faster (SmolLM2 fp32
-        // decode), but the load waits for the kernel to compact memory into huge pages, up to seconds
-        // for 538 MB on a machine whose memory is full of page cache; so not by default.
-        State& owner = root_ ? *root_ : st;
-        const uint8_t*& copy = owner.weight_copies[io.in[1]];
-        if (!copy && huge_pages_for_all_weights()) {
-          uint8_t* buf = nullptr;
-          std::shared_ptr<void> chunk = weight_memory(w.bytes(), &buf);
-          if (!buf) return fail(error_, Status::OutOfMemory, "out of memory for fully-connected weights");
-          owner.weight_chunks.push_back(std::move(chunk));
-          std::memcpy(buf, w.constant, w.bytes());
-          copy = buf;
-          if (only_packed_[io.in[1]] && file_) file_->release_pages(w.constant_bytes);
-        }
-        step.weights = copy ? reinterpret_cast<const float*>(copy) : static_cast<const float*>(w.constant);
+        // The file's layout. Streamed once per token (a few rows, or a dynamic delegate, whose plans
+        // share one copy): copied into huge-page weight memory, the file's pages released (see
+        // weight_memory). Many rows (a GEMM, which packs its panels): read in place.
+        const float* copy = static_cast<const float*>(w.constant);
+        if (dynamic_ || step.m < kGemvRows)
+          if (Status e = in_weight_memory(st, w.constant_bytes, only_packed_[io.in[1]], &copy); e != Status::Ok) return e;
+        step.weights = copy;
       } else {
         auto* wt = static_cast<float*>(std::aligned_alloc(kArenaAlign, (w.bytes() + kArenaAlign - 1) / kArenaAlign * kArenaAlign));
         if (!wt) return fail(error_, Status::OutOfMemory, "out of memory transposing weights");
@@ -1555,6 +1565,15 @@ Status Builder::make_steps(State& st) {
     if (fused.m > 256 || fused.k > 1024) continue;
     mm = std::move(fused);
     st.steps.erase(st.steps.begin() + static_cast<std::ptrdiff_t>(s + 2));
+    // the table, streamed once per token (the tied embedding's lookup reads its rows from the file)
+    Storage& table = st.groups[static_cast<size_t>(mm.in[0].group)].storage;
+    if (table.kind == Storage::Kind::Static && (dynamic_ || mm.m < kGemvRows)) {
+      const float* copy = nullptr;
+      const std::span<const std::byte> bytes(static_cast<const std::byte*>(table.data),
+                                             static_cast<size_t>(mm.n * mm.k) * sizeof(float));
+      if (Status e = in_weight_memory(st, bytes, true, &copy); e != Status::Ok) return e;
+      table.data = copy;
+    }
   }
   // transpose(B)'s last two dims -> bmm(A, ·), a few rows of A: one step, C = A · Bᵀ with dot
   // products over B's rows as they are, so the transposed copy (for an LLM, of the whole K
@@ -1719,6 +1738,7 @@ Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
     plan->exec = st.exec;
     plan->profiling = st.profiling;
     plan->resizes_outputs = true;
+    plan->owner = &st;
     Builder b(st.file, error);
     b.plan_for(&st, args);
     if (Status s = b.build(st.payload, *plan); s != Status::Ok) return s;
@@ -1732,6 +1752,31 @@ Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
   }
   st.last = st.plans[found].get();
   return run_plan(*st.last, args, error);
+}
+
+// The LM head's table when the call passes it (the tied embedding: a constant of the program, which
+// the embedding lookup outside the delegate reads too): the first call copies it into weight_memory
+// (see Builder::in_weight_memory), if it lies in the program's file, and later calls with the same
+// table read the copy; any other tensor (one that could change between calls) is read as passed.
+Status table_in_weight_memory(State& st, const Step& step, const float** w, ErrorMessage* error) {
+  State& owner = st.owner ? *st.owner : st;
+  if (!huge_pages() || !owner.file || (step.m >= kGemvRows && !owner.dynamic)) return Status::Ok;  // a GEMM: in place
+  const std::span<const std::byte> file = owner.file->bytes();
+  const auto* p = reinterpret_cast<const std::byte*>(*w);
+  const size_t bytes = static_cast<size_t>(step.n * step.k) * sizeof(float);
+  if (p < file.data() || p + bytes > file.data() + file.size()) return Status::Ok;
+  const uint8_t*& copy = owner.weight_copies[p];
+  if (!copy) {
+    uint8_t* buf = nullptr;
+    std::shared_ptr<void> chunk = weight_memory(bytes, &buf);
+    if (!buf) return fail(error, Status::OutOfMemory, "out of memory copying the LM head's weights");
+    owner.weight_chunks.push_back(std::move(chunk));
+    std::memcpy(buf, p, bytes);
+    copy = buf;
+    owner.file->release_pages(std::span<const std::byte>(p, bytes));
+  }
+  *w = reinterpret_cast<const float*>(copy);
+  return Status::Ok;
 }
 
 // Binds the call's tensors and runs the steps of one plan.
@@ -1799,7 +1844,14 @@ Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error) {
         run_bmm(st.exec, step, in(0), in(1), out, live);
         break;
       }
-      case StepKind::LmHead: run_lm_head(st.exec, step, in(0), in(1), out); break;
+      case StepKind::LmHead: {
+        const float* w = in(0);
+        if (step.in[0].group >= 0 &&
+            st.groups[static_cast<size_t>(step.in[0].group)].storage.kind == Storage::Kind::Arg)
+          if (Status s = table_in_weight_memory(st, step, &w, error); s != Status::Ok) return s;
+        run_lm_head(st.exec, step, w, in(1), out);
+        break;
+      }
       case StepKind::Transpose: run_transpose(st.exec, step, in(0), out); break;
       case StepKind::Slice: run_slice(step, in(0), out); break;
       case StepKind::Unary: case StepKind::Copy: case StepKind::Clamp: run_unary(st.exec, step, in(0), out); break;
@@ -1918,12 +1970,12 @@ struct WeightChunk {
 };
 }  // namespace
 
-bool detail::huge_pages_for_all_weights() {
-  static const bool all = [] {
+bool detail::huge_pages() {
+  static const bool on = [] {
     const char* v = std::getenv("KILN_HUGE_PAGES");
-    return v && std::strcmp(v, "all") == 0;
+    return !(v && std::strcmp(v, "0") == 0);
   }();
-  return all;
+  return on;
 }
 
 std::shared_ptr<void> detail::weight_memory(size_t bytes, uint8_t** out) {
@@ -1940,11 +1992,7 @@ std::shared_ptr<void> detail::weight_memory(size_t bytes, uint8_t** out) {
     fresh->base = static_cast<uint8_t*>(std::aligned_alloc(kHuge, fresh->size));
     if (!fresh->base) return nullptr;
     // advice only: where THP is off ("never") the pages stay 4 KiB and nothing else changes
-    static const bool advise = [] {
-      const char* v = std::getenv("KILN_HUGE_PAGES");
-      return !(v && std::strcmp(v, "0") == 0);
-    }();
-    if (advise) ::madvise(fresh->base, fresh->size, MADV_HUGEPAGE);
+    if (huge_pages()) ::madvise(fresh->base, fresh->size, MADV_HUGEPAGE);
     if (!c || fresh->size - bytes > c->size - c->used) current = fresh;  // carve on from the one with more room
     c = std::move(fresh);
   }
