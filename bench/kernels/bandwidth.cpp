@@ -30,6 +30,18 @@
 namespace {
 
 #if defined(__x86_64__)
+// the 64 lanes of 8 accumulators, summed
+__attribute__((target("arch=x86-64-v3"))) float lane_sum(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                                                         __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                 _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, t);
+  float s = 0;
+  for (float v : lanes) s += v;
+  return s;
+}
+
 // 8 independent vector accumulators, 64 floats a pass: bound by memory, not by the adds
 __attribute__((target("arch=x86-64-v3"))) float sum_avx2(const float* p, size_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -44,12 +56,7 @@ __attribute__((target("arch=x86-64-v3"))) float sum_avx2(const float* p, size_t 
     a6 = _mm256_add_ps(a6, _mm256_loadu_ps(p + i + 48));
     a7 = _mm256_add_ps(a7, _mm256_loadu_ps(p + i + 56));
   }
-  const __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                 _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, t);
-  float s = 0;
-  for (float v : lanes) s += v;
+  float s = lane_sum(a0, a1, a2, a3, a4, a5, a6, a7);
   for (; i < n; ++i) s += p[i];
   return s;
 }
@@ -68,12 +75,7 @@ __attribute__((target("arch=x86-64-v3"))) float sum4_avx2(const float* p, size_t
     a6 = _mm256_add_ps(a6, _mm256_loadu_ps(p3 + i));
     a7 = _mm256_add_ps(a7, _mm256_loadu_ps(p3 + i + 8));
   }
-  const __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                 _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, t);
-  float s = 0;
-  for (float v : lanes) s += v;
+  float s = lane_sum(a0, a1, a2, a3, a4, a5, a6, a7);
   for (size_t i = 4 * q; i < n; ++i) s += p[i];
   return s;
 }
