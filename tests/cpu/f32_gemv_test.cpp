@@ -41,9 +41,9 @@ TEST_P(F32Gemv, DotRows) {
 }
 
 TEST_P(F32Gemv, DotBlock) {
-  for (int64_t rows : {1, 3, 4})
-    for (int64_t n : {1, 15, 16, 17, 33, 64})
-      for (int64_t k : {1, 7, 16, 17, 64, 100})
+  for (int64_t rows : {1, 2, 3, 4, 5, 7})
+    for (int64_t n : {1, 7, 8, 9, 15, 16, 17, 33, 64})
+      for (int64_t k : {1, 7, 16, 17, 64, 100, 128})
         GemvTester().rows(rows).n(n).k(k).x_pad(k % 3).w_pad(n % 2).o_pad(1).test_dot_block(GetParam());
   GemvTester().rows(3).n(256).k(64).test_dot_block(GetParam());
   for (uint32_t seed : {1u, 2u})
