@@ -55,10 +55,10 @@ inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// rows r0 .. r0 + MR of a against rows j0 .. j0 + 8 of b
+// MR rows of a against NB rows of b (bj); c: the block's first output
 template <int MR, int NB, int KC>
 inline void block(const float* __restrict a, int64_t lda, const float* __restrict bj, int64_t ldb, int64_t k_,
-                   int64_t kv_, __mmask16 km, float* __restrict c, int64_t ldc) {
+                  int64_t kv_, __mmask16 km, float* __restrict c, int64_t ldc) {
   const int64_t k = KC > 0 ? KC : k_, kv = KC > 0 ? KC : kv_;
   __m512 acc[MR][NB];
   for (int r = 0; r < MR; ++r)
@@ -80,14 +80,12 @@ inline void block(const float* __restrict a, int64_t lda, const float* __restric
     else _mm256_storeu_ps(c + r * ldc, reduce8(acc[r]));
 }
 
-}  // namespace
-
 // blocks of 16 rows of b (8 for a last block), a's rows in passes of 3; KC: k known at compile time
 // (64, 128: a head's width), so each row's loads issue back to back; 0: any k
 constexpr int kRowsB = 16;
 
 template <int KC>
-static int64_t blocks(const float* __restrict a, int64_t lda, int64_t m, const float* __restrict b, int64_t ldb, int64_t n,
+int64_t blocks(const float* __restrict a, int64_t lda, int64_t m, const float* __restrict b, int64_t ldb, int64_t n,
                int64_t k, int64_t kv, __mmask16 km, float* __restrict c, int64_t ldc) {
   int64_t j0 = 0;
   for (; j0 + kRowsB <= n; j0 += kRowsB) {  // the block (rows of b) stays in L1 across the passes over a's rows
@@ -106,6 +104,8 @@ static int64_t blocks(const float* __restrict a, int64_t lda, int64_t m, const f
   }
   return j0;
 }
+
+}  // namespace
 
 void f32_gemv_dot_block__avx512(const float* __restrict a, int64_t lda, int64_t m, const float* __restrict b,
                                 int64_t ldb, int64_t n, int64_t k, float* __restrict c, int64_t ldc) {
