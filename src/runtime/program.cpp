@@ -23,14 +23,10 @@ constexpr size_t kHugePage = size_t{2} << 20;
 // 2 MiB-aligned memory advised MADV_HUGEPAGE: decode reads each layer's cache once per
 // token in short streams, and from 4 KiB pages (a TLB miss per page; in a VM a nested walk)
 // SmolLM2's q · Kᵀ ran about 1.4x slower (a standalone loop over 30 layers' caches at
-// position 200). KILN_HUGE_PAGES=0 asks for no huge pages (as the XNNPACK backend's
-// weight memory). Advice only: with THP off the pages stay 4 KiB.
+// position 200). KILN_HUGE_PAGES=0 asks for no huge pages (huge_pages_enabled, as for the
+// XNNPACK backend's weight memory). Advice only: with THP off the pages stay 4 KiB.
 std::byte* alloc_planned(size_t rounded) {
-  static const bool huge = [] {
-    const char* v = std::getenv("KILN_HUGE_PAGES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  if (!huge || rounded < kHugePage)
+  if (!huge_pages_enabled() || rounded < kHugePage)
     return static_cast<std::byte*>(std::aligned_alloc(kBufferAlignment, std::max<size_t>(rounded, kBufferAlignment)));
   const size_t size = (rounded + kHugePage - 1) / kHugePage * kHugePage;
   auto* p = static_cast<std::byte*>(std::aligned_alloc(kHugePage, size));
@@ -97,6 +93,14 @@ Method& Method::operator=(Method&& o) noexcept {
   o.buffers_.clear();
   o.delegates_.clear();
   return *this;
+}
+
+bool huge_pages_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_HUGE_PAGES");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
 }
 
 Method::~Method() {

@@ -157,4 +157,9 @@ class Program {
   PteFile file_;
 };
 
+// Whether memory that is streamed every call (large planned buffers such as a KV cache; the
+// XNNPACK backend's weight memory) is advised into transparent huge pages: true unless
+// KILN_HUGE_PAGES=0 (then fp32 weights are also read in place from the file).
+bool huge_pages_enabled();
+
 }  // namespace kiln::rt

@@ -7,6 +7,7 @@
 #include "kiln/cpu/threadpool.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/evalue.h"
+#include "kiln/runtime/program.h"
 
 #include <xnnpack.h>
 
@@ -256,9 +257,12 @@ struct State {
 // pages the kernel zeroes (huge pages: ~0.1 s for 538 MB, 4 KiB pages ~0.35 s); on this VM the
 // first process to touch free memory the host has not backed yet waits ~10 ms per MB instead.
 std::shared_ptr<void> weight_memory(size_t bytes, uint8_t** out);
-// False with KILN_HUGE_PAGES=0: fp32 weights are read in place from the file, and weight_memory
-// asks for no huge pages.
-bool huge_pages();
+// `bytes` of the program's file (fp32 weights a one-token step streams) copied into weight_memory
+// once per delegate: `owner` (the delegate's root state) keeps the copy, by the bytes' address, for
+// every plan; the file's pages are released if `release`. *out: the copy, or the file's own bytes
+// with KILN_HUGE_PAGES=0 (rt::huge_pages_enabled).
+rt::Status copy_to_weight_memory(State& owner, const rt::PteFile* file, std::span<const std::byte> bytes, bool release,
+                                 const float** out, rt::ErrorMessage* error);
 
 // What the backend's init and execute do, for its tests to read a delegate's plan
 // (tests/xnnpack/xnnpack_planner_test.cpp). plan_payload builds `st` (fresh) from

@@ -213,21 +213,7 @@ class Builder {
   // once per delegate (every plan reads the same copy), the file's pages released if `release`;
   // with KILN_HUGE_PAGES=0 the file's own bytes.
   Status in_weight_memory(State& st, std::span<const std::byte> bytes, bool release, const float** out) {
-    *out = reinterpret_cast<const float*>(bytes.data());
-    if (!huge_pages()) return Status::Ok;
-    State& owner = root_ ? *root_ : st;
-    const uint8_t*& copy = owner.weight_copies[bytes.data()];
-    if (!copy) {
-      uint8_t* buf = nullptr;
-      std::shared_ptr<void> chunk = weight_memory(bytes.size(), &buf);
-      if (!buf) return fail(error_, Status::OutOfMemory, "out of memory copying weights");
-      owner.weight_chunks.push_back(std::move(chunk));
-      std::memcpy(buf, bytes.data(), bytes.size());
-      copy = buf;
-      if (release && file_) file_->release_pages(bytes);
-    }
-    *out = reinterpret_cast<const float*>(copy);
-    return Status::Ok;
+    return copy_to_weight_memory(root_ ? *root_ : st, file_, bytes, release, out, error_);
   }
 
   const rt::PteFile* file_;
@@ -1760,23 +1746,12 @@ Status run(State& st, std::span<EValue*> args, ErrorMessage* error) {
 // table read the copy; any other tensor (one that could change between calls) is read as passed.
 Status table_in_weight_memory(State& st, const Step& step, const float** w, ErrorMessage* error) {
   State& owner = st.owner ? *st.owner : st;
-  if (!huge_pages() || !owner.file || (step.m >= kGemvRows && !owner.dynamic)) return Status::Ok;  // a GEMM: in place
+  if (!owner.file || (step.m >= kGemvRows && !owner.dynamic)) return Status::Ok;  // a GEMM: in place
   const std::span<const std::byte> file = owner.file->bytes();
   const auto* p = reinterpret_cast<const std::byte*>(*w);
   const size_t bytes = static_cast<size_t>(step.n * step.k) * sizeof(float);
   if (p < file.data() || p + bytes > file.data() + file.size()) return Status::Ok;
-  const uint8_t*& copy = owner.weight_copies[p];
-  if (!copy) {
-    uint8_t* buf = nullptr;
-    std::shared_ptr<void> chunk = weight_memory(bytes, &buf);
-    if (!buf) return fail(error, Status::OutOfMemory, "out of memory copying the LM head's weights");
-    owner.weight_chunks.push_back(std::move(chunk));
-    std::memcpy(buf, p, bytes);
-    copy = buf;
-    owner.file->release_pages(std::span<const std::byte>(p, bytes));
-  }
-  *w = reinterpret_cast<const float*>(copy);
-  return Status::Ok;
+  return copy_to_weight_memory(owner, owner.file, std::span<const std::byte>(p, bytes), true, w, error);
 }
 
 // Binds the call's tensors and runs the steps of one plan.
@@ -2006,12 +1981,22 @@ struct WeightChunk {
 };
 }  // namespace
 
-bool detail::huge_pages() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_HUGE_PAGES");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
-  return on;
+Status detail::copy_to_weight_memory(State& owner, const rt::PteFile* file, std::span<const std::byte> bytes,
+                                     bool release, const float** out, ErrorMessage* error) {
+  *out = reinterpret_cast<const float*>(bytes.data());
+  if (!rt::huge_pages_enabled()) return Status::Ok;
+  const uint8_t*& copy = owner.weight_copies[bytes.data()];
+  if (!copy) {
+    uint8_t* buf = nullptr;
+    std::shared_ptr<void> chunk = weight_memory(bytes.size(), &buf);
+    if (!buf) return fail(error, Status::OutOfMemory, "out of memory copying weights into huge-page memory");
+    owner.weight_chunks.push_back(std::move(chunk));
+    std::memcpy(buf, bytes.data(), bytes.size());
+    copy = buf;
+    if (release && file) file->release_pages(bytes);
+  }
+  *out = reinterpret_cast<const float*>(copy);
+  return Status::Ok;
 }
 
 std::shared_ptr<void> detail::weight_memory(size_t bytes, uint8_t** out) {
@@ -2028,7 +2013,7 @@ std::shared_ptr<void> detail::weight_memory(size_t bytes, uint8_t** out) {
     fresh->base = static_cast<uint8_t*>(std::aligned_alloc(kHuge, fresh->size));
     if (!fresh->base) return nullptr;
     // advice only: where THP is off ("never") the pages stay 4 KiB and nothing else changes
-    if (huge_pages()) ::madvise(fresh->base, fresh->size, MADV_HUGEPAGE);
+    if (rt::huge_pages_enabled()) ::madvise(fresh->base, fresh->size, MADV_HUGEPAGE);
     if (!c || fresh->size - bytes > c->size - c->used) current = fresh;  // carve on from the one with more room
     c = std::move(fresh);
   }
