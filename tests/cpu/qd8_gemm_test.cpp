@@ -201,6 +201,9 @@ TEST(Qd8Gemm, Qb4wPanelsMatchDequantizedProduct) {
         for (int64_t m : {1, 2, 3, 4, 5, 9}) cases.push_back({m, k, m % 2 ? int64_t{70} : int64_t{32}, group});
   cases.push_back({1, 1536, 96, 32});
   cases.push_back({16, 1536, 40, 128});
+  // more panels than one ~128 KB chunk of them (the many-row bodies pass over the panels chunk by chunk)
+  cases.push_back({6, 576, 1000, 32});
+  cases.push_back({7, 1536, 700, 64});
   int ran = 0;
   for (const Case& c : cases) {
     std::vector<float> x = randn(size_t(c.m * c.k), g);

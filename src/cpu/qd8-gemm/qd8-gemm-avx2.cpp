@@ -8,6 +8,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 namespace kiln::cpu {
@@ -45,11 +47,13 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
   const int64_t ldw = (k + 1) / 2, G = w.group, groups = k / G, chunks = (k + 127) / 128;
   const __m256i low4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
   const uint8_t* arow[MR];
+  #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
   for (int64_t j = n0; j < n1; ++j) {
     const uint8_t* wr = w.data + j * ldw;
     const uint16_t* sr = w.scales + j * groups;
     __m256 f[MR];
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) f[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
       for (int h = 0; h < 2; ++h) {  // half h: inputs 64h .. 64h+63 of the chunk
@@ -64,6 +68,7 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
         const float s0 = bf16f(sr[g0]);
         const float s1 = G == 32 && g0 + 1 < groups ? bf16f(sr[g0 + 1]) : s0;
         const __m256 sv = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+        #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const uint8_t* ar = arow[r] + c * 128 + h * 32;
           const __m256i pe = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ar)), wl);
@@ -74,6 +79,7 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
       }
     }
     const float b = bias ? bias[j] : 0.0f;
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const float v = a.scale[m0 + r] * (hsum(f[r]) - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
       y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
@@ -85,20 +91,24 @@ template <int MR>
 inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
                       const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const uint8_t* arow[MR];
+  #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
   const int64_t k16 = k / 16 * 16;
   for (int64_t j = n0; j < n1; ++j) {
     const int8_t* wr = w.data + j * k;
     __m256i acc[MR];
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_si256();
     for (int64_t i = 0; i < k16; i += 16) {
       const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + i)));
+      #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m256i av = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(arow[r] + i)));
         acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(av, wv));
       }
     }
     const float b = bias ? bias[j] : 0.0f;
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       int32_t dot = hsum_i32(acc[r]);
       for (int64_t i = k16; i < k; ++i) dot += static_cast<int32_t>(arow[r][i]) * wr[i];
@@ -128,15 +138,18 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const int8_t* arow[MR];
   const int32_t* srow[MR];
+  #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     arow[r] = reinterpret_cast<const int8_t*>(a.data + (m0 + r) * a.stride);
     srow[r] = a.sums + (m0 + r) * a.sums_stride;
   }
   const uint8_t* wp = w.data + static_cast<size_t>(p) * qb4w_panel_bytes(k, G) + 64 * h;
   __m256 f[MR][2];
+  #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     __m256i acc[MR][2];
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t t = 0; t < steps; ++t, wp += 128) {
       // The first half's pass reads every other line of the panel: ask for both lines ahead,
@@ -145,9 +158,11 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
         _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchAhead, _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchAhead + 64, _MM_HINT_T0);
       }
+      #pragma GCC unroll 8
       for (int q = 0; q < 2; ++q) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32 * q));
         const __m256i l = _mm256_and_si256(v, low4), u = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const int8_t* x = arow[r] + g * G + 8 * t;
           const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(l, bcast4(x)), _mm256_maddubs_epi16(u, bcast4(x + 4)));
@@ -156,9 +171,11 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
       }
     }
     const uint8_t* sp = wp - 64 * h + 32 * h;  // the group's scales, this half's 16
+    #pragma GCC unroll 8
     for (int q = 0; q < 2; ++q) {
       const __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16 * q));
       const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(s16), 16));
+      #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         int32_t qsum = 0;
         for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) qsum += srow[r][c];
@@ -169,12 +186,14 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
     wp += 64;
   }
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  #pragma GCC unroll 8
   for (int q = 0; q < 2; ++q) {
     const int64_t j0 = p * kQb4wPanel + 16 * h + 8 * q, left = n - j0;
     if (left <= 0) break;
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(left < 8 ? left : 8)), iota);
     const __m256 sums = _mm256_maskload_ps(w.sums + j0, mask);
     const __m256 b = bias ? _mm256_maskload_ps(bias + j0, mask) : _mm256_setzero_ps();
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m256 t = _mm256_fnmadd_ps(_mm256_set1_ps(static_cast<float>(a.zp[m0 + r])), sums, f[r][q]);
       __m256 v = _mm256_fmadd_ps(_mm256_set1_ps(a.scale[m0 + r]), t, b);
@@ -212,12 +231,18 @@ void qd8_qc8w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeigh
 
 void qd8_qb4w_panels__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, int64_t p1,
                            const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  for (int64_t p = p0; p < p1; ++p)
-    for (int h = 0; h < 2 && p * kQb4wPanel + 16 * h < n; ++h) {
-      int64_t m0 = 0;
-      for (; m0 + 2 <= m; m0 += 2) qb4w_half_panel<2>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
-      if (m0 < m) qb4w_half_panel<1>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
-    }
+  // Panels in chunks of ~128 KB that stay in L2 while every pair of rows passes over them (as the
+  // AVX-512 body: a pair's stores are then contiguous runs, not rows ldy apart).
+  const int64_t chunk = static_cast<int64_t>(std::max<size_t>(1, (size_t{128} << 10) / qb4w_panel_bytes(k, w.group)));
+  for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+    const int64_t c1 = std::min(p1, c0 + chunk);
+    for (int64_t m0 = 0; m0 < m; m0 += 2)
+      for (int64_t p = c0; p < c1; ++p)
+        for (int h = 0; h < 2 && p * kQb4wPanel + 16 * h < n; ++h) {
+          if (m0 + 2 <= m) qb4w_half_panel<2>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
+          else qb4w_half_panel<1>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
+        }
+  }
 }
 
 }  // namespace kiln::cpu

@@ -11,6 +11,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 namespace kiln::cpu {
@@ -44,11 +46,13 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
   const int per_chunk = G <= 128 ? static_cast<int>(128 / G) : 1;
   const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
   const uint8_t* arow[MR];
+  #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
   for (int64_t j = n0; j < n1; ++j) {
     const uint8_t* wr = w.data + j * ldw;
     const uint16_t* sr = w.scales + j * groups;
     __m512 f[MR];
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) f[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t rem = ldw - c * 64;
@@ -66,6 +70,7 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
         const __m128i s32 = _mm_slli_epi32(_mm_cvtepu16_epi32(s16), 16);
         sv = _mm512_permutexvar_ps(lane_idx, _mm512_castps128_ps512(_mm_castsi128_ps(s32)));
       }
+      #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const uint8_t* ar = arow[r] + c * 128;
         __m512i acc = dot_u8s8<Vnni>(_mm512_setzero_si512(), _mm512_loadu_si512(ar), wl);
@@ -74,6 +79,7 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
       }
     }
     const float b = bias ? bias[j] : 0.0f;
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const float acc = _mm512_reduce_add_ps(f[r]);
       const float v = a.scale[m0 + r] * (acc - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
@@ -116,6 +122,7 @@ inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   const int8_t* arow[MR];
   const int32_t* srow[MR];
+  #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     arow[r] = reinterpret_cast<const int8_t*>(a.data + (m0 + r) * a.stride);
     srow[r] = a.sums + (m0 + r) * a.sums_stride;
@@ -123,9 +130,11 @@ inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* wp = w.data + static_cast<size_t>(p) * pb;
     __m512 f[MR][2];
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
       __m512i acc[MR][2], acc_hi[MR][2];
+      #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         acc[r][0] = acc[r][1] = _mm512_setzero_si512();
         if constexpr (kSplit) acc_hi[r][0] = acc_hi[r][1] = _mm512_setzero_si512();
@@ -136,6 +145,7 @@ inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
         const __m512i l0 = _mm512_and_si512(v0, low4), l1 = _mm512_and_si512(v1, low4);
         const __m512i h0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
         const __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);
+        #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const int8_t* x = arow[r] + gi + 8 * t;
           const __m512i xl = bcast4(x), xh = bcast4(x + 4);
@@ -153,6 +163,7 @@ inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
       const __m512 s0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(wp))), 16));
       const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 32))), 16));
       wp += 64;
+      #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         int32_t qsum = 0;
         for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) qsum += srow[r][c];
@@ -168,12 +179,14 @@ inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
     }
     // y = s_x * (acc - zp * sums) + bias, clamped; the last panel's outputs past n are not stored
     const int64_t j0 = p * kQb4wPanel;
+    #pragma GCC unroll 8
     for (int h = 0; h < 2; ++h) {
       const int64_t left = n - (j0 + 16 * h);
       if (left <= 0) break;
       const __mmask16 mask = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
       const __m512 sums = _mm512_maskz_loadu_ps(mask, w.sums + j0 + 16 * h);
       const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + j0 + 16 * h) : _mm512_setzero_ps();
+      #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
         const __m512 t = _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(a.zp[m0 + r])), sums, f[r][h]);
         __m512 v = _mm512_fmadd_ps(_mm512_set1_ps(a.scale[m0 + r]), t, b);
@@ -188,13 +201,19 @@ template <bool Vnni>
 inline void qb4w_panels_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0,
                                int64_t p1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
   if (m == 1) return qb4w_panel_rows<Vnni, 1>(a, 0, k, w, n, p0, p1, bias, y, ldy, lo, hi);
-  for (int64_t p = p0; p < p1; ++p) {  // a panel (k / 2 * 32 bytes) stays in cache for every row block
+  // Panels in chunks of ~128 KB, which stay in L2 while every block of 4 rows passes over them
+  // (each panel in L1 for one block): a block's stores are then 4 runs of contiguous outputs.
+  // Panel by panel, with all rows inside, the stores of one panel went to m rows ldy apart,
+  // which for an LM head's ldy (49152 floats: a multiple of 64 KiB) share one cache set.
+  const int64_t chunk = static_cast<int64_t>(std::max<size_t>(1, (size_t{128} << 10) / qb4w_panel_bytes(k, w.group)));
+  for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+    const int64_t c1 = std::min(p1, c0 + chunk);
     int64_t m0 = 0;
-    for (; m0 + 4 <= m; m0 += 4) qb4w_panel_rows<Vnni, 4>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi);
+    for (; m0 + 4 <= m; m0 += 4) qb4w_panel_rows<Vnni, 4>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi);
     switch (m - m0) {
-      case 3: qb4w_panel_rows<Vnni, 3>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi); break;
-      case 2: qb4w_panel_rows<Vnni, 2>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi); break;
-      case 1: qb4w_panel_rows<Vnni, 1>(a, m0, k, w, n, p, p + 1, bias, y, ldy, lo, hi); break;
+      case 3: qb4w_panel_rows<Vnni, 3>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
+      case 2: qb4w_panel_rows<Vnni, 2>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
+      case 1: qb4w_panel_rows<Vnni, 1>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
       default: break;
     }
   }
@@ -221,18 +240,22 @@ inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights
                       const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const int64_t chunks = (k + 63) / 64;
   const uint8_t* arow[MR];
+  #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
   for (int64_t j = n0; j < n1; ++j) {
     const int8_t* wr = w.data + j * k;
     __m512i acc[MR];
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t rem = k - c * 64;
       const __m512i wv = rem >= 64 ? _mm512_loadu_si512(wr + c * 64)
                                    : _mm512_maskz_loadu_epi8((__mmask64{1} << rem) - 1, wr + c * 64);
+      #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r] = dot_u8s8_wide<Vnni>(acc[r], _mm512_loadu_si512(arow[r] + c * 64), wv);
     }
     const float b = bias ? bias[j] : 0.0f;
+    #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const float dot = static_cast<float>(_mm512_reduce_add_epi32(acc[r]));
       const float v = a.scale[m0 + r] * (w.scales[j] * dot - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
