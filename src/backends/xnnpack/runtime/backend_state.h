@@ -41,6 +41,10 @@ constexpr int64_t kGemvRows = 16;     // below this many rows, fully-connected p
 // out one at a time, so the threads stay busy to the end and a thread that is
 // descheduled holds up one small piece (cpu/threadpool.h).
 inline constexpr int64_t kTasksPerThread = 8;
+// ...but no piece of an elementwise loop (a fused row chain, a transpose) smaller than this many
+// elements: waking the other thread and joining it costs about what ~4K elements of such work do,
+// so a one-token step's small chains (a head's 64-wide rows, 576-wide norms) run on the caller.
+inline constexpr int64_t kMinTaskElements = 4096;
 
 struct Exec {
   cpu::ThreadPool* pool = nullptr;
