@@ -642,16 +642,15 @@ Graph lifetimes() {
 }
 
 // layer norm then softmax over rows: one fused chain with row means (FC with one output column)
-Graph layer_norm_softmax() {
+Graph layer_norm_softmax(uint32_t B = 2, uint32_t R = 3, uint32_t C = 16) {
   Graph g;
-  const uint32_t C = 16;
-  uint32_t x = g.input({2, 3, C});
+  uint32_t x = g.input({B, R, C});
   uint32_t mean_w = g.filled({1, C}, 1.0f / C), eps = g.filled({1}, 1e-5f);
   uint32_t gamma = g.constant({C}, 0.5f, 1.5f), beta = g.constant({C});
-  uint32_t mean = g.temp({2, 3, 1}), d = g.temp({2, 3, C}), sq = g.temp({2, 3, C}), var = g.temp({2, 3, 1});
-  uint32_t ve = g.temp({2, 3, 1}), rs = g.temp({2, 3, 1}), y = g.temp({2, 3, C}), z = g.temp({2, 3, C});
-  uint32_t zb = g.temp({2, 3, C});
-  uint32_t p = g.output({2, 3, C}), normed = g.output({2, 3, C});
+  uint32_t mean = g.temp({B, R, 1}), d = g.temp({B, R, C}), sq = g.temp({B, R, C}), var = g.temp({B, R, 1});
+  uint32_t ve = g.temp({B, R, 1}), rs = g.temp({B, R, 1}), y = g.temp({B, R, C}), z = g.temp({B, R, C});
+  uint32_t zb = g.temp({B, R, C});
+  uint32_t p = g.output({B, R, C}), normed = g.output({B, R, C});
   g.fc(x, mean_w, kNone, mean);
   g.node(Op::Sub, {x, mean}, d);
   g.node(Op::Square, {d}, sq);
@@ -808,13 +807,22 @@ TEST(XnnpackPlanner, ThreadsDoNotChangeResults) {
   auto st = plan_checked(g, {"kiln", false, 2});
   ASSERT_TRUE(st);
   check_numerics(g, *st, 8);
-  Graph h = layer_norm_softmax();
+  // a chain of 96 rows x 256: split finer than one piece per thread (pieces are handed out one at a
+  // time), never past one row or under kMinTaskElements elements each
+  Graph h = layer_norm_softmax(2, 48, 256);
   auto sh = plan_checked(h, {"kiln", false, 2});
   ASSERT_TRUE(sh);
-  // split finer than one piece per thread (pieces are handed out one at a time), never past one row each
-  EXPECT_EQ(sh->steps[0].tasks, std::min<int64_t>(sh->steps[0].rows, xd::kTasksPerThread * sh->exec.threads));
-  EXPECT_GT(sh->steps[0].tasks, sh->exec.threads);
+  const xd::Step& chain = sh->steps[0];
+  EXPECT_EQ(chain.tasks, std::min<int64_t>({chain.rows, xd::kTasksPerThread * sh->exec.threads,
+                                            chain.rows * chain.cols / xd::kMinTaskElements}));
+  EXPECT_GT(chain.tasks, sh->exec.threads);
   check_numerics(h, *sh, 9);
+  // 6 rows x 16 (a one-token step's size): one task, on the caller
+  Graph t = layer_norm_softmax();
+  auto st2 = plan_checked(t, {"kiln", false, 2});
+  ASSERT_TRUE(st2);
+  EXPECT_EQ(st2->steps[0].tasks, 1);
+  check_numerics(t, *st2, 10);
 }
 
 TEST(XnnpackPlanner, RejectsBadGraphsWithAMessage) {
