@@ -45,6 +45,11 @@ inline constexpr int64_t kTasksPerThread = 8;
 // elements: waking the other thread and joining it costs about what ~4K elements of such work do,
 // so a one-token step's small chains (a head's 64-wide rows, 576-wide norms) run on the caller.
 inline constexpr int64_t kMinTaskElements = 4096;
+// Pieces for an elementwise loop of `units` (rows, blocks) covering `elements`: at most `cap`, at
+// least kMinTaskElements elements each, at least 1.
+inline int64_t elementwise_pieces(int64_t units, int64_t cap, int64_t elements) {
+  return std::max<int64_t>(1, std::min({units, cap, elements / kMinTaskElements}));
+}
 
 struct Exec {
   cpu::ThreadPool* pool = nullptr;

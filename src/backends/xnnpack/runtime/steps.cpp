@@ -250,7 +250,7 @@ void run_transpose(const Exec& ex, const Step& s, const float* in, float* out) {
     constexpr int64_t B = 32;
     const int64_t rb = (R + B - 1) / B;
     const Exec serial;  // a small transpose (a one-token step's heads) is cheaper than a fork and join
-    (outer * R * C >= 2 * kMinTaskElements ? ex : serial).parallel_for(static_cast<size_t>(outer * rb), [&](size_t t) {
+    (elementwise_pieces(outer * rb, 2, outer * R * C) > 1 ? ex : serial).parallel_for(static_cast<size_t>(outer * rb), [&](size_t t) {
       int64_t o = static_cast<int64_t>(t) / rb, r0 = (static_cast<int64_t>(t) % rb) * B;
       int64_t base = 0, rem = o;
       for (int i = static_cast<int>(r) - 3; i >= 0; --i) {
@@ -268,7 +268,7 @@ void run_transpose(const Exec& ex, const Step& s, const float* in, float* out) {
   const int64_t row = od[r - 1];
   int64_t rows = 1;
   for (uint32_t i = 0; i + 1 < r; ++i) rows *= od[i];
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>({rows, 4 * ex.threads, rows * row / kMinTaskElements}));
+  const int64_t parts = elementwise_pieces(rows, 4 * ex.threads, rows * row);
   ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
     int64_t per = (rows + parts - 1) / parts;
     for (int64_t q = static_cast<int64_t>(t) * per; q < std::min(rows, (static_cast<int64_t>(t) + 1) * per); ++q) {

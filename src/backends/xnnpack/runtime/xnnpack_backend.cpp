@@ -1004,9 +1004,7 @@ Status Builder::find_chains(State& st) {
     step.rows = rows;
     step.cols = cols;
     step.slots = static_cast<int64_t>(slot_scalar.size());
-    step.tasks = st.exec.threads > 1
-                     ? std::max<int64_t>(1, std::min({rows, kTasksPerThread * st.exec.threads, rows * cols / kMinTaskElements}))
-                     : 1;
+    step.tasks = st.exec.threads > 1 ? elementwise_pieces(rows, kTasksPerThread * st.exec.threads, rows * cols) : 1;
     for (int32_t grp : mem) step.in.push_back(Operand{grp});
     for (size_t k = 0; k < slot_scalar.size(); ++k) {
       step.slot_offset.push_back(step.scratch_per_task);
