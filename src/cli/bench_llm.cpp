@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <memory>
 
 namespace kiln::cli {
@@ -23,14 +22,8 @@ struct BenchLlmOptions {
 int run_bench_llm(const BenchLlmOptions& o) {
   llm::BenchOptions bo;
   std::string error;
-  for (size_t at = 0; at <= o.threads.size();) {  // each count under the one --threads rule (commands.h)
-    const size_t comma = std::min(o.threads.find(',', at), o.threads.size());
-    int64_t t = 0;
-    const auto [end, ec] = std::from_chars(o.threads.data() + at, o.threads.data() + comma, t);
-    if (ec == std::errc() && end == o.threads.data() + comma) check_threads(t);
-    at = comma + 1;
-  }
   check(llm::parse_thread_list(o.threads, &bo.threads, &error), "{}", error);
+  for (int t : bo.threads) check_threads(t);  // and each count under the one --threads rule (commands.h)
   bo.prefill_tokens = o.prefill;
   bo.decode_tokens = o.decode;
   bo.reps = o.reps;
