@@ -376,6 +376,9 @@ def test_threads_cap_generate_and_bench_llm(portable_pte):
     assert_clean_failure(run_kiln("generate", portable_pte, "--threads", "20000", "--prompt", "hi", check=False),
                          "--threads 20000")
     assert_clean_failure(run_kiln("bench-llm", portable_pte, "--threads", "1,20000", check=False), "20000")
+    if (os.cpu_count() or 1) <= 256:  # within bench-llm's own list form (1..1024), beyond the one cap
+        assert_clean_failure(run_kiln("bench-llm", portable_pte, "--threads", "1,300", check=False),
+                             "--threads 300", "thread counts go from 1 to 256")
 
 
 @pytest.mark.parametrize("args", [["lower"], ["run", "--bogus"], ["frobnicate"], ["run"], [],
