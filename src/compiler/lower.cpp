@@ -323,7 +323,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   std::vector<StagedFile*> set;
   if (map_file) set.push_back(&*map_file);
   set.push_back(&meta_file);
-  set.push_back(&pte_file);  // last: the metadata beside a .pte always describes it
+  set.push_back(&pte_file);  // last: a new .pte appears only once its metadata and debug map are in place
   std::vector<std::string> stale;
   if (!o.debug_map) stale.push_back(map_path);  // a map from an earlier lowering would describe another program
   publish_together(set, stale);
