@@ -45,7 +45,7 @@ double peak_rss_mb() {
 
 int run_bench(const BenchOptions& o) {
   check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
-  check(o.threads >= 1, "--threads must be >= 1");
+  check_threads(o.threads);
   auto t0 = Clock::now();
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);

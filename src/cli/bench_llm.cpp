@@ -23,6 +23,7 @@ int run_bench_llm(const BenchLlmOptions& o) {
   llm::BenchOptions bo;
   std::string error;
   check(llm::parse_thread_list(o.threads, &bo.threads, &error), "{}", error);
+  for (int t : bo.threads) check_threads(t);  // and each count under the one --threads rule (commands.h)
   bo.prefill_tokens = o.prefill;
   bo.decode_tokens = o.decode;
   bo.reps = o.reps;

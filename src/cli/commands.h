@@ -6,10 +6,20 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
+#include <string_view>
 #include <string>
 
 namespace kiln::cli {
+
+// --threads, for every command (run, bench, generate, profile, bench-llm): one rule, checked here.
+// From 1 to the larger of kMinThreadsCap and the machine's hardware threads: more threads than
+// cores only slow a pool down, and --threads 20000 would start 20,000 threads.
+inline constexpr unsigned kMinThreadsCap = 256;
+int max_threads();
+// Throws kiln::Error ("--threads N: thread counts go from 1 to ...") outside that range.
+void check_threads(int64_t threads, std::string_view flag = "--threads");
 
 // Adds `kiln inspect`; `run` is set to the action to take if it is chosen.
 void add_inspect_command(CLI::App& app, std::function<int()>& run);

@@ -51,6 +51,7 @@ std::string default_tokenizer(const std::string& pte) {
 }
 
 int run_generate(const GenerateOptions& o) {
+  check_threads(o.threads);
   check(o.max_new_tokens >= 0, "--max-new-tokens must be >= 0");
   check(o.temperature >= 0, "--temperature must be >= 0");
   check(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1]");
@@ -82,7 +83,6 @@ int run_generate(const GenerateOptions& o) {
   }
 
   rt::MethodOptions mo;
-  check(o.threads >= 1, "--threads must be >= 1");
   mo.backend.threads = static_cast<size_t>(o.threads);
   mo.backend.engine = o.engine.c_str();
   auto runner = llm::Runner::load(o.pte, mo, &error);

@@ -3,9 +3,28 @@
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <thread>
 #include <exception>
 #include <new>
+
+namespace kiln::cli {
+
+int max_threads() {
+  return static_cast<int>(std::max<unsigned>(kMinThreadsCap, std::thread::hardware_concurrency()));
+}
+
+void check_threads(int64_t threads, std::string_view flag) {
+  check(threads >= 1 && threads <= max_threads(),
+        "{} {}: thread counts go from 1 to {} (the larger of {} and this machine's {} hardware threads)", flag,
+        threads, max_threads(), kMinThreadsCap, std::thread::hardware_concurrency());
+}
+
+}  // namespace kiln::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln: lower PyTorch exported programs (.pt2) to ExecuTorch programs (.pte) and run them on CPUs",
@@ -25,7 +44,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version print and exit 0; a usage error is one line and exit 1, like every error
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::string what = e.what();
+    for (char& c : what)
+      if (c == '\n' || c == '\r') c = ' ';
+    while (!what.empty() && what.back() == ' ') what.pop_back();
+    std::fprintf(stderr, "kiln: error: %s (kiln --help lists the commands and their options)\n", what.c_str());
+    return 1;
   }
   // kiln's runtime backends (run and bench pass --threads/--engine per method, rt::MethodOptions)
   if (!kiln::backends::xnnpack::register_runtime_backend())
@@ -36,8 +62,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln: error: %s\n", e.what());
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "kiln: error: out of memory\n");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kiln: error: internal: %s\n", e.what());
+  } catch (const nlohmann::json::exception& e) {  // a JSON input (a profile, a debug map) of the wrong shape
+    std::fprintf(stderr, "kiln: error: a JSON input is not of the form kiln reads: %s\n", e.what());
+  } catch (const std::exception& e) {  // a library's exception kiln did not turn into its own: one line still
+    std::string what = e.what();
+    for (char& c : what)
+      if (c == '\n' || c == '\r') c = ' ';
+    std::fprintf(stderr, "kiln: error: internal: %s\n", what.c_str());
+  } catch (...) {
+    std::fprintf(stderr, "kiln: error: internal: unknown exception\n");
   }
   return 1;
 }

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "etdump.h"
 #include "kiln/core/error.h"
+#include "kiln/core/output_file.h"
 #include "kiln/io/npy.h"
 #include "kiln/runtime/program.h"
 
@@ -19,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -162,30 +164,9 @@ void describe(Item& it, const DebugMap& map) {
   if (it.module.empty()) it.module = "(program)";
 }
 
-// Writes `bytes` to `path` through a temporary file renamed into place.
-void write_atomically(const std::string& path, const std::string& flag, const void* bytes, size_t size) {
-  const std::string tmp = path + ".kiln-tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(size));
-    f.close();
-    if (!f.good()) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail("{} {}: cannot write", flag, path);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    fail("{} {}: cannot rename into place", flag, path);
-  }
-}
-
 int run_profile(const ProfileOptions& o) {
   check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
-  check(o.threads >= 1, "--threads must be >= 1");
+  check_threads(o.threads);
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
   if (!program.ok()) fail("{}: {}", o.file, err.c_str());
@@ -418,6 +399,7 @@ int run_profile(const ProfileOptions& o) {
   size_t num_steps = 0;
   for (const auto& s : steps) num_steps += s.size();
 
+  std::unique_ptr<StagedFile> trace_file, etdump_file;
   if (!o.trace.empty()) {  // Chrome trace (the JSON array form with metadata), µs from the first run's start
     const uint64_t t0 = runs.empty() ? 0 : runs.front().first;
     auto us = [&](uint64_t ns) { return static_cast<double>(ns - std::min(ns, t0)) / 1e3; };
@@ -442,7 +424,8 @@ int run_profile(const ProfileOptions& o) {
     }
     json trace = {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
     const std::string text = trace.dump() + "\n";
-    write_atomically(o.trace, "--trace", text.data(), text.size());
+    trace_file = std::make_unique<StagedFile>(o.trace);
+    trace_file->write(text);
   }
 
   if (!o.etdump.empty()) {  // ETDump: one RunData per profiled run, times in ns from the first run's start
@@ -470,7 +453,14 @@ int run_profile(const ProfileOptions& o) {
       er[e.run].events.push_back(std::move(x));
     }
     const std::vector<uint8_t> bytes = etdump_bytes(er);
-    write_atomically(o.etdump, "--etdump", bytes.data(), bytes.size());
+    etdump_file = std::make_unique<StagedFile>(o.etdump);
+    etdump_file->write(bytes.data(), bytes.size());
+  }
+  {  // --trace and --etdump are published together, or neither (kiln/core/output_file.h)
+    std::vector<StagedFile*> files;
+    if (trace_file) files.push_back(trace_file.get());
+    if (etdump_file) files.push_back(etdump_file.get());
+    publish_together(files);
   }
 
   if (o.as_json) {

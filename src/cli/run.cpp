@@ -2,6 +2,7 @@
 #include "commands.h"
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
+#include "kiln/core/output_file.h"
 #include "kiln/io/npy.h"
 #include "kiln/runtime/program.h"
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace kiln::cli {
@@ -50,7 +52,7 @@ double element_as_double(const void* data, ScalarType dtype, int64_t i) {
 std::string shape_str(std::span<const int64_t> s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 int run_run(const RunOptions& o) {
-  check(o.threads >= 1, "--threads must be >= 1");
+  check_threads(o.threads);
   auto t0 = Clock::now();
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
@@ -72,7 +74,15 @@ int run_run(const RunOptions& o) {
   std::vector<io::NpyArray> inputs;  // "keep": not set (the method's tensor as the last step left it)
   for (const auto& f : o.inputs) inputs.push_back(f == kKeep ? io::NpyArray{} : io::read_npy(f));
   double exec_ms = 0;
-  // Steps before the last: run, write their outputs (--output lists them step by step), keep the state.
+  // Every --output is staged as it is computed and published once the whole run has succeeded:
+  // a later step's failure leaves no earlier step's files (kiln/core/output_file.h).
+  std::vector<std::unique_ptr<StagedFile>> staged;
+  auto stage_output = [&](const std::string& path, const rt::Tensor& t) {
+    staged.push_back(std::make_unique<StagedFile>(path));
+    io::write_npy(*staged.back(), t.dtype, t.shape(),
+                  std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes()));
+  };
+  // Steps before the last: run, stage their outputs (--output lists them step by step), keep the state.
   for (size_t k = 0; k < steps; ++k) {
     for (size_t i = 0; i < m.num_inputs(); ++i) {
       const size_t f = k * m.num_inputs() + i;
@@ -94,9 +104,7 @@ int run_run(const RunOptions& o) {
     for (size_t i = 0; i < m.num_outputs(); ++i) {
       const size_t f = k * m.num_outputs() + i;
       if (f >= o.outputs.size() || !m.output_is_tensor(i)) continue;
-      const rt::Tensor& t = m.output(i);
-      io::write_npy(o.outputs[f], t.dtype, t.shape(),
-                    std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes()));
+      stage_output(o.outputs[f], m.output(i));
     }
   }
   std::vector<std::string> last_outputs;
@@ -120,8 +128,7 @@ int run_run(const RunOptions& o) {
     const rt::Tensor& t = m.output(i);
     fmt::print("  output {}: {}{}\n", i, dtype_name(t.dtype), shape_str(t.shape()));
     if (i < last_outputs.size()) {
-      io::write_npy(last_outputs[i], t.dtype, t.shape(),
-                    std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes()));
+      stage_output(last_outputs[i], t);
       fmt::print("    wrote {}\n", last_outputs[i]);
     }
     if (i < o.compare.size()) {
@@ -140,6 +147,9 @@ int run_run(const RunOptions& o) {
       fmt::print("    vs {}: max |diff| {:.3g}, max |diff| / max |ref| {:.3g}\n", o.compare[i], max_abs, rel);
     }
   }
+  std::vector<StagedFile*> files;
+  for (auto& f : staged) files.push_back(f.get());
+  publish_together(files);
   return status;
 }
 

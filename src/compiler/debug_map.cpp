@@ -146,6 +146,7 @@ std::string debug_map_json(const DebugMapInput& in) {
             {"instructions", std::move(instructions)},
             {"regions", std::move(regions)},
             {"nodes", std::move(nodes)}};
+  if (!in.pte_sha256.empty()) j["pte_sha256"] = in.pte_sha256;
   return j.dump(1) + "\n";
 }
 

@@ -4,9 +4,10 @@
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/compiler/debug_map.h"
 #include "kiln/core/error.h"
+#include "kiln/core/output_file.h"
 #include "kiln/passes/dynamic.h"
 #include "kiln/pt2/pt2_reader.h"
-#include "kiln/pte/pte_writer.h"
+#include "kiln/pte/pte_writer_staged.h"
 #include "kiln/runtime/backend.h"
 #include "kiln/runtime/program.h"
 
@@ -16,7 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <malloc.h>
-#include <fstream>
+#include <optional>
 #include <regex>
 
 namespace kiln {
@@ -28,32 +29,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Removes a staging file unless released: failures leave nothing behind.
-struct StagedFile {
-  std::string path;
-  bool keep = false;
-  ~StagedFile() {
-    if (!keep) {
-      std::error_code ec;
-      fs::remove(path, ec);
-    }
-  }
-};
-
-void write_text_atomically(const std::string& path, const std::string& text) {
-  StagedFile staged{path + ".kiln-tmp"};
-  {
-    std::ofstream f(staged.path, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.close();
-    check(f.good(), "{}: cannot write", staged.path);
-  }
-  std::error_code ec;
-  fs::rename(staged.path, path, ec);
-  check(!ec, "{}: cannot rename into place: {}", path, ec.message());
-  staged.keep = true;
-}
-
 std::string metadata(const LowerResult& r) {
   const emit::EmitReport& report = r.report;
   const passes::LoweringStats& lstats = r.lowering;
@@ -64,6 +39,8 @@ std::string metadata(const LowerResult& r) {
   meta["exported_program"] = r.spec.exported_program;
   meta["pte"] = r.pte_path;
   meta["pte_size_mb"] = static_cast<double>(r.pte_size) / 1e6;
+  meta["pte_size_bytes"] = r.pte_size;
+  meta["pte_sha256"] = r.pte_sha256;
   meta["seq_len"] = r.spec.seq_len;
   meta["delegation"] = nullptr;
   if (r.delegation) {
@@ -298,8 +275,10 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   progress(fmt::format("writing {} ({:.1f} MB of constants, {:.1f} MB of named data)", out,
                        static_cast<double>(r.report.constant_bytes) / 1e6,
                        static_cast<double>(r.report.named_data_bytes) / 1e6));
-  StagedFile staged{out + ".kiln-staging"};
-  pte::write_pte(program, staged.path);
+  // The .pte, its metadata and its debug map are staged beside the output and published as one set
+  // (kiln/core/output_file.h): a failure leaves none of them, concurrent lowerings one whole set each.
+  StagedFile pte_file(out);
+  pte::write_pte(program, pte_file);
   const double t_write = seconds_since(t0);
   // What kiln computed for the file (quantized weights, folded constants) is in it now: freed before
   // verifying, which maps the file and prepares the method (repacking int4 weights into kiln's own
@@ -319,30 +298,35 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   // caller's settings).
   if (o.verify) {
     if (xnnpack && rt::find_backend("XnnpackBackend") == nullptr) backends::xnnpack::register_runtime_backend();
-    verify(program, staged.path, out, r, progress);
+    verify(program, pte_file.path(), out, r, progress);
   }
-
-  std::error_code ec;
-  fs::rename(staged.path, out, ec);
-  check(!ec, "{}: cannot rename into place: {}", out, ec.message());
-  staged.keep = true;
+  r.pte_size = pte_file.written();
+  r.pte_sha256 = sha256_file(pte_file.path());
   const double total = seconds_since(t0);
-  r.pte_size = fs::file_size(out);
   r.seconds = {t_read, t_edge - t_read, t_partition - t_edge, t_emit - t_partition, t_write - t_emit, total};
 
+  std::optional<StagedFile> map_file;
+  const std::string map_path = fs::path(out).replace_extension(".debug.json").string();
   if (o.debug_map) {  // X.pte -> X.debug.json
     const auto t_map = Clock::now();
-    r.debug_map_path = fs::path(out).replace_extension(".debug.json").string();
+    r.debug_map_path = map_path;
     DebugMapInput dm{&edge, delegation ? &*delegation : nullptr, &r.report, fs::path(out).filename().string(),
-                     spec.exported_program, std::string(backend)};
-    write_text_atomically(r.debug_map_path, debug_map_json(dm));
+                     spec.exported_program, std::string(backend), r.pte_sha256};
+    map_file.emplace(map_path);
+    map_file->write(debug_map_json(dm));
+    map_file->close();
     r.seconds.debug_map = seconds_since(t_map);
-  } else {  // a map from an earlier lowering would describe another program
-    std::error_code rm;
-    fs::remove(fs::path(out).replace_extension(".debug.json"), rm);
   }
   r.metadata_json = metadata(r);
-  write_text_atomically(r.metadata_path, r.metadata_json);
+  StagedFile meta_file(r.metadata_path);
+  meta_file.write(r.metadata_json);
+  std::vector<StagedFile*> set;
+  if (map_file) set.push_back(&*map_file);
+  set.push_back(&meta_file);
+  set.push_back(&pte_file);  // last: a new .pte appears only once its metadata and debug map are in place
+  std::vector<std::string> stale;
+  if (!o.debug_map) stale.push_back(map_path);  // a map from an earlier lowering would describe another program
+  publish_together(set, stale);
   return r;
 }
 

@@ -1,9 +1,12 @@
 #include "kiln/io/npy.h"
 
 #include "kiln/core/error.h"
+#include "kiln/core/output_file.h"
 
+#include <charconv>
+#include <limits>
+#include <string_view>
 #include <cctype>
-#include <filesystem>
 #include <fstream>
 #include <utility>
 
@@ -50,6 +53,8 @@ NpyArray read_npy(const std::string& path) {
   check(f.good() && std::string(magic, 6) == std::string(kMagic, 6), "{}: not a .npy file (bad magic)", path);
   unsigned char version[2];
   f.read(reinterpret_cast<char*>(version), 2);
+  check(f.good() && version[0] >= 1 && version[0] <= 3, "{}: .npy version {} is not one kiln reads (1.0-3.0)", path,
+        static_cast<int>(version[0]));
   uint32_t header_len = 0;
   if (version[0] == 1) {
     unsigned char l[2];
@@ -77,20 +82,43 @@ NpyArray read_npy(const std::string& path) {
     }
   check(found, "{}: dtype '{}' is not supported (kiln reads little-endian bool, int, uint and float arrays)", path, descr);
   check(dict_value(header, "fortran_order", path) == "False", "{}: Fortran-order arrays are not supported", path);
+  // shape: a tuple of non-negative integers, "()" for a scalar; element count and byte size in checked arithmetic
   std::string shape = dict_value(header, "shape", path);
-  int64_t numel = 1;
-  for (size_t i = 0; i < shape.size();) {
-    if (!std::isdigit(static_cast<unsigned char>(shape[i]))) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < shape.size() && std::isdigit(static_cast<unsigned char>(shape[j]))) ++j;
-    a.shape.push_back(std::stoll(shape.substr(i, j - i)));
-    numel *= a.shape.back();
-    i = j;
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+    while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+    return v;
+  };
+  std::string_view tuple = trim(shape);
+  check(tuple.size() >= 2 && tuple.front() == '(' && tuple.back() == ')', "{}: malformed .npy shape '{}'", path, shape);
+  tuple = trim(tuple.substr(1, tuple.size() - 2));
+  uint64_t numel = 1;
+  while (!tuple.empty()) {
+    const size_t comma = tuple.find(',');
+    const std::string_view dim = trim(tuple.substr(0, comma));
+    tuple = comma == std::string_view::npos ? std::string_view() : trim(tuple.substr(comma + 1));
+    int64_t d = -1;
+    const auto [end_ptr, ec] = std::from_chars(dim.data(), dim.data() + dim.size(), d);
+    check(!dim.empty() && std::isdigit(static_cast<unsigned char>(dim.front())) && ec == std::errc() &&
+              end_ptr == dim.data() + dim.size(),
+          "{}: .npy shape {} has a dimension '{}' that is not a non-negative integer", path, shape, dim);
+    check(a.shape.size() < 64, "{}: .npy shape {} has too many dimensions", path, shape);
+    a.shape.push_back(d);
+    check(!__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel),
+          "{}: .npy shape {} has more elements than can be counted", path, shape);
   }
-  a.data.resize(static_cast<size_t>(numel) * static_cast<size_t>(element_size(a.dtype)));
+  uint64_t nbytes = 0;
+  check(!__builtin_mul_overflow(numel, static_cast<uint64_t>(element_size(a.dtype)), &nbytes) &&
+            nbytes <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+        "{}: .npy shape {} holds more bytes than can be counted", path, shape);
+  const auto data_start = static_cast<uint64_t>(f.tellg());
+  f.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(static_cast<std::streamoff>(data_start));
+  check(f.good() && file_size >= data_start && file_size - data_start == nbytes,
+        "{}: shape {} of {} needs {} data bytes, the file holds {}", path, shape, descr, nbytes,
+        file_size >= data_start ? file_size - data_start : 0);
+  a.data.resize(static_cast<size_t>(nbytes));
   f.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(a.data.size()));
   check(static_cast<size_t>(f.gcount()) == a.data.size(), "{}: holds fewer bytes than its shape needs", path);
   return a;
@@ -98,6 +126,13 @@ NpyArray read_npy(const std::string& path) {
 
 void write_npy(const std::string& path, ScalarType dtype, std::span<const int64_t> shape,
                std::span<const std::byte> data) {
+  StagedFile f(path);  // removed unless published
+  write_npy(f, dtype, shape, data);
+  f.publish();
+}
+
+void write_npy(StagedFile& f, ScalarType dtype, std::span<const int64_t> shape, std::span<const std::byte> data) {
+  const std::string& path = f.target();
   const char* descr = nullptr;
   for (const auto& [d, t] : kDescr)
     if (t == dtype) descr = d;
@@ -109,24 +144,14 @@ void write_npy(const std::string& path, ScalarType dtype, std::span<const int64_
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::string tmp = path + ".kiln-tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    check(f.good(), "{}: cannot write", path);
-    f.write(kMagic, 6);
-    const char version[2] = {1, 0};
-    f.write(version, 2);
-    const char len[2] = {static_cast<char>(header.size() & 0xff), static_cast<char>((header.size() >> 8) & 0xff)};
-    f.write(len, 2);
-    f.write(header.data(), static_cast<std::streamsize>(header.size()));
-    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-    f.close();
-    if (!f.good()) {
-      std::filesystem::remove(tmp);
-      fail("{}: write failed", path);
-    }
-  }
-  std::filesystem::rename(tmp, path);
+  f.write(kMagic, 6);
+  const char version[2] = {1, 0};
+  f.write(version, 2);
+  const char len[2] = {static_cast<char>(header.size() & 0xff), static_cast<char>((header.size() >> 8) & 0xff)};
+  f.write(len, 2);
+  f.write(header);
+  f.write(data.data(), data.size());
+  f.close();
 }
 
 }  // namespace kiln::io

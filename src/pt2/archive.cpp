@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <filesystem>
+#include <set>
 #include <vector>
 
 namespace kiln::pt2 {
@@ -15,6 +18,31 @@ struct ZipFileCloser {
   void operator()(zip_file_t* f) const { zip_fclose(f); }
 };
 using ZipFile = std::unique_ptr<zip_file_t, ZipFileCloser>;
+
+// Limits on what an archive may make kiln inflate: a .pt2 is untrusted input, and a zip bomb (a few MB
+// declaring or inflating to many GB) must be refused before anything is allocated or read.
+// - No compressed entry inflates to more than kMaxCompressionRatio times its compressed size (deflated
+//   JSON and weights stay far below it; a zip bomb is ~1000x), except entries below kRatioFreeBytes.
+constexpr uint64_t kMaxCompressionRatio = 100;
+constexpr uint64_t kRatioFreeBytes = uint64_t{1} << 20;
+// - All entries together inflate to at most the archive's size times that ratio plus kTotalSlackBytes.
+constexpr uint64_t kTotalSlackBytes = uint64_t{64} << 20;
+// - Entry names: at most this long; no absolute paths, '..' components, backslashes or NULs; no duplicates.
+constexpr size_t kMaxNameBytes = 4096;
+
+bool traversal_name(const std::string& name) {
+  if (name.empty() || name.front() == '/' || name.find('\\') != std::string::npos ||
+      name.find('\0') != std::string::npos)
+    return true;
+  size_t at = 0;
+  while (at <= name.size()) {
+    size_t slash = name.find('/', at);
+    if (slash == std::string::npos) slash = name.size();
+    if (name.compare(at, slash - at, "..") == 0 && slash - at == 2) return true;
+    at = slash + 1;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -28,11 +56,44 @@ Pt2Archive::Pt2Archive(const std::string& path) : path_(path) {
     zip_error_fini(&ze);
     fail("{}: not a readable .pt2 archive: {}", path, msg);
   }
+  std::error_code ec;
+  const uint64_t archive_size = std::filesystem::file_size(path, ec);
+  if (ec) fail("{}: not a readable .pt2 archive: {}", path, ec.message());
+  uint64_t total_cap = 0;
+  if (__builtin_mul_overflow(archive_size, kMaxCompressionRatio, &total_cap) ||
+      __builtin_add_overflow(total_cap, kTotalSlackBytes, &total_cap))
+    total_cap = UINT64_MAX;
   zip_int64_t n = zip_get_num_entries(zip_, 0);
   entries_.reserve(static_cast<size_t>(std::max<zip_int64_t>(n, 0)));
+  std::set<std::string> seen;
+  uint64_t total = 0;
   for (zip_int64_t i = 0; i < n; ++i) {
-    const char* name = zip_get_name(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW);
-    entries_.emplace_back(name ? name : "");
+    zip_stat_t st;
+    zip_stat_init(&st);
+    if (zip_stat_index(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW, &st) != 0 || !(st.valid & ZIP_STAT_NAME) ||
+        !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD))
+      fail("{}: not a readable .pt2 archive: entry {} cannot be read", path, i);
+    // The name as the directory stores it (libzip cuts it at a NUL: such names then collide as duplicates).
+    const std::string name = st.name;
+    if (name.size() > kMaxNameBytes || traversal_name(name))
+      fail("{}: archive entry {} has a name kiln refuses (absolute, '..', backslash or too long)", path, i);
+    if (!seen.insert(name).second) fail("{}: archive holds two entries named '{}'", path, name);
+    if (st.comp_method == ZIP_CM_STORE) {
+      if (st.size != st.comp_size)
+        fail("{}: archive entry '{}' is stored uncompressed but declares {} bytes and holds {}", path, name, st.size,
+             st.comp_size);
+    } else if (st.size > kRatioFreeBytes &&
+               (st.comp_size == 0 || st.size / st.comp_size >= kMaxCompressionRatio)) {
+      fail("{}: archive entry '{}' would inflate {} bytes to {} (more than {}x: a zip bomb?)", path, name,
+           st.comp_size, st.size, kMaxCompressionRatio);
+    }
+    if (st.comp_size > archive_size)
+      fail("{}: archive entry '{}' declares {} compressed bytes in a {}-byte file", path, name, st.comp_size,
+           archive_size);
+    if (__builtin_add_overflow(total, st.size, &total) || total > total_cap)
+      fail("{}: archive entries inflate to more than {} bytes ({}x the {}-byte archive plus {} MiB): a zip bomb?",
+           path, total_cap, kMaxCompressionRatio, archive_size, kTotalSlackBytes >> 20);
+    entries_.push_back(name);
   }
 }
 
@@ -72,8 +133,13 @@ void Pt2Archive::stream(const std::string& entry, uint64_t offset, uint64_t leng
   if (!f) fail("{}: cannot open archive entry '{}': {}", path_, entry, zip_strerror(zip_));
   // 1 MiB chunks: few syscalls for 100+ MB weights, small enough to stay in cache.
   std::vector<std::byte> buf(std::min<uint64_t>(length + offset, uint64_t{1} << 20) + 1);
-  // Skip to `offset`: seek where the entry is stored uncompressed, else read and drop.
-  if (offset > 0 && zip_fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) != 0) {
+  // Skip to `offset`: seek where the entry is stored uncompressed, else read and drop. (A compressed
+  // entry is not seekable in libzip 1.7, and a failed zip_fseek leaves the file in an error state that
+  // every later read reports: why `lower` once called deflated archives corrupt.)
+  if (offset > 0 && (flags & ZIP_FL_COMPRESSED)) {
+    if (zip_fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) != 0)
+      fail("{}: archive entry '{}' is truncated or corrupt: {}", path_, entry, zip_file_strerror(f.get()));
+  } else if (offset > 0) {
     uint64_t skip = offset;
     while (skip > 0) {
       auto want = static_cast<zip_uint64_t>(std::min<uint64_t>(skip, buf.size()));
@@ -169,7 +235,7 @@ std::map<std::string, Pt2Archive::NestedMember> Pt2Archive::nested_members(const
     if (le(lh.data(), 4) != 0x04034b50) bad(fmt::format("member '{}' has no local header", name));
     const uint64_t data = local + 30 + le(lh.data() + 26, 2) + le(lh.data() + 28, 2);
     if (data > size || raw > size - data) bad(fmt::format("member '{}' runs past the end", name));
-    out[name] = NestedMember{data, raw};
+    if (!out.emplace(name, NestedMember{data, raw}).second) bad(fmt::format("two members named '{}'", name));
     p += 46 + name_len + extra_len + comment_len;
   }
   return out;

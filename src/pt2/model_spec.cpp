@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -72,6 +73,12 @@ ModelSpec read_model_spec(const std::string& path) {
     return it->get<std::string>();
   };
   spec.name = str("name", true);
+  // The name becomes file names (<name>_<backend>.pte beside the spec): a file name, never a path.
+  check(!spec.name.empty() && spec.name != "." && spec.name != ".." &&
+            spec.name.find_first_of('/') == std::string::npos && spec.name.find_first_of('\\') == std::string::npos &&
+            std::none_of(spec.name.begin(), spec.name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }) &&
+            spec.name.size() <= 200,
+        "{}: model spec 'name' must be a file name (no '/', '\\', control characters, '.' or '..'; at most 200 bytes)", path);
   spec.model_id = str("model_id", false);
   spec.ir = str("ir", false);
   spec.exported_program = resolve(dir, str("exported_program", true));

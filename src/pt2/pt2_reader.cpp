@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -106,6 +107,15 @@ struct Reader {
     return e;
   }
 
+  // A decimal integer of a size expression; one that does not fit in 64 bits is bad input (not std::stoll's exception).
+  int64_t parse_integer(const std::string& digits, const std::string& where) const {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (ec != std::errc() || end != digits.data() + digits.size())
+      bad(where, fmt::format("integer '{}' in a size expression is not a 64-bit integer", digits));
+    return v;
+  }
+
   graph::SymExpr parse_expr(const std::string& t, size_t& pos, const std::string& where) const {
     skip_space(t, pos);
     auto unreadable = [&]() -> graph::SymExpr {
@@ -116,7 +126,7 @@ struct Reader {
     if (pos < t.size() && (t[pos] == '-' || std::isdigit(static_cast<unsigned char>(t[pos])))) {
       ++pos;
       while (pos < t.size() && std::isdigit(static_cast<unsigned char>(t[pos]))) ++pos;
-      return normalize({}, std::stoll(t.substr(start, pos - start)));
+      return normalize({}, parse_integer(t.substr(start, pos - start), where));
     }
     while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
     std::string head = t.substr(start, pos - start);
@@ -208,7 +218,7 @@ struct Reader {
     if (pos < t.size() && (t[pos] == '-' || std::isdigit(static_cast<unsigned char>(t[pos])))) {
       ++pos;
       while (pos < t.size() && std::isdigit(static_cast<unsigned char>(t[pos]))) ++pos;
-      return std::stoll(t.substr(start, pos - start));
+      return parse_integer(t.substr(start, pos - start), where);
     }
     while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
     std::string head = t.substr(start, pos - start);
@@ -356,6 +366,22 @@ struct Reader {
     }
     if (auto it = j.find("storage_offset"); it != j.end()) m.storage_offset = sym_int_value(*it, where + " storage_offset");
     if (m.storage_offset < 0) bad(where, "negative storage offset");
+    // Element count, byte size and storage extent in checked arithmetic: a size whose product
+    // overflows (2^64 elements would count as 0) is bad input, not a small tensor.
+    int64_t numel = 1, nbytes = 0, extent = m.storage_offset;
+    for (size_t i = 0; i < m.sizes.size(); ++i)
+      if (__builtin_mul_overflow(numel, m.sizes[i], &numel))
+        bad(where, fmt::format("sizes [{}] hold more elements than a 64-bit count", fmt::join(m.sizes, ", ")));
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(element_size(m.dtype)), &nbytes))
+      bad(where, fmt::format("sizes [{}] hold more bytes than a 64-bit count", fmt::join(m.sizes, ", ")));
+    for (size_t i = 0; numel > 0 && i < m.sizes.size(); ++i) {
+      int64_t reach = 0;
+      if (__builtin_mul_overflow(m.sizes[i] - 1, m.strides[i], &reach) || __builtin_add_overflow(extent, reach, &extent))
+        bad(where, "its sizes and strides reach past a 64-bit offset");
+    }
+    if (numel > 0 && (__builtin_add_overflow(extent, 1, &extent) ||
+                      __builtin_mul_overflow(extent, static_cast<int64_t>(element_size(m.dtype)), &extent)))
+      bad(where, "its sizes and strides reach past a 64-bit offset");
     if (auto it = j.find("requires_grad"); it != j.end() && it->is_boolean()) m.requires_grad = it->get<bool>();
     if (auto it = j.find("layout"); it != j.end() && it->is_number_integer() && it->get<int64_t>() != 7)
       bad(where, fmt::format("layout code {} is not strided; kiln handles dense strided tensors only",

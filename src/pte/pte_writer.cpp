@@ -11,9 +11,10 @@
 //    base offset at the next multiple of the segment alignment after it, and
 //    no padding after the last segment; without segment data there is no
 //    header and the file is the bare flatbuffer.
-#include "kiln/pte/pte_writer.h"
+#include "kiln/pte/pte_writer_staged.h"
 
 #include "kiln/core/error.h"
+#include "kiln/core/output_file.h"
 #include "kiln/fb/kiln_program_generated.h"
 
 #include <algorithm>
@@ -421,22 +422,11 @@ void build_program(FlatBufferBuilder& b, const Program& program, const Layout& L
 
 class OutputFile {
  public:
-  explicit OutputFile(std::string path) : path_(std::move(path)) {
-    file_ = std::fopen(path_.c_str(), "wb");
-    if (!file_) fail("cannot create {}: {}", path_, std::strerror(errno));
-    std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
-  }
+  explicit OutputFile(StagedFile& file) : file_(file), start_(file.written()) {}
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
-  ~OutputFile() {
-    if (file_) std::fclose(file_);
-  }
 
-  void write(const void* data, size_t n) {
-    if (n == 0) return;
-    if (std::fwrite(data, 1, n, file_) != n) fail("cannot write {}: {}", path_, std::strerror(errno));
-    written_ += n;
-  }
+  void write(const void* data, size_t n) { file_.write(data, n); }
   void zeros(uint64_t n) {
     static constexpr std::byte kZeros[4096] = {};
     while (n > 0) {
@@ -446,20 +436,15 @@ class OutputFile {
     }
   }
   void pad_to(uint64_t offset) {
-    if (written_ > offset) fail("internal: {} already holds {} bytes, past offset {}", path_, written_, offset);
-    zeros(offset - written_);
+    if (written() > offset) fail("internal: {} already holds {} bytes, past offset {}", file_.target(), written(), offset);
+    zeros(offset - written());
   }
-  void close() {
-    FILE* f = file_;
-    file_ = nullptr;
-    if (std::fclose(f) != 0) fail("cannot write {}: {}", path_, std::strerror(errno));
-  }
-  uint64_t written() const { return written_; }
+  void close() { file_.close(); }
+  uint64_t written() const { return file_.written() - start_; }
 
  private:
-  std::string path_;
-  FILE* file_ = nullptr;
-  uint64_t written_ = 0;
+  StagedFile& file_;
+  uint64_t start_ = 0;
 };
 
 void stream_blob(OutputFile& out, const DataBlob& blob, const std::string& what) {
@@ -478,10 +463,10 @@ void stream_blob(OutputFile& out, const DataBlob& blob, const std::string& what)
 }
 
 void write_file(const Program& program, const Layout& L, const flatbuffers::FlatBufferBuilder& b,
-                const WriteOptions& opts, const std::string& tmp_path) {
+                const WriteOptions& opts, StagedFile& file) {
   const auto* fb = reinterpret_cast<const std::byte*>(b.GetBufferPointer());
   const uint64_t fb_size = b.GetSize();
-  OutputFile out(tmp_path);
+  OutputFile out(file);
 
   if (L.segment_data_size == 0) {  // nothing after the flatbuffer: no extended header either
     out.write(fb, fb_size);
@@ -535,24 +520,19 @@ void write_file(const Program& program, const Layout& L, const flatbuffers::Flat
 
 }  // namespace
 
-void write_pte(const Program& program, const std::string& path, const WriteOptions& opts) {
+void write_pte(const Program& program, StagedFile& file, const WriteOptions& opts) {
   check_program(program, opts);
   Layout layout = plan_layout(program, opts);
 
   FlatBufferBuilder builder(1 << 20);
   build_program(builder, program, layout);
+  write_file(program, layout, builder, opts, file);
+}
 
-  const std::string tmp_path = path + ".tmp";
-  try {
-    write_file(program, layout, builder, opts, tmp_path);
-    std::error_code ec;
-    std::filesystem::rename(tmp_path, path, ec);
-    if (ec) fail("cannot rename {} to {}: {}", tmp_path, path, ec.message());
-  } catch (...) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp_path, ignored);
-    throw;
-  }
+void write_pte(const Program& program, const std::string& path, const WriteOptions& opts) {
+  StagedFile file(path);  // removed unless published
+  write_pte(program, file, opts);
+  file.publish();
 }
 
 }  // namespace kiln::pte

@@ -3,6 +3,7 @@
 #include "view_internal.h"
 
 #include "kiln/core/error.h"
+#include "kiln/core/output_file.h"
 #include <view_assets.h>  // generated from viewer.js/viewer.css (CMakeLists.txt)
 
 #include <fmt/format.h>
@@ -314,28 +315,7 @@ std::string model_explorer_json(const ViewGraph& g) {
 // ---- files ----
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  fs::path target(path);
-  std::error_code ec;
-  if (fs::is_directory(target, ec)) fail("{}: is a directory", path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) fail("{}: cannot write: no directory {}", path, dir.string());
-  std::string tmp = path + fmt::format(".kiln-tmp-{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("{}: cannot write (cannot create {})", path, tmp);
-    out << text;
-    out.close();
-    if (!out.good()) {
-      fs::remove(tmp, ec);
-      fail("{}: cannot write (disk full?)", path);
-    }
-  }
-  fs::rename(tmp, target, ec);
-  if (ec) {
-    std::error_code ignore;
-    fs::remove(tmp, ignore);
-    fail("{}: cannot rename into place: {}", path, ec.message());
-  }
+  kiln::write_file_atomically(path, text);  // kiln/core/output_file.h
 }
 
 }  // namespace kiln::view

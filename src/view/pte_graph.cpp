@@ -236,11 +236,14 @@ struct PlanReader {
     g.delegate_regions++;
     auto payload = file.delegate_payload(plan_index, static_cast<size_t>(d.delegate_index()));
     bool parsed = false;
-    if (payload.ok() && str(del->id()) == "XnnpackBackend")
-      parsed = xnnpack_payload(node, payload.value(), args);
+    if (str(del->id()) == "XnnpackBackend") {
+      // A corrupt payload is a corrupt file: one error, not an empty region drawn as if it were fine.
+      if (!payload.ok() || !xnnpack_payload(node, payload.value(), args))
+        fail("{}: delegate {} (XnnpackBackend) of method '{}': its payload is not a readable XNNGraph", g.path,
+             d.delegate_index(), str(plan.name()));
+      parsed = true;
+    }
     if (!parsed) {
-      if (str(del->id()) == "XnnpackBackend")
-        g.nodes[static_cast<size_t>(node)].attrs.push_back({"payload", "not readable as an XNNGraph"});
       std::vector<int32_t> outs;
       for (int32_t a : args)
         for (int32_t t : tensors_of(a)) {

@@ -22,6 +22,7 @@ struct DebugMapInput {
   std::string pte_name;           // the .pte's file name
   std::string exported_program;   // the .pt2's path
   std::string backend;            // "portable" / "xnnpack"
+  std::string pte_sha256;         // the .pte's digest, when known: the map names the very file it describes
 };
 
 // The debug map as JSON text (ends in a newline).

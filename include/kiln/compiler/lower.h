@@ -74,6 +74,7 @@ struct LowerResult {
   std::string metadata_path;
   std::string debug_map_path;  // empty when LowerOptions::debug_map is off
   uint64_t pte_size = 0;  // bytes
+  std::string pte_sha256;  // of the .pte as written (its metadata records it: the two belong together)
   passes::LoweringStats lowering;
   emit::EmitReport report;
   std::optional<partition::DelegationSummary> delegation;  // XNNPACK lowerings

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kiln/core/dtype.h"
+#include "kiln/core/output_file.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -22,8 +23,10 @@ struct NpyArray {
 // (Fortran order, big-endian, unknown dtype, truncated data).
 NpyArray read_npy(const std::string& path);
 
-// Writes through a temporary file renamed into place.
+// Writes through a StagedFile (kiln/core/output_file.h) renamed into place.
 void write_npy(const std::string& path, ScalarType dtype, std::span<const int64_t> shape,
                std::span<const std::byte> data);
+// Writes into a staged file and closes it; the caller publishes it (with others: kiln run's outputs).
+void write_npy(StagedFile& file, ScalarType dtype, std::span<const int64_t> shape, std::span<const std::byte> data);
 
 }  // namespace kiln::io

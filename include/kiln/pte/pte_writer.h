@@ -21,8 +21,8 @@ struct WriteOptions {
   uint64_t tensor_alignment = kDefaultTensorAlignment;
 };
 
-// Writes `program` to `path`, through `path + ".tmp"` renamed into place only
-// on success (the temporary file is removed on failure). Constant, delegate
+// Writes `program` to `path`, through a StagedFile (kiln/core/output_file.h) renamed into
+// place only on success (the staged file is removed on failure). Constant, delegate
 // and named data are streamed from their DataBlob callbacks straight into
 // the file. Throws kiln::Error on an inconsistent program (an index out of
 // range, a blob that streams a different number of bytes than it declares)
