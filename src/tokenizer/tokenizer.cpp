@@ -11,14 +11,60 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <queue>
 #include <unordered_map>
 
 namespace kiln::tok {
 namespace {
 
 using nlohmann::json;
+
+// Limits on a tokenizer.json (untrusted input: it comes with the model). Real
+// files are far inside every one: the largest vocabularies have 262,144 ids,
+// pre-tokenizers nest two deep, added tokens are tens of bytes.
+constexpr int64_t kMaxVocab = int64_t{1} << 21;        // token ids are in [0, kMaxVocab)
+constexpr int kMaxJsonDepth = 64;                      // arrays and objects inside each other
+constexpr int kMaxStepDepth = 8;                       // Sequence pre-tokenizers inside each other
+constexpr size_t kMaxAddedTokenBytes = 1024;           // an added token's content
+constexpr uintmax_t kMaxFileBytes = uintmax_t{1} << 30;  // the file
+constexpr uint32_t kMaxRegexMatchSteps = 10'000'000;   // PCRE2's match limit for one match of a pre-tokenizer regex
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
+// JSON helpers that say what is wrong (nlohmann's own messages do not say where).
+const json& member(const json& obj, const char* key, const char* where) {
+  if (!obj.is_object()) fail(fmt::format("{} is not a JSON object", where));
+  auto it = obj.find(key);
+  if (it == obj.end()) fail(fmt::format("{} has no '{}'", where, key));
+  return *it;
+}
+std::string string_of(const json& v, const char* what) {
+  if (!v.is_string()) fail(fmt::format("{} is not a string", what));
+  return v.get<std::string>();
+}
+bool flag(const json& obj, const char* key, bool dflt, const char* where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) fail(fmt::format("{}'s '{}' is not true or false", where, key));
+  return it->get<bool>();
+}
+// A token id: an integer in [0, kMaxVocab).
+int32_t token_id(const json& v, const std::string& what) {
+  bool ok = false;
+  int64_t id = -1;
+  if (v.is_number_unsigned()) {
+    ok = v.get<uint64_t>() < static_cast<uint64_t>(kMaxVocab);
+    if (ok) id = static_cast<int64_t>(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    id = v.get<int64_t>();
+    ok = id >= 0 && id < kMaxVocab;
+  }
+  if (!ok) fail(fmt::format("{}: id {} is not a token id (an integer in 0 .. {})", what, v.dump().substr(0, 40), kMaxVocab - 1));
+  return static_cast<int32_t>(id);
+}
 
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
 constexpr const char* kGpt2Pattern =
@@ -75,6 +121,7 @@ const ByteMap& byte_map() {
 
 struct Regex {
   pcre2_code* code = nullptr;
+  pcre2_match_context* mctx = nullptr;
   explicit Regex(const std::string& pattern) {
     int err = 0;
     PCRE2_SIZE off = 0;
@@ -87,8 +134,14 @@ struct Regex {
                                            reinterpret_cast<const char*>(buf.data())));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional: falls back to the interpreter
+    mctx = pcre2_match_context_create(nullptr);
+    if (mctx == nullptr) throw std::bad_alloc();
+    pcre2_set_match_limit(mctx, kMaxRegexMatchSteps);
   }
-  ~Regex() { pcre2_code_free(code); }
+  ~Regex() {
+    pcre2_match_context_free(mctx);
+    pcre2_code_free(code);
+  }
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
@@ -96,11 +149,18 @@ struct Regex {
   std::vector<std::pair<size_t, size_t>> matches(std::string_view s) const {
     std::vector<std::pair<size_t, size_t>> out;
     pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
+    if (md == nullptr) throw std::bad_alloc();
     size_t at = 0;
     while (at <= s.size()) {
       // the text was checked as UTF-8 once: no re-check per match
-      int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, PCRE2_NO_UTF_CHECK, md, nullptr);
-      if (rc < 0) break;
+      int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at, PCRE2_NO_UTF_CHECK, md, mctx);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {  // the match limit, or memory: an error, not a silently shorter split
+        pcre2_match_data_free(md);
+        std::array<PCRE2_UCHAR, 256> buf{};
+        pcre2_get_error_message(rc, buf.data(), buf.size());
+        fail(fmt::format("the pre-tokenizer's regex fails on this text: {}", reinterpret_cast<const char*>(buf.data())));
+      }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       size_t b = ov[0], e = ov[1];
       if (e == b) {  // an empty match: step one character
@@ -131,48 +191,90 @@ struct Added {
 
 bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
+// The added tokens' contents as a byte trie: the longest one at a position in
+// time bounded by the longest content (kMaxAddedTokenBytes), whatever their number.
+class AddedTrie {
+ public:
+  void insert(const std::string& content, int32_t index) {
+    uint32_t node = 0;
+    for (unsigned char c : content) {
+      auto [it, fresh] = next_.try_emplace(key(node, c), static_cast<uint32_t>(token_.size()));
+      if (fresh) token_.push_back(-1);
+      node = it->second;
+    }
+    if (token_[node] < 0) token_[node] = index;  // the first of equal contents
+  }
+  // The index of the longest content that `text` starts with at `at` (-1 if none).
+  int32_t longest(std::string_view text, size_t at) const {
+    int32_t best = -1;
+    uint32_t node = 0;
+    for (size_t i = at; i < text.size(); ++i) {
+      auto it = next_.find(key(node, static_cast<unsigned char>(text[i])));
+      if (it == next_.end()) break;
+      node = it->second;
+      if (token_[node] >= 0) best = token_[node];
+    }
+    return best;
+  }
+
+ private:
+  static uint64_t key(uint32_t node, unsigned char c) { return (uint64_t{node} << 8) | c; }
+  std::unordered_map<uint64_t, uint32_t> next_;
+  std::vector<int32_t> token_{-1};  // per node: the added token ending there (node 0 is the root)
+};
+
+uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+
 }  // namespace
 
 struct Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::string> tokens;  // id -> vocabulary string (byte-mapped) or added content
   std::vector<bool> special, added_id;
-  std::unordered_map<std::string, int32_t> merge_rank;  // "a\0b" -> rank
+  struct Merge {
+    int32_t rank, id;  // its rank (lower merges first) and the token it makes
+  };
+  std::unordered_map<uint64_t, Merge> merges;  // pair_key(left id, right id) -> merge
   std::vector<Added> added;
+  AddedTrie added_trie;  // over `added`, special or not
   std::vector<Step> steps;
-  bool ignore_merges = false;
+  bool ignore_merges = false, fuse_unk = false;
   std::optional<int32_t> unk;
 
-  void add_step(const json& p) {
-    const std::string type = p.at("type").get<std::string>();
+  void add_step(const json& p, int depth) {
+    if (depth > kMaxStepDepth) fail(fmt::format("pre-tokenizer Sequences nested deeper than {} levels", kMaxStepDepth));
+    const std::string type = string_of(member(p, "type", "a pre-tokenizer"), "a pre-tokenizer's type");
     if (type == "Sequence") {
-      for (const json& q : p.at("pretokenizers")) add_step(q);
+      const json& list = member(p, "pretokenizers", "a Sequence pre-tokenizer");
+      if (!list.is_array()) fail("a Sequence pre-tokenizer's 'pretokenizers' is not a list");
+      for (const json& q : list) add_step(q, depth + 1);
       return;
     }
     if (type == "ByteLevel") {
-      Step s{Step::Kind::ByteLevel, nullptr, false, p.value("add_prefix_space", false)};
-      if (p.value("use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Pattern);
+      Step s{Step::Kind::ByteLevel, nullptr, false, flag(p, "add_prefix_space", false, "the ByteLevel pre-tokenizer")};
+      if (flag(p, "use_regex", true, "the ByteLevel pre-tokenizer")) s.regex = std::make_shared<Regex>(kGpt2Pattern);
       steps.push_back(std::move(s));
       return;
     }
     if (type == "Split") {
-      const json& pat = p.at("pattern");
+      const json& pat = member(p, "pattern", "a Split pre-tokenizer");
       std::string re;
-      if (pat.contains("Regex")) {
-        re = pat.at("Regex").get<std::string>();
+      if (pat.is_object() && pat.contains("Regex")) {
+        re = string_of(pat.at("Regex"), "a Split pre-tokenizer's Regex");
       } else {  // a literal string: escape it
-        for (char c : pat.at("String").get<std::string>()) {
+        for (char c : string_of(member(pat, "String", "a Split pre-tokenizer's pattern"), "a Split pre-tokenizer's String")) {
           if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) re += '\\';
           re += c;
         }
       }
-      const std::string behavior = p.value("behavior", "Isolated");
-      if ((behavior != "Isolated" && behavior != "Removed") || p.value("invert", false))
-        throw std::runtime_error(fmt::format("pre-tokenizer Split with behavior {} is not supported", behavior));
+      std::string behavior = "Isolated";
+      if (p.contains("behavior")) behavior = string_of(p["behavior"], "a Split pre-tokenizer's behavior");
+      if ((behavior != "Isolated" && behavior != "Removed") || flag(p, "invert", false, "a Split pre-tokenizer"))
+        fail(fmt::format("pre-tokenizer Split with behavior {} is not supported", behavior.substr(0, 40)));
       steps.push_back({Step::Kind::Split, std::make_shared<Regex>(re), behavior == "Removed", false});
       return;
     }
-    throw std::runtime_error(fmt::format("pre-tokenizer '{}' is not supported (kiln reads byte-level BPE tokenizers)", type));
+    fail(fmt::format("pre-tokenizer '{}' is not supported (kiln reads byte-level BPE tokenizers)", type.substr(0, 40)));
   }
 
   // pieces of one text segment (no added tokens in it), each byte-mapped
@@ -206,43 +308,76 @@ struct Tokenizer::Impl {
         mapped = true;
       }
     }
-    if (!mapped) throw std::runtime_error("the pre-tokenizer has no ByteLevel step");
     std::erase_if(pieces, [](const std::string& p) { return p.empty(); });
     return pieces;
   }
 
+  // BPE of one pre-tokenized piece, as the tokenizers package does it: the
+  // piece's characters as symbols (unknown ones as the unk token, or dropped),
+  // then the pair of adjacent symbols with the lowest merge rank merged, the
+  // leftmost first, until no pair merges. A heap of candidate merges over a
+  // linked list of symbols: O(n log n) in the piece's length (a stale heap
+  // entry, whose symbols have merged since, is skipped when it comes up).
   void bpe(const std::string& piece, std::vector<int32_t>* ids) const {
     if (ignore_merges)
       if (auto it = vocab.find(piece); it != vocab.end()) {
         ids->push_back(it->second);
         return;
       }
-    std::vector<std::string> sym;
+    struct Sym {
+      int32_t id, prev, next;  // prev/next: neighbours' indices, -1 at the ends
+      bool alive;
+    };
+    std::vector<Sym> sym;
+    sym.reserve(piece.size());
+    std::string ch;
+    bool unknown = false;  // the last symbol stands for characters not in the vocabulary
     for (size_t i = 0; i < piece.size();) {
       size_t n = std::min(utf8_len(static_cast<unsigned char>(piece[i])), piece.size() - i);
-      sym.push_back(piece.substr(i, n));
+      ch.assign(piece, i, n);
       i += n;
-    }
-    std::string key;
-    while (sym.size() > 1) {
-      int32_t best = std::numeric_limits<int32_t>::max();
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        key.assign(sym[i]).push_back('\0');
-        key += sym[i + 1];
-        if (auto it = merge_rank.find(key); it != merge_rank.end() && it->second < best) {
-          best = it->second;
-          at = i;
-        }
+      if (auto it = vocab.find(ch); it != vocab.end()) {
+        sym.push_back({it->second, 0, 0, true});
+        unknown = false;
+      } else if (unk && !(fuse_unk && unknown)) {
+        sym.push_back({*unk, 0, 0, true});
+        unknown = true;
       }
-      if (best == std::numeric_limits<int32_t>::max()) break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
     }
-    for (const std::string& s : sym) {
-      if (auto it = vocab.find(s); it != vocab.end()) ids->push_back(it->second);
-      else if (unk) ids->push_back(*unk);
+    const auto n = static_cast<int32_t>(sym.size());
+    for (int32_t i = 0; i < n; ++i) {
+      sym[static_cast<size_t>(i)].prev = i - 1;
+      sym[static_cast<size_t>(i)].next = i + 1 < n ? i + 1 : -1;
     }
+    struct Cand {
+      int32_t rank, pos;  // merge the symbol at pos with its next
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<>> heap;
+    auto consider = [&](int32_t pos) {
+      const int32_t nx = sym[static_cast<size_t>(pos)].next;
+      if (nx < 0) return;
+      if (auto it = merges.find(pair_key(sym[static_cast<size_t>(pos)].id, sym[static_cast<size_t>(nx)].id)); it != merges.end())
+        heap.push({it->second.rank, pos});
+    };
+    for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+    while (!heap.empty()) {
+      const Cand c = heap.top();
+      heap.pop();
+      Sym& a = sym[static_cast<size_t>(c.pos)];
+      if (!a.alive || a.next < 0) continue;
+      Sym& b = sym[static_cast<size_t>(a.next)];
+      auto it = merges.find(pair_key(a.id, b.id));
+      if (it == merges.end() || it->second.rank != c.rank) continue;  // stale
+      a.id = it->second.id;
+      b.alive = false;
+      a.next = b.next;
+      if (b.next >= 0) sym[static_cast<size_t>(b.next)].prev = c.pos;
+      if (a.prev >= 0) consider(a.prev);
+      consider(c.pos);
+    }
+    for (const Sym& s : sym)
+      if (s.alive) ids->push_back(s.id);
   }
 };
 
@@ -250,83 +385,167 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::Tokenizer(std::unique_ptr<detail::SentencePiece> sp) : sp_(std::move(sp)) {}
 Tokenizer::~Tokenizer() = default;
 
+namespace {
+
+// An error message as one printable line (a file's strings may hold newlines), at most 300 bytes.
+std::string one_line(std::string_view what) {
+  std::string out;
+  for (unsigned char c : what) {
+    if (out.size() >= 300) {
+      out += "...";
+      break;
+    }
+    if (c == '\n') out += "\\n";
+    else if (c < 0x20 || c == 0x7F) out += fmt::format("\\x{:02x}", c);
+    else out += static_cast<char>(c);
+  }
+  return out;
+}
+
+// The file as JSON, arrays and objects at most kMaxJsonDepth deep.
+json parse_json(std::istream& in) {
+  json::parser_callback_t depth_check = [](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) && depth >= kMaxJsonDepth)
+      fail(fmt::format("JSON nested deeper than {} levels", kMaxJsonDepth));
+    return true;
+  };
+  return json::parse(in, depth_check);
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path, std::string* error) {
   try {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+      *error = fmt::format("{}: is a directory, not a tokenizer file", path);
+      return nullptr;
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       *error = fmt::format("{}: cannot open the tokenizer file", path);
       return nullptr;
     }
+    if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxFileBytes) {
+      *error = fmt::format("{}: {} bytes; kiln reads tokenizer files of at most {} MiB", path, size, kMaxFileBytes >> 20);
+      return nullptr;
+    }
     if (char c = ' '; (in >> std::ws).get(c) && c != '{') {  // not JSON: a SentencePiece model (a protobuf)
       std::string why;
       if (auto sp = detail::SentencePiece::load(path, &why)) return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(sp)));
-      *error = fmt::format("{}: neither a tokenizer.json nor a SentencePiece model ({})", path, why);
+      *error = fmt::format("{}: neither a tokenizer.json nor a SentencePiece model ({})", path, one_line(why));
       return nullptr;
     }
     in.clear();
     in.seekg(0);
-    json j = json::parse(in);
+    const json j = parse_json(in);
+    if (!j.is_object()) fail("not a JSON object");
     auto impl = std::make_unique<Impl>();
-    const json& model = j.at("model");
-    if (model.value("type", "BPE") != "BPE")
-      throw std::runtime_error(fmt::format("model type '{}' is not supported (kiln reads BPE)",
-                                           model.value("type", "")));
+    const json& model = member(j, "model", "the file");
+    if (!model.is_object()) fail("'model' is not a JSON object");
+    const std::string model_type = model.contains("type") ? string_of(model["type"], "the model's type") : "BPE";
+    if (model_type != "BPE") fail(fmt::format("model type '{}' is not supported (kiln reads BPE)", model_type.substr(0, 40)));
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (model.contains(k) && !model[k].is_null() && !(model[k].is_string() && model[k].get<std::string>().empty()))
+        fail(fmt::format("the BPE model's {} is not supported", k));
     if (j.contains("normalizer") && !j["normalizer"].is_null())
-      throw std::runtime_error(fmt::format("normalizer '{}' is not supported", j["normalizer"].value("type", "?")));
-    if (!j.contains("decoder") || j["decoder"].is_null() || j["decoder"].value("type", "") != "ByteLevel")
-      throw std::runtime_error("only the ByteLevel decoder is supported");
-    impl->ignore_merges = model.value("ignore_merges", false);
+      fail(fmt::format("normalizer '{}' is not supported",
+                       j["normalizer"].is_object() && j["normalizer"].contains("type") && j["normalizer"]["type"].is_string()
+                           ? j["normalizer"]["type"].get<std::string>().substr(0, 40) : "?"));
+    if (!j.contains("decoder") || !j["decoder"].is_object() || !j["decoder"].contains("type") ||
+        j["decoder"]["type"] != "ByteLevel")
+      fail("only the ByteLevel decoder is supported");
+    impl->ignore_merges = flag(model, "ignore_merges", false, "the BPE model");
+    impl->fuse_unk = flag(model, "fuse_unk", false, "the BPE model");
+
+    // the vocabulary: distinct ids in range
+    const json& vocab = member(model, "vocab", "the BPE model");
+    if (!vocab.is_object()) fail("the BPE model's vocab is not a JSON object");
     int32_t max_id = -1;
-    for (const auto& [tok, id] : model.at("vocab").items()) {
-      impl->vocab[tok] = id.get<int32_t>();
-      max_id = std::max(max_id, id.get<int32_t>());
+    for (const auto& [tok, id] : vocab.items()) {
+      const int32_t v = token_id(id, fmt::format("vocab entry '{}'", tok.substr(0, 40)));
+      impl->vocab[tok] = v;
+      max_id = std::max(max_id, v);
     }
+    std::vector<bool> taken(static_cast<size_t>(max_id + 1), false);
+    for (const auto& [tok, id] : impl->vocab) {
+      if (taken[static_cast<size_t>(id)]) fail(fmt::format("token id {} is given to two vocabulary entries", id));
+      taken[static_cast<size_t>(id)] = true;
+    }
+
+    // merges: both sides and their concatenation in the vocabulary (as the tokenizers package requires)
+    const json& merges = member(model, "merges", "the BPE model");
+    if (!merges.is_array()) fail("the BPE model's merges is not a list");
+    if (merges.size() >= static_cast<size_t>(std::numeric_limits<int32_t>::max())) fail("too many merges");
     int32_t rank = 0;
-    for (const json& m : model.at("merges")) {
+    for (const json& m : merges) {
       std::string a, b;
       if (m.is_string()) {
         const std::string s = m.get<std::string>();
         const size_t sp = s.find(' ');
-        if (sp == std::string::npos) throw std::runtime_error(fmt::format("merge '{}' has no space", s));
+        if (sp == std::string::npos) fail(fmt::format("merge '{}' has no space", s.substr(0, 40)));
         a = s.substr(0, sp);
         b = s.substr(sp + 1);
+      } else if (m.is_array() && m.size() == 2) {
+        a = string_of(m[0], "a merge's left side");
+        b = string_of(m[1], "a merge's right side");
       } else {
-        a = m.at(0).get<std::string>();
-        b = m.at(1).get<std::string>();
+        fail(fmt::format("merge {} is neither \"a b\" nor [\"a\", \"b\"]", rank));
       }
-      impl->merge_rank.emplace(a + std::string(1, '\0') + b, rank++);
+      auto ia = impl->vocab.find(a), ib = impl->vocab.find(b), iab = impl->vocab.find(a + b);
+      if (ia == impl->vocab.end() || ib == impl->vocab.end() || iab == impl->vocab.end())
+        fail(fmt::format("merge {} ('{}' '{}'): {} is not in the vocabulary", rank, a.substr(0, 40), b.substr(0, 40),
+                         ia == impl->vocab.end() ? "its left side" : ib == impl->vocab.end() ? "its right side" : "the merged token"));
+      impl->merges.emplace(pair_key(ia->second, ib->second), Impl::Merge{rank, iab->second});  // a repeat keeps its first rank
+      ++rank;
     }
-    if (j.contains("added_tokens"))
-      for (const json& t : j.at("added_tokens")) {
-        Added a{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), t.value("special", false),
-                t.value("lstrip", false), t.value("rstrip", false)};
+
+    // added tokens: ids in range, each id once
+    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
+      const json& list = j["added_tokens"];
+      if (!list.is_array()) fail("added_tokens is not a list");
+      for (const json& t : list) {
+        Added a{string_of(member(t, "content", "an added token"), "an added token's content"),
+                token_id(member(t, "id", "an added token"), "an added token"), flag(t, "special", false, "an added token"),
+                flag(t, "lstrip", false, "an added token"), flag(t, "rstrip", false, "an added token")};
+        if (a.content.size() > kMaxAddedTokenBytes)
+          fail(fmt::format("added token {} is {} bytes long (kiln's limit: {})", a.id, a.content.size(), kMaxAddedTokenBytes));
         max_id = std::max(max_id, a.id);
         impl->added.push_back(std::move(a));
       }
-    std::sort(impl->added.begin(), impl->added.end(),
-              [](const Added& x, const Added& y) { return x.content.size() > y.content.size(); });  // longest first
+    }
+    if (max_id < 0) fail("the vocabulary is empty");
     impl->tokens.assign(static_cast<size_t>(max_id + 1), std::string());
     impl->special.assign(static_cast<size_t>(max_id + 1), false);
     impl->added_id.assign(static_cast<size_t>(max_id + 1), false);
     for (const auto& [tok, id] : impl->vocab) impl->tokens[static_cast<size_t>(id)] = tok;
-    for (const Added& a : impl->added) {
+    for (size_t k = 0; k < impl->added.size(); ++k) {
+      const Added& a = impl->added[k];
+      if (impl->added_id[static_cast<size_t>(a.id)]) fail(fmt::format("token id {} is given to two added tokens", a.id));
       impl->tokens[static_cast<size_t>(a.id)] = a.content;
       impl->special[static_cast<size_t>(a.id)] = a.special;
       impl->added_id[static_cast<size_t>(a.id)] = true;
+      if (!a.content.empty()) impl->added_trie.insert(a.content, static_cast<int32_t>(k));
     }
     if (model.contains("unk_token") && model["unk_token"].is_string())
       if (auto it = impl->vocab.find(model["unk_token"].get<std::string>()); it != impl->vocab.end()) impl->unk = it->second;
     if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
-      throw std::runtime_error("a tokenizer without a pre-tokenizer is not supported");
-    impl->add_step(j.at("pre_tokenizer"));
+      fail("a tokenizer without a pre-tokenizer is not supported");
+    impl->add_step(j.at("pre_tokenizer"), 0);
+    if (std::none_of(impl->steps.begin(), impl->steps.end(), [](const Step& s) { return s.kind == Step::Kind::ByteLevel; }))
+      fail("the pre-tokenizer has no ByteLevel step");
     return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
+  } catch (const std::bad_alloc&) {
+    *error = fmt::format("{}: out of memory reading the tokenizer", path);
+    return nullptr;
   } catch (const std::exception& e) {
-    *error = fmt::format("{}: {}", path, e.what());
+    *error = fmt::format("{}: {}", path, one_line(e.what()));
     return nullptr;
   }
 }
 
-bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::string* error, bool special) const {
+bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::string* error, bool special,
+                       size_t max_tokens) const {
   int rc = 0;
   PCRE2_SIZE off = 0;
   {  // validate UTF-8 once (PCRE2 does it for an empty pattern match)
@@ -341,21 +560,29 @@ bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::st
     return false;
   }
   ids->clear();
-  if (sp_) return sp_->encode(text, ids, error);
+  if (sp_) {
+    if (!sp_->encode(text, ids, error)) return false;
+    if (ids->size() > max_tokens) ids->resize(max_tokens + 1);
+    return true;
+  }
   try {
+    // true once more than max_tokens ids are out (ids then holds the first max_tokens + 1)
     auto encode_plain = [&](std::string_view seg) {
-      if (seg.empty()) return;
-      for (const std::string& piece : impl_->pre_tokenize(seg)) impl_->bpe(piece, ids);
+      if (seg.empty()) return false;
+      for (const std::string& piece : impl_->pre_tokenize(seg)) {
+        impl_->bpe(piece, ids);
+        if (ids->size() > max_tokens) {
+          ids->resize(max_tokens + 1);
+          return true;
+        }
+      }
+      return false;
     };
     size_t start = 0, i = 0;
     while (i < text.size()) {
       const Added* hit = nullptr;
       if (special)
-        for (const Added& a : impl_->added)
-          if (!a.content.empty() && text.compare(i, a.content.size(), a.content) == 0) {
-            hit = &a;
-            break;
-          }
+        if (const int32_t k = impl_->added_trie.longest(text, i); k >= 0) hit = &impl_->added[static_cast<size_t>(k)];
       if (!hit) {
         ++i;
         continue;
@@ -363,16 +590,20 @@ bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::st
       size_t seg_end = i;
       if (hit->lstrip)
         while (seg_end > start && is_space(static_cast<unsigned char>(text[seg_end - 1]))) --seg_end;
-      encode_plain(text.substr(start, seg_end - start));
+      if (encode_plain(text.substr(start, seg_end - start))) return true;
       ids->push_back(hit->id);
+      if (ids->size() > max_tokens) return true;
       i += hit->content.size();
       if (hit->rstrip)
         while (i < text.size() && is_space(static_cast<unsigned char>(text[i]))) ++i;
       start = i;
     }
     encode_plain(text.substr(start));
+  } catch (const std::bad_alloc&) {
+    *error = "out of memory encoding the text";
+    return false;
   } catch (const std::exception& e) {
-    *error = e.what();
+    *error = one_line(e.what());
     return false;
   }
   return true;

@@ -9,6 +9,10 @@
 // No exceptions cross this interface; a tokenizer is immutable once loaded
 // and may be used from several threads.
 //
+// A tokenizer.json is untrusted input (it comes with the model): load checks
+// every id, rank and nesting against explicit limits (tokenizer.cpp) and
+// refuses a bad file with one line; BPE is O(n log n) in a word's length.
+//
 // SentencePiece models (tokenizer.model: Llama 2, Gemma) load through the same
 // interface: Tokenizer::load reads any file that is not JSON as one, with
 // Debian's libsentencepiece (src/tokenizer/sentencepiece.h).
@@ -40,7 +44,11 @@ class Tokenizer {
   // model matches its user-defined symbols always, its control symbols never,
   // as the library does). No BOS is added (see bos_id). False and
   // *error when the text is not valid UTF-8.
-  bool encode(std::string_view text, std::vector<int32_t>* ids, std::string* error, bool special = true) const;
+  // Encoding stops early once more than `max_tokens` ids are out: *ids then
+  // holds the first max_tokens + 1 of them (a caller with a length limit
+  // refuses a long text without encoding all of it).
+  bool encode(std::string_view text, std::vector<int32_t>* ids, std::string* error, bool special = true,
+              size_t max_tokens = SIZE_MAX) const;
 
   // The text of `ids`; special tokens are dropped when skip_special. Bytes
   // that do not form UTF-8 on their own (a token that ends mid-character)
