@@ -25,6 +25,9 @@ TEXTS = [
     "a" * 300 + " " + "ab" * 150,
     "<|endoftext|><|endoftext|>x<|im_end|>",
     "tab\tseparated\tvalues\nand\u00a0non-breaking\u2003spaces",
+    # long words: BPE over 30,000 symbols at once (kiln's is O(n log n); the oracle decides the merges)
+    "".join("thequickbrownfoxjumpsoverthelazydog"[(i * 7919) % 35] for i in range(30_000)),
+    "x" + "ab" * 5_000 + " " + "9" * 2_000 + " " + "é" * 2_000,
 ]
 
 
