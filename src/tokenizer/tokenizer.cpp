@@ -1,4 +1,4 @@
-// Byte-level BPE from a Hugging Face tokenizer.json (see tokenizer.h).
+// BPE from a Hugging Face tokenizer.json, byte-level or SentencePiece-style (see tokenizer.h).
 #include "kiln/tokenizer/tokenizer.h"
 
 #include "sentencepiece.h"
@@ -176,12 +176,126 @@ struct Regex {
   }
 };
 
+// What a Split keeps of the text around and in its matches (the tokenizers package's names).
+enum class Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous };
+
 struct Step {  // one pre-tokenizer step
-  enum class Kind { Split, ByteLevel } kind;
+  enum class Kind { Split, ByteLevel, Metaspace } kind = Kind::Split;
   std::shared_ptr<Regex> regex;  // Split, or ByteLevel with use_regex
-  bool removed = false;          // Split behavior Removed (else Isolated)
+  Behavior behavior = Behavior::Isolated;  // Split
   bool prefix_space = false;     // ByteLevel add_prefix_space
+  std::string replacement;       // Metaspace: the character standing for a space (U+2581)
+  enum class Prepend { Always, First, Never } prepend = Prepend::Always;  // Metaspace
+  bool split = true;             // Metaspace: split before each replacement character
 };
+
+// Pieces of `piece` cut at `matches` ([begin, end) in order), kept as `behavior` says.
+std::vector<std::string> split_pieces(const std::string& piece, const std::vector<std::pair<size_t, size_t>>& matches,
+                                      Behavior behavior) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  std::string pending;  // MergedWithNext: a match waiting for the text after it
+  bool last_was_match = false;
+  for (auto [b, e] : matches) {
+    const std::string gap = piece.substr(at, b - at), m = piece.substr(b, e - b);
+    switch (behavior) {
+      case Behavior::Removed:
+        if (!gap.empty()) out.push_back(gap);
+        break;
+      case Behavior::Isolated:
+        if (!gap.empty()) out.push_back(gap);
+        out.push_back(m);
+        break;
+      case Behavior::Contiguous:
+        if (!gap.empty()) out.push_back(gap);
+        if (gap.empty() && last_was_match && !out.empty()) out.back() += m;
+        else out.push_back(m);
+        break;
+      case Behavior::MergedWithPrevious:
+        if (!gap.empty() || out.empty() || last_was_match) out.push_back(gap + m);
+        else out.back() += m;
+        break;
+      case Behavior::MergedWithNext:
+        if (!gap.empty() || !pending.empty()) out.push_back(pending + gap);
+        pending = m;
+        break;
+    }
+    last_was_match = true;
+    at = e;
+  }
+  std::string rest = piece.substr(at);
+  if (behavior == Behavior::MergedWithNext) rest = pending + rest;
+  if (!rest.empty()) out.push_back(std::move(rest));
+  return out;
+}
+
+// One normalizer (a Sequence flattened): applied to the text between added tokens.
+struct Normalizer {
+  enum class Kind { Replace, Prepend } kind;
+  std::shared_ptr<Regex> regex;  // Replace: the pattern (a literal string escaped)
+  std::string content;           // Replace: the replacement; Prepend: what is put in front
+};
+
+// One decoder (a Sequence flattened), the tokenizers package's decode_chain.
+struct Decoder {
+  enum class Kind { ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace } kind = Kind::Fuse;
+  std::string pattern, content;  // Replace: literal pattern -> content; Strip: the character; Metaspace: replacement
+  size_t start = 0, stop = 0;    // Strip: how many of `content` at most at the start and the end
+  bool prepend_first = true;     // Metaspace: the first token's replacement characters are dropped
+};
+
+std::string escape_regex(std::string_view literal) {
+  std::string re;
+  for (char c : literal) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) re += '\\';
+    re += c;
+  }
+  return re;
+}
+
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  if (from.empty()) return std::string(s);
+  size_t at = 0;
+  for (size_t j; (j = s.find(from, at)) != std::string_view::npos; at = j + from.size()) {
+    out.append(s.substr(at, j - at));
+    out.append(to);
+  }
+  out.append(s.substr(at));
+  return out;
+}
+
+// "<0xAB>" -> 0xAB; -1 for any other token.
+int byte_token(std::string_view t) {
+  if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
+  int v = 0;
+  for (char c : t.substr(3, 2)) {
+    v *= 16;
+    if (c >= '0' && c <= '9') v += c - '0';
+    else if (c >= 'A' && c <= 'F') v += c - 'A' + 10;
+    else if (c >= 'a' && c <= 'f') v += c - 'a' + 10;
+    else return -1;
+  }
+  return v;
+}
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    const uint32_t min = n == 1 ? 0 : n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
 
 struct Added {
   std::string content;
@@ -238,7 +352,10 @@ struct Tokenizer::Impl {
   std::vector<Added> added;
   AddedTrie added_trie;  // over `added`, special or not
   std::vector<Step> steps;
-  bool ignore_merges = false, fuse_unk = false;
+  std::vector<Normalizer> normalizers;
+  std::vector<Decoder> decoders;
+  bool ignore_merges = false, fuse_unk = false, byte_fallback = false;
+  std::array<int32_t, 256> byte_ids{};  // byte_fallback: the id of "<0xAB>" for each byte (-1 if none)
   std::optional<int32_t> unk;
 
   void add_step(const json& p, int depth) {
@@ -251,7 +368,9 @@ struct Tokenizer::Impl {
       return;
     }
     if (type == "ByteLevel") {
-      Step s{Step::Kind::ByteLevel, nullptr, false, flag(p, "add_prefix_space", false, "the ByteLevel pre-tokenizer")};
+      Step s;
+      s.kind = Step::Kind::ByteLevel;
+      s.prefix_space = flag(p, "add_prefix_space", false, "the ByteLevel pre-tokenizer");
       if (flag(p, "use_regex", true, "the ByteLevel pre-tokenizer")) s.regex = std::make_shared<Regex>(kGpt2Pattern);
       steps.push_back(std::move(s));
       return;
@@ -259,44 +378,155 @@ struct Tokenizer::Impl {
     if (type == "Split") {
       const json& pat = member(p, "pattern", "a Split pre-tokenizer");
       std::string re;
-      if (pat.is_object() && pat.contains("Regex")) {
-        re = string_of(pat.at("Regex"), "a Split pre-tokenizer's Regex");
-      } else {  // a literal string: escape it
-        for (char c : string_of(member(pat, "String", "a Split pre-tokenizer's pattern"), "a Split pre-tokenizer's String")) {
-          if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) re += '\\';
-          re += c;
-        }
-      }
+      if (pat.is_object() && pat.contains("Regex")) re = string_of(pat.at("Regex"), "a Split pre-tokenizer's Regex");
+      else re = escape_regex(string_of(member(pat, "String", "a Split pre-tokenizer's pattern"), "a Split pre-tokenizer's String"));
       std::string behavior = "Isolated";
       if (p.contains("behavior")) behavior = string_of(p["behavior"], "a Split pre-tokenizer's behavior");
-      if ((behavior != "Isolated" && behavior != "Removed") || flag(p, "invert", false, "a Split pre-tokenizer"))
-        fail(fmt::format("pre-tokenizer Split with behavior {} is not supported", behavior.substr(0, 40)));
-      steps.push_back({Step::Kind::Split, std::make_shared<Regex>(re), behavior == "Removed", false});
+      Step s;
+      s.kind = Step::Kind::Split;
+      s.regex = std::make_shared<Regex>(re);
+      if (behavior == "Isolated") s.behavior = Behavior::Isolated;
+      else if (behavior == "Removed") s.behavior = Behavior::Removed;
+      else if (behavior == "MergedWithPrevious") s.behavior = Behavior::MergedWithPrevious;
+      else if (behavior == "MergedWithNext") s.behavior = Behavior::MergedWithNext;
+      else if (behavior == "Contiguous") s.behavior = Behavior::Contiguous;
+      else fail(fmt::format("pre-tokenizer Split with behavior {} is not supported", behavior.substr(0, 40)));
+      if (flag(p, "invert", false, "a Split pre-tokenizer")) fail("pre-tokenizer Split with invert is not supported");
+      steps.push_back(std::move(s));
       return;
     }
-    fail(fmt::format("pre-tokenizer '{}' is not supported (kiln reads byte-level BPE tokenizers)", type.substr(0, 40)));
+    if (type == "Metaspace") {
+      Step s;
+      s.kind = Step::Kind::Metaspace;
+      s.replacement = p.contains("replacement") ? string_of(p["replacement"], "the Metaspace replacement") : "\xE2\x96\x81";
+      if (s.replacement.empty() || s.replacement.size() > 4) fail("the Metaspace replacement is not one character");
+      s.regex = std::make_shared<Regex>(escape_regex(s.replacement));
+      std::string scheme = flag(p, "add_prefix_space", true, "the Metaspace pre-tokenizer") ? "always" : "never";
+      if (p.contains("prepend_scheme")) scheme = string_of(p["prepend_scheme"], "the Metaspace prepend_scheme");
+      if (scheme == "always") s.prepend = Step::Prepend::Always;
+      else if (scheme == "first") s.prepend = Step::Prepend::First;
+      else if (scheme == "never") s.prepend = Step::Prepend::Never;
+      else fail(fmt::format("Metaspace prepend_scheme '{}' is not supported", scheme.substr(0, 40)));
+      s.split = flag(p, "split", true, "the Metaspace pre-tokenizer");
+      steps.push_back(std::move(s));
+      return;
+    }
+    fail(fmt::format("pre-tokenizer '{}' is not supported", type.substr(0, 40)));
   }
 
-  // pieces of one text segment (no added tokens in it), each byte-mapped
-  std::vector<std::string> pre_tokenize(std::string_view text) const {
+  void add_normalizer(const json& p, int depth) {
+    if (depth > kMaxStepDepth) fail(fmt::format("normalizer Sequences nested deeper than {} levels", kMaxStepDepth));
+    const std::string type = string_of(member(p, "type", "a normalizer"), "a normalizer's type");
+    if (type == "Sequence") {
+      const json& list = member(p, "normalizers", "a Sequence normalizer");
+      if (!list.is_array()) fail("a Sequence normalizer's 'normalizers' is not a list");
+      for (const json& q : list) add_normalizer(q, depth + 1);
+    } else if (type == "Replace") {
+      const json& pat = member(p, "pattern", "a Replace normalizer");
+      std::string re;
+      if (pat.is_object() && pat.contains("Regex")) re = string_of(pat.at("Regex"), "a Replace normalizer's Regex");
+      else re = escape_regex(string_of(member(pat, "String", "a Replace normalizer's pattern"), "a Replace normalizer's String"));
+      normalizers.push_back({Normalizer::Kind::Replace, std::make_shared<Regex>(re),
+                             string_of(member(p, "content", "a Replace normalizer"), "a Replace normalizer's content")});
+    } else if (type == "Prepend") {
+      normalizers.push_back({Normalizer::Kind::Prepend, nullptr,
+                             string_of(member(p, "prepend", "a Prepend normalizer"), "a Prepend normalizer's prepend")});
+    } else {
+      fail(fmt::format("normalizer '{}' is not supported", type.substr(0, 40)));
+    }
+  }
+
+  void add_decoder(const json& p, int depth) {
+    if (depth > kMaxStepDepth) fail(fmt::format("decoder Sequences nested deeper than {} levels", kMaxStepDepth));
+    const std::string type = string_of(member(p, "type", "a decoder"), "a decoder's type");
+    Decoder d;
+    if (type == "Sequence") {
+      const json& list = member(p, "decoders", "a Sequence decoder");
+      if (!list.is_array()) fail("a Sequence decoder's 'decoders' is not a list");
+      for (const json& q : list) add_decoder(q, depth + 1);
+      return;
+    }
+    if (type == "ByteLevel") {
+      d.kind = Decoder::Kind::ByteLevel;
+    } else if (type == "Replace") {
+      d.kind = Decoder::Kind::Replace;
+      const json& pat = member(p, "pattern", "a Replace decoder");
+      d.pattern = string_of(member(pat, "String", "a Replace decoder's pattern"), "a Replace decoder's String");
+      d.content = string_of(member(p, "content", "a Replace decoder"), "a Replace decoder's content");
+    } else if (type == "ByteFallback") {
+      d.kind = Decoder::Kind::ByteFallback;
+    } else if (type == "Fuse") {
+      d.kind = Decoder::Kind::Fuse;
+    } else if (type == "Strip") {
+      d.kind = Decoder::Kind::Strip;
+      d.content = string_of(member(p, "content", "a Strip decoder"), "a Strip decoder's content");
+      if (d.content.size() != 1) fail("a Strip decoder's content is not one ASCII character");
+      for (auto [key, field] : {std::pair{"start", &d.start}, std::pair{"stop", &d.stop}}) {
+        const json& v = member(p, key, "a Strip decoder");
+        if (!v.is_number_unsigned() || v.get<uint64_t>() > 1024) fail(fmt::format("a Strip decoder's {} is not a count", key));
+        *field = static_cast<size_t>(v.get<uint64_t>());
+      }
+    } else if (type == "Metaspace") {
+      d.kind = Decoder::Kind::Metaspace;
+      d.content = p.contains("replacement") ? string_of(p["replacement"], "the Metaspace replacement") : "\xE2\x96\x81";
+      std::string scheme = flag(p, "add_prefix_space", true, "the Metaspace decoder") ? "always" : "never";
+      if (p.contains("prepend_scheme")) scheme = string_of(p["prepend_scheme"], "the Metaspace prepend_scheme");
+      d.prepend_first = scheme != "never";
+    } else {
+      fail(fmt::format("decoder '{}' is not supported", type.substr(0, 40)));
+    }
+    decoders.push_back(std::move(d));
+  }
+
+  // The normalized text of one segment between added tokens.
+  std::string normalize(std::string_view text) const {
+    std::string s(text);
+    for (const Normalizer& n : normalizers) {
+      if (n.kind == Normalizer::Kind::Prepend) {
+        if (!s.empty()) s.insert(0, n.content);
+        continue;
+      }
+      std::string out;
+      size_t at = 0;
+      for (auto [b, e] : n.regex->matches(s)) {
+        out.append(s, at, b - at);
+        out += n.content;
+        at = e;
+      }
+      out.append(s, at);
+      s = std::move(out);
+    }
+    return s;
+  }
+
+  // pieces of one text segment (no added tokens in it), byte-mapped after a ByteLevel step;
+  // `first`: the segment starts the text (Metaspace's prepend_scheme "first")
+  std::vector<std::string> pre_tokenize(std::string_view text, bool first) const {
     std::vector<std::string> pieces{std::string(text)};
     bool mapped = false;
     for (const Step& s : steps) {
       std::vector<std::string> next;
-      for (std::string& piece : pieces) {
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        std::string& piece = pieces[k];
         if (s.kind == Step::Kind::ByteLevel && s.prefix_space && !mapped && (piece.empty() || piece[0] != ' '))
           piece.insert(piece.begin(), ' ');
+        if (s.kind == Step::Kind::Metaspace) {
+          piece = replace_all(piece, " ", s.replacement);
+          const bool prepend = s.prepend == Step::Prepend::Always || (s.prepend == Step::Prepend::First && first && k == 0);
+          if (prepend && piece.compare(0, s.replacement.size(), s.replacement) != 0) piece.insert(0, s.replacement);
+          if (!s.split) {
+            next.push_back(std::move(piece));
+            continue;
+          }
+        }
         if (!s.regex) {
           next.push_back(std::move(piece));
           continue;
         }
-        size_t at = 0;
-        for (auto [b, e] : s.regex->matches(piece)) {
-          if (b > at && !(s.kind == Step::Kind::Split && s.removed)) next.push_back(piece.substr(at, b - at));
-          next.push_back(piece.substr(b, e - b));
-          at = e;
-        }
-        if (at < piece.size()) next.push_back(piece.substr(at));
+        const Behavior behavior = s.kind == Step::Kind::Split       ? s.behavior
+                                  : s.kind == Step::Kind::Metaspace ? Behavior::MergedWithNext
+                                                                    : Behavior::Isolated;
+        for (std::string& p : split_pieces(piece, s.regex->matches(piece), behavior)) next.push_back(std::move(p));
       }
       pieces = std::move(next);
       if (s.kind == Step::Kind::ByteLevel && !mapped) {
@@ -311,6 +541,80 @@ struct Tokenizer::Impl {
     std::erase_if(pieces, [](const std::string& p) { return p.empty(); });
     return pieces;
   }
+
+  // The decoder chain over token strings (the tokenizers package's decode_chain).
+  std::string decode_tokens(std::vector<std::string> toks) const {
+    for (const Decoder& d : decoders) {
+      switch (d.kind) {
+        case Decoder::Kind::ByteLevel:  // as token_bytes does it, token by token
+          for (std::string& t : toks) t = unmap_bytes(t);
+          break;
+        case Decoder::Kind::Replace:
+          for (std::string& t : toks) t = replace_all(t, d.pattern, d.content);
+          break;
+        case Decoder::Kind::ByteFallback: {
+          std::vector<std::string> out;
+          std::string bytes;
+          size_t count = 0;
+          auto flush = [&] {
+            if (count == 0) return;
+            if (valid_utf8(bytes)) out.push_back(bytes);
+            else for (size_t k = 0; k < count; ++k) out.emplace_back("\xEF\xBF\xBD");  // U+FFFD per byte
+            bytes.clear();
+            count = 0;
+          };
+          for (std::string& t : toks) {
+            if (const int b = byte_token(t); b >= 0) {
+              bytes += static_cast<char>(b);
+              ++count;
+            } else {
+              flush();
+              out.push_back(std::move(t));
+            }
+          }
+          flush();
+          toks = std::move(out);
+          break;
+        }
+        case Decoder::Kind::Fuse: {
+          std::string all;
+          for (const std::string& t : toks) all += t;
+          toks.assign(1, std::move(all));
+          break;
+        }
+        case Decoder::Kind::Strip:
+          for (std::string& t : toks) {
+            size_t b = 0, e = t.size();
+            while (b < d.start && b < e && t[b] == d.content[0]) ++b;
+            for (size_t k = 0; k < d.stop && e > b && t[e - 1] == d.content[0]; ++k) --e;
+            t = t.substr(b, e - b);
+          }
+          break;
+        case Decoder::Kind::Metaspace:
+          for (size_t k = 0; k < toks.size(); ++k)
+            toks[k] = replace_all(toks[k], d.content, k == 0 && d.prepend_first ? "" : " ");
+          break;
+      }
+    }
+    std::string out;
+    for (const std::string& t : toks) out += t;
+    return out;
+  }
+
+  // A byte-level token's bytes (GPT-2's byte map undone).
+  static std::string unmap_bytes(const std::string& t) {
+    std::string out;
+    for (size_t i = 0; i < t.size();) {
+      const size_t n = std::min(utf8_len(static_cast<unsigned char>(t[i])), t.size() - i);
+      auto it = byte_map().to_byte.find(t.substr(i, n));
+      if (it != byte_map().to_byte.end()) out += static_cast<char>(it->second);
+      else out += t.substr(i, n);
+      i += n;
+    }
+    return out;
+  }
+
+  bool byte_level_decoder() const { return decoders.size() == 1 && decoders[0].kind == Decoder::Kind::ByteLevel; }
 
   // BPE of one pre-tokenized piece, as the tokenizers package does it: the
   // piece's characters as symbols (unknown ones as the unk token, or dropped),
@@ -339,6 +643,8 @@ struct Tokenizer::Impl {
       if (auto it = vocab.find(ch); it != vocab.end()) {
         sym.push_back({it->second, 0, 0, true});
         unknown = false;
+      } else if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char c) { return byte_ids[static_cast<uint8_t>(c)] >= 0; })) {
+        for (char c : ch) sym.push_back({byte_ids[static_cast<uint8_t>(c)], 0, 0, true});  // "<0xAB>" tokens
       } else if (unk && !(fuse_unk && unknown)) {
         sym.push_back({*unk, 0, 0, true});
         unknown = true;
@@ -448,13 +754,13 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path, std::string*
     for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
       if (model.contains(k) && !model[k].is_null() && !(model[k].is_string() && model[k].get<std::string>().empty()))
         fail(fmt::format("the BPE model's {} is not supported", k));
-    if (j.contains("normalizer") && !j["normalizer"].is_null())
-      fail(fmt::format("normalizer '{}' is not supported",
-                       j["normalizer"].is_object() && j["normalizer"].contains("type") && j["normalizer"]["type"].is_string()
-                           ? j["normalizer"]["type"].get<std::string>().substr(0, 40) : "?"));
-    if (!j.contains("decoder") || !j["decoder"].is_object() || !j["decoder"].contains("type") ||
-        j["decoder"]["type"] != "ByteLevel")
-      fail("only the ByteLevel decoder is supported");
+    if (j.contains("normalizer") && !j["normalizer"].is_null()) impl->add_normalizer(j["normalizer"], 0);
+    if (!j.contains("decoder") || j["decoder"].is_null()) fail("a tokenizer without a decoder is not supported");
+    impl->add_decoder(j["decoder"], 0);
+    if (!impl->byte_level_decoder() &&
+        std::any_of(impl->decoders.begin(), impl->decoders.end(), [](const Decoder& d) { return d.kind == Decoder::Kind::ByteLevel; }))
+      fail("a ByteLevel decoder in a Sequence is not supported");
+    impl->byte_fallback = flag(model, "byte_fallback", false, "the BPE model");
     impl->ignore_merges = flag(model, "ignore_merges", false, "the BPE model");
     impl->fuse_unk = flag(model, "fuse_unk", false, "the BPE model");
 
@@ -529,11 +835,14 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path, std::string*
     }
     if (model.contains("unk_token") && model["unk_token"].is_string())
       if (auto it = impl->vocab.find(model["unk_token"].get<std::string>()); it != impl->vocab.end()) impl->unk = it->second;
-    if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
-      fail("a tokenizer without a pre-tokenizer is not supported");
-    impl->add_step(j.at("pre_tokenizer"), 0);
-    if (std::none_of(impl->steps.begin(), impl->steps.end(), [](const Step& s) { return s.kind == Step::Kind::ByteLevel; }))
-      fail("the pre-tokenizer has no ByteLevel step");
+    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) impl->add_step(j["pre_tokenizer"], 0);
+    const bool byte_level_steps =
+        std::any_of(impl->steps.begin(), impl->steps.end(), [](const Step& s) { return s.kind == Step::Kind::ByteLevel; });
+    if (byte_level_steps != impl->byte_level_decoder())
+      fail("a ByteLevel pre-tokenizer needs the ByteLevel decoder and the other way round");
+    impl->byte_ids.fill(-1);
+    for (int b = 0; b < 256; ++b)
+      if (auto it = impl->vocab.find(fmt::format("<0x{:02X}>", b)); it != impl->vocab.end()) impl->byte_ids[static_cast<size_t>(b)] = it->second;
     return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
   } catch (const std::bad_alloc&) {
     *error = fmt::format("{}: out of memory reading the tokenizer", path);
@@ -567,9 +876,10 @@ bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::st
   }
   try {
     // true once more than max_tokens ids are out (ids then holds the first max_tokens + 1)
-    auto encode_plain = [&](std::string_view seg) {
+    auto encode_plain = [&](std::string_view seg, bool first) {
       if (seg.empty()) return false;
-      for (const std::string& piece : impl_->pre_tokenize(seg)) {
+      const std::string normalized = impl_->normalize(seg);
+      for (const std::string& piece : impl_->pre_tokenize(normalized, first)) {
         impl_->bpe(piece, ids);
         if (ids->size() > max_tokens) {
           ids->resize(max_tokens + 1);
@@ -590,7 +900,7 @@ bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::st
       size_t seg_end = i;
       if (hit->lstrip)
         while (seg_end > start && is_space(static_cast<unsigned char>(text[seg_end - 1]))) --seg_end;
-      if (encode_plain(text.substr(start, seg_end - start))) return true;
+      if (encode_plain(text.substr(start, seg_end - start), start == 0)) return true;
       ids->push_back(hit->id);
       if (ids->size() > max_tokens) return true;
       i += hit->content.size();
@@ -598,7 +908,7 @@ bool Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::st
         while (i < text.size() && is_space(static_cast<unsigned char>(text[i]))) ++i;
       start = i;
     }
-    encode_plain(text.substr(start));
+    encode_plain(text.substr(start), start == 0);
   } catch (const std::bad_alloc&) {
     *error = "out of memory encoding the text";
     return false;
@@ -614,19 +924,27 @@ std::string Tokenizer::token_bytes(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->tokens.size()) return {};
   const std::string& t = impl_->tokens[static_cast<size_t>(id)];
   if (impl_->added_id[static_cast<size_t>(id)]) return t;
-  std::string out;
-  for (size_t i = 0; i < t.size();) {
-    const size_t n = std::min(utf8_len(static_cast<unsigned char>(t[i])), t.size() - i);
-    auto it = byte_map().to_byte.find(t.substr(i, n));
-    if (it != byte_map().to_byte.end()) out += static_cast<char>(it->second);
-    else out += t.substr(i, n);
-    i += n;
+  if (impl_->byte_level_decoder()) return Impl::unmap_bytes(t);
+  // the decoder chain for one token that continues a text: replacements made,
+  // a "<0xAB>" token its byte, nothing stripped as at the start of a text
+  std::string out = t;
+  for (const Decoder& d : impl_->decoders) {
+    if (d.kind == Decoder::Kind::Replace) out = replace_all(out, d.pattern, d.content);
+    else if (d.kind == Decoder::Kind::Metaspace) out = replace_all(out, d.content, " ");
+    else if (d.kind == Decoder::Kind::ByteFallback && byte_token(out) >= 0) out = std::string(1, static_cast<char>(byte_token(out)));
   }
   return out;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   if (sp_) return sp_->decode(ids);  // the library drops control symbols either way
+  if (!impl_->byte_level_decoder()) {
+    std::vector<std::string> toks;
+    for (int32_t id : ids)
+      if (id >= 0 && static_cast<size_t>(id) < impl_->tokens.size() && !(skip_special && is_special(id)))
+        toks.push_back(impl_->tokens[static_cast<size_t>(id)]);
+    return impl_->decode_tokens(std::move(toks));
+  }
   std::string out;
   for (int32_t id : ids) {
     if (skip_special && is_special(id)) continue;

@@ -1,7 +1,12 @@
 // kiln's tokenizer: Hugging Face tokenizer.json files with a byte-level BPE
 // model (GPT-2, SmolLM2, Llama 3, Qwen 2/3): added and special tokens, the
 // pre-tokenizer's regex split (ByteLevel, or a Split + ByteLevel sequence),
-// BPE merges by rank, and the byte-level decoder. Written here because no
+// BPE merges by rank, and the byte-level decoder. Also SentencePiece-style
+// tokenizer.json files (Llama 2, Gemma as transformers converts them):
+// Replace / Prepend normalizers, Metaspace and Split pre-tokenizers (every
+// Split behavior but invert), BPE with byte_fallback ("<0xAB>" tokens) and
+// fuse_unk, and the Replace / ByteFallback / Fuse / Strip / Metaspace decoders
+// in a Sequence. Not read: the NFC and other Unicode normalizers. Written here because no
 // Debian package reads these files; the regex runs on Debian's PCRE2 (UTF +
 // Unicode properties, the patterns' \p{L} / \p{N} / \s). The `tokenizers`
 // package is the oracle in tests (tests/python/test_tokenizer.py).
