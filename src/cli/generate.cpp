@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -90,13 +91,17 @@ int run_generate(const GenerateOptions& o) {
   check(tok->vocab_size() <= runner->vocab(), "{}: the tokenizer has {} tokens but the model's logits have {}: not this "
         "model's tokenizer", tok_path, tok->vocab_size(), runner->vocab());
 
+  // The prompt (with BOS) must leave the KV cache room for one new token: encoding
+  // stops as soon as it is longer than that, so a long prompt is refused quickly.
   std::vector<int32_t> ids;
-  check(tok->encode(prompt, &ids, &error), "{}", error);
+  const int64_t max_seq = runner->metadata().max_seq_len;
+  const int64_t bos_len = tok->bos_id() ? 1 : 0;
+  const size_t limit = static_cast<size_t>(std::max<int64_t>(max_seq - 1 - bos_len, 0));
+  check(tok->encode(prompt, &ids, &error, true, limit), "{}", error);
+  check(ids.size() <= limit, "the prompt is more than {} tokens; the model's KV cache holds {} (leave room "
+        "for at least one new token)", limit + static_cast<size_t>(bos_len), max_seq);
   if (auto bos = tok->bos_id()) ids.insert(ids.begin(), *bos);  // a SentencePiece model's prompts start with BOS
   check(!ids.empty(), "the prompt encodes to no tokens");
-  const int64_t max_seq = runner->metadata().max_seq_len;
-  check(static_cast<int64_t>(ids.size()) < max_seq, "the prompt is {} tokens; the model's KV cache holds {} (leave room "
-        "for at least one new token)", ids.size(), max_seq);
 
   // stop tokens: the program's eos ids, else the tokenizer's eos token
   std::vector<int32_t> eos;

@@ -25,6 +25,9 @@ TEXTS = [
     "a" * 300 + " " + "ab" * 150,
     "<|endoftext|><|endoftext|>x<|im_end|>",
     "tab\tseparated\tvalues\nand\u00a0non-breaking\u2003spaces",
+    # long words: BPE over 30,000 symbols at once (kiln's is O(n log n); the oracle decides the merges)
+    "".join("thequickbrownfoxjumpsoverthelazydog"[(i * 7919) % 35] for i in range(30_000)),
+    "x" + "ab" * 5_000 + " " + "9" * 2_000 + " " + "é" * 2_000,
 ]
 
 
@@ -182,3 +185,79 @@ def test_chat_template_matches_transformers(smollm2_tokenizer, name, template, w
         return
     got = run_kiln(*args).stdout
     assert got == ref, f"\n--- kiln\n{got!r}\n--- transformers\n{ref!r}"
+
+
+# ---- SentencePiece-style tokenizer.json files (Llama 2, Gemma): normalizers, Metaspace / Split,
+# BPE with byte fallback ("<0xAB>" tokens), the Replace / ByteFallback / Fuse / Strip / Metaspace
+# decoders. Each tokenizer is trained here by the tokenizers package (the oracle) in the style of
+# the models' published files.
+
+SP_CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokens, hello again",
+             "naïve café — déjà vu", "日本語のテキスト", "  indented   lines\nand new lines\n"] * 30
+
+SP_TEXTS = [
+    "Hello world",
+    " leading space and trailing space ",
+    "multiple   spaces\tand\ttabs\nnew\n\nlines",
+    "emoji 😀🚀 and ZWJ 👩‍💻 are not in the vocabulary: bytes",
+    "naïve café, 日本語, Ελληνικά, русский, العربية",
+    "<bos>special<eos> tokens <pad>inside",
+    "literal <0x41> is text",
+    "",
+    " ",
+    "x" * 2_000 + " the quick",
+]
+
+
+def _sp_style(kind: str, path):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    if kind == "llama2":  # Prepend + Replace normalizers, no pre-tokenizer, Strip of the prepended space
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    elif kind == "gemma":  # spaces replaced, nothing prepended
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    elif kind == "metaspace":  # the Metaspace pre-tokenizer (prepend to the first segment only) and decoder
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=True)
+        tok.decoder = decoders.Sequence([decoders.Metaspace(prepend_scheme="first"), decoders.ByteFallback(),
+                                         decoders.Fuse()])
+    elif kind == "split":  # a Split pre-tokenizer (words with their following space) before BPE
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.pre_tokenizer = pre_tokenizers.Split("▁", "merged_with_previous")
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"] + byte_tokens,
+                                  show_progress=False)
+    tok.train_from_iterator(SP_CORPUS, trainer)
+    j = json.loads(tok.to_str())
+    j["added_tokens"] = [t for t in j["added_tokens"] if t["content"] not in byte_tokens]  # vocabulary entries, as in
+    path.write_text(json.dumps(j))                                                        # the models' files
+    return path
+
+
+@pytest.mark.parametrize("kind", ["llama2", "gemma", "metaspace", "split"])
+def test_sentencepiece_style_tokenizer_json_matches_tokenizers(kind, tmp_path):
+    from tokenizers import Tokenizer
+
+    path = _sp_style(kind, tmp_path / "tokenizer.json")
+    ref_tok = Tokenizer.from_file(str(path))
+    for text in SP_TEXTS:
+        ref = ref_tok.encode(text).ids
+        f = tmp_path / "text.txt"
+        f.write_bytes(text.encode("utf-8"))
+        got = json.loads(run_kiln("tokenize", "--tokenizer", path, "--file", f, "--json").stdout)["ids"]
+        assert got == ref, (kind, text, got, ref)
+        if not ref:
+            continue
+        for skip in (False, True):
+            args = ["--no-special"] if skip else []
+            dec = json.loads(run_kiln("tokenize", "--tokenizer", path, "--decode", ",".join(map(str, ref)), "--json",
+                                      *args).stdout)["text"]
+            assert dec == ref_tok.decode(ref, skip_special_tokens=skip), (kind, text, skip, dec)
+    # byte fallback in the decoder: a lone "<0xF0>" (half a character) decodes to U+FFFD, as in the oracle
+    lone = [ref_tok.token_to_id("<0xF0>"), ref_tok.token_to_id("<0x41>")]
+    dec = json.loads(run_kiln("tokenize", "--tokenizer", path, "--decode", ",".join(map(str, lone)), "--json").stdout)
+    assert dec["text"] == ref_tok.decode(lone, skip_special_tokens=False), dec

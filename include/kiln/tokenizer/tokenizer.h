@@ -1,13 +1,22 @@
 // kiln's tokenizer: Hugging Face tokenizer.json files with a byte-level BPE
 // model (GPT-2, SmolLM2, Llama 3, Qwen 2/3): added and special tokens, the
 // pre-tokenizer's regex split (ByteLevel, or a Split + ByteLevel sequence),
-// BPE merges by rank, and the byte-level decoder. Written here because no
+// BPE merges by rank, and the byte-level decoder. Also SentencePiece-style
+// tokenizer.json files (Llama 2, Gemma as transformers converts them):
+// Replace / Prepend normalizers, Metaspace and Split pre-tokenizers (every
+// Split behavior but invert), BPE with byte_fallback ("<0xAB>" tokens) and
+// fuse_unk, and the Replace / ByteFallback / Fuse / Strip / Metaspace decoders
+// in a Sequence. Not read: the NFC and other Unicode normalizers. Written here because no
 // Debian package reads these files; the regex runs on Debian's PCRE2 (UTF +
 // Unicode properties, the patterns' \p{L} / \p{N} / \s). The `tokenizers`
 // package is the oracle in tests (tests/python/test_tokenizer.py).
 //
 // No exceptions cross this interface; a tokenizer is immutable once loaded
 // and may be used from several threads.
+//
+// A tokenizer.json is untrusted input (it comes with the model): load checks
+// every id, rank and nesting against explicit limits (tokenizer.cpp) and
+// refuses a bad file with one line; BPE is O(n log n) in a word's length.
 //
 // SentencePiece models (tokenizer.model: Llama 2, Gemma) load through the same
 // interface: Tokenizer::load reads any file that is not JSON as one, with
@@ -40,7 +49,11 @@ class Tokenizer {
   // model matches its user-defined symbols always, its control symbols never,
   // as the library does). No BOS is added (see bos_id). False and
   // *error when the text is not valid UTF-8.
-  bool encode(std::string_view text, std::vector<int32_t>* ids, std::string* error, bool special = true) const;
+  // Encoding stops early once more than `max_tokens` ids are out: *ids then
+  // holds the first max_tokens + 1 of them (a caller with a length limit
+  // refuses a long text without encoding all of it).
+  bool encode(std::string_view text, std::vector<int32_t>* ids, std::string* error, bool special = true,
+              size_t max_tokens = SIZE_MAX) const;
 
   // The text of `ids`; special tokens are dropped when skip_special. Bytes
   // that do not form UTF-8 on their own (a token that ends mid-character)
