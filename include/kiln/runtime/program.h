@@ -34,6 +34,7 @@
 namespace kiln::rt {
 
 class Program;
+class MethodLoader;  // program.cpp: Program::load_method's steps
 
 // Per-instruction timing, filled when profiling is enabled.
 struct InstructionProfile {
@@ -104,6 +105,7 @@ class Method {
 
  private:
   friend class Program;
+  friend class MethodLoader;
   Method() = default;
 
   struct Instruction {

@@ -1,0 +1,186 @@
+// The XNNPACK backend's fused row chains (builder.h).
+#include "builder.h"
+#include "nodes/node_kind.h"
+
+#include <utility>
+
+namespace kiln::backends::xnnpack::detail {
+
+// Fused row chains (Engine::Kiln): maximal runs of consecutive elementwise
+// nodes, softmaxes and row means (fully connected with one output column) over
+// the same R rows of C floats run as one step that takes each row through every
+// node while it is in cache. What the chain computes and nothing after it
+// reads stays in per-task scratch; the rest is written where it lives.
+bool Builder::add_row_op(const State& st, size_t i, int64_t rows, int64_t cols, Step& step,
+                         std::vector<int32_t>& slot_of_group, std::vector<bool>& slot_scalar) {
+  const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+  const NodeIO& io = io_[i];
+  const Value& out = st.values[io.out];
+  for (size_t j = 0; j < io.num_in; ++j)  // quantized nodes run as their own steps
+    if (io.in[j] != kInvalidId && st.values[io.in[j]].quant != Value::Quant::None) return false;
+  if (out.quant != Value::Quant::None) return false;
+  RowOp op;
+  if (const auto* mm = node->output_min_max()) { op.lo = mm->output_min(); op.hi = mm->output_max(); }
+  const NodeType t = node->xnode_union_type();
+  // the output: full rows or one value per row, of this chain's geometry
+  if (out.ndims == 0) return false;
+  const int64_t oc = out.dims[out.ndims - 1];
+  if (oc == cols && cols > 1 && out.numel == rows * cols) op.out_scalar = false;
+  else if (oc == 1 && out.numel == rows) op.out_scalar = true;
+  else return false;
+  auto operand = [&](uint32_t v, RowOperand& x, bool full_rows_only) -> bool {
+    const Value& val = st.values[v];
+    int64_t period = 0;
+    bool scalar = false;
+    if (full_rows_only) {  // a row mean's input: exactly the chain's rows
+      if (val.ndims == 0 || val.dims[val.ndims - 1] != cols || val.numel != rows * cols) return false;
+      period = rows;
+    } else if (!row_mode(val, out, &period, &scalar)) {
+      return false;
+    }
+    const int32_t grp = val.group;
+    if (slot_of_group[static_cast<size_t>(grp)] >= 0) {  // computed earlier in this chain
+      if (period != rows || scalar != slot_scalar[static_cast<size_t>(slot_of_group[static_cast<size_t>(grp)])]) return false;
+      x.src = RowOperand::Src::Slot;
+      x.index = slot_of_group[static_cast<size_t>(grp)];
+    } else {
+      x.src = RowOperand::Src::Memory;
+      x.index = grp;  // a group for now; made an index into the step's memory table below
+      x.period = period;
+    }
+    x.scalar = scalar;
+    return true;
+  };
+  op.kind = node_kind(t)->row_op;
+  if (op.kind == RowOpKind::None) return false;
+  switch (op.kind) {
+    case RowOpKind::Add: case RowOpKind::Sub: case RowOpKind::Mul: case RowOpKind::Div: case RowOpKind::Max:
+    case RowOpKind::Min:
+      if (!operand(io.in[0], op.a, false) || !operand(io.in[1], op.b, false)) return false;
+      if (op.out_scalar && (!op.a.scalar || !op.b.scalar)) return false;
+      break;
+    case RowOpKind::Softmax:
+      if (op.out_scalar || !operand(io.in[0], op.a, false) || op.a.scalar || st.values[io.in[0]].numel != out.numel)
+        return false;
+      break;
+    case RowOpKind::RowDot: {
+      const Value& w = st.values[io.in[1]];
+      if (!op.out_scalar || !w.constant || w.numel != cols || w.ndims != 2 || !operand(io.in[0], op.a, true)) return false;
+      if (io.in[2] != kInvalidId) {
+        const Value& b = st.values[io.in[2]];
+        if (!b.constant || b.numel != 1) return false;
+        op.bias = *static_cast<const float*>(b.constant);
+      }
+      op.w = static_cast<const float*>(w.constant);
+      break;
+    }
+    default:  // unary, elementwise
+      if (!operand(io.in[0], op.a, false) || st.values[io.in[0]].numel != out.numel || op.a.scalar != op.out_scalar)
+        return false;
+      break;
+  }
+  // the output's slot
+  const int32_t og = out.group;
+  if (slot_of_group[static_cast<size_t>(og)] >= 0) return false;  // written twice: not SSA
+  op.out_slot = static_cast<int32_t>(slot_scalar.size());
+  slot_scalar.push_back(op.out_scalar);
+  slot_of_group[static_cast<size_t>(og)] = op.out_slot;
+  op.write_group = og;  // decided in find_chains
+  step.row_ops.push_back(op);
+  return true;
+}
+
+Status Builder::find_chains(State& st) {
+  chain_of_.assign(io_.size(), -1);
+  slot_only_.assign(st.groups.size(), false);
+  if (st.engine != Engine::Kiln) return Status::Ok;
+  // readers of each group, by node
+  std::vector<std::vector<uint32_t>> readers(st.groups.size());
+  for (size_t i = 0; i < io_.size(); ++i) {
+    if (skip_[i]) continue;
+    for (size_t j = 0; j < io_[i].num_in; ++j)
+      if (io_[i].in[j] != kInvalidId) readers[static_cast<size_t>(st.values[io_[i].in[j]].group)].push_back(static_cast<uint32_t>(i));
+  }
+  std::vector<int32_t> slot_of_group(st.groups.size(), -1);
+  for (size_t i = 0; i < io_.size(); ++i) {
+    if (skip_[i]) continue;
+    // the chain's geometry comes from its first node: full rows out, or a row mean's input
+    const NodeIO& io = io_[i];
+    const fbx::XNode* node = graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    const Value& out = st.values[io.out];
+    const Value& in = st.values[io.in[0]];
+    int64_t rows = 0, cols = 0;
+    if (node->xnode_union_type() == NodeType::XNNFullyConnected) {
+      if (in.ndims > 0) { cols = in.dims[in.ndims - 1]; rows = cols ? in.numel / cols : 0; }
+    } else if (out.ndims > 0) {
+      cols = out.dims[out.ndims - 1];
+      rows = cols ? out.numel / cols : 0;
+    }
+    if (cols < 2 || rows < 1) continue;
+    Chain c;
+    c.step.kind = StepKind::Rows;
+    std::vector<bool> slot_scalar;
+    std::vector<int32_t> touched;
+    size_t last = i;
+    bool any = false;
+    for (size_t j = i; j < io_.size(); ++j) {
+      if (skip_[j]) continue;
+      if (!add_row_op(st, j, rows, cols, c.step, slot_of_group, slot_scalar)) break;
+      touched.push_back(st.values[io_[j].out].group);
+      last = j;
+      any = true;
+    }
+    if (!any) continue;
+    c.begin = i;
+    c.last = last;
+    // which results are written: read after the chain, or a call output
+    std::vector<int32_t> mem;  // the step's memory table: groups
+    auto mem_index = [&](int32_t grp) {
+      for (size_t m = 0; m < mem.size(); ++m)
+        if (mem[m] == grp) return static_cast<int32_t>(m);
+      mem.push_back(grp);
+      return static_cast<int32_t>(mem.size() - 1);
+    };
+    for (RowOp& op : c.step.row_ops) {
+      const int32_t grp = op.write_group;
+      bool outside = st.groups[static_cast<size_t>(grp)].storage.kind == Storage::Kind::Arg;
+      for (uint32_t r : readers[static_cast<size_t>(grp)]) outside |= r < i || r > last;
+      if (outside) {
+        op.write_group = mem_index(grp);
+      } else {
+        op.write_group = -1;
+        slot_only_[static_cast<size_t>(grp)] = true;
+      }
+      for (RowOperand* x : {&op.a, &op.b})
+        if (x->src == RowOperand::Src::Memory) x->index = mem_index(x->index);
+    }
+    for (int32_t grp : touched) slot_of_group[static_cast<size_t>(grp)] = -1;
+    // step layout: memory table, per-task scratch for the slots that stay in it
+    Step& step = c.step;
+    step.rows = rows;
+    step.cols = cols;
+    step.slots = static_cast<int64_t>(slot_scalar.size());
+    step.tasks = st.exec.threads > 1 ? elementwise_pieces(rows, kTasksPerThread * st.exec.threads, rows * cols) : 1;
+    for (int32_t grp : mem) step.in.push_back(Operand{grp});
+    for (size_t k = 0; k < slot_scalar.size(); ++k) {
+      step.slot_offset.push_back(step.scratch_per_task);
+      step.scratch_per_task += slot_scalar[k] ? 16 : (cols + 15) / 16 * 16;
+    }
+    step.scratch.assign(static_cast<size_t>(step.tasks * step.scratch_per_task), 0.0f);
+    step.slot_ptr.assign(static_cast<size_t>(step.tasks * step.slots) + mem.size(), nullptr);
+    step.label = "kiln fused rows:";
+    for (const RowOp& op : step.row_ops) {
+      static const char* const names[] = {"add", "sub", "mul", "div", "max", "min", "square", "sqrt", "rsqrt", "neg",
+                                          "abs", "sigmoid", "tanh", "exp", "gelu", "copy", "softmax", "dot"};
+      step.label += " ";
+      step.label += names[static_cast<size_t>(op.kind)];
+    }
+    const auto index = static_cast<int32_t>(chains_.size());
+    for (size_t j = i; j <= last; ++j) chain_of_[j] = index;
+    chains_.push_back(std::move(c));
+    i = last;
+  }
+  return Status::Ok;
+}
+
+}  // namespace kiln::backends::xnnpack::detail
