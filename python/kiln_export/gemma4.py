@@ -30,16 +30,16 @@ def config(name: str):
         # 5 layers: sliding, sliding, global, then two KV-shared ones (a sliding layer reusing layer 1's KV and
         # a global one reusing layer 2's); head_dim 16 on sliding layers and 32 on global ones, 4 query heads
         # and 1 KV head, partial RoPE (0.25 of 32) on global layers, double-wide MLP on shared layers,
-        # per-layer input embeddings of 8 per layer, q/k/v norms, soft-capping 30, tied embeddings; a window
-        # of 8 positions, so a few dozen decode steps go round the ring several times. The soft-capping is at
-        # 1.0, not E2B's 30: random weights give logits below 1, where tanh(x / 30) * 30 is x to 1e-4 and a
-        # test could not tell whether the capping ran.
+        # per-layer input embeddings of 32 per layer (a torchao int4 group), q/k/v norms, soft-capping, tied
+        # embeddings; a window of 8 positions, so a few dozen decode steps go round the ring several times.
+        # The soft-capping is at 1.0, not E2B's 30: random weights give logits below 1, where
+        # tanh(x / 30) * 30 is x to 1e-4 and a test could not tell whether the capping ran.
         return Gemma4TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=5,
                                 num_attention_heads=4, num_key_value_heads=1, head_dim=16, global_head_dim=32,
                                 layer_types=["sliding_attention", "sliding_attention", "full_attention",
                                              "sliding_attention", "full_attention"],
                                 sliding_window=8, num_kv_shared_layers=2, use_double_wide_mlp=True,
-                                hidden_size_per_layer_input=8, vocab_size_per_layer_input=256,
+                                hidden_size_per_layer_input=32, vocab_size_per_layer_input=256,
                                 final_logit_softcapping=1.0, max_position_embeddings=4096, rms_norm_eps=1e-6,
                                 tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     if name == "e2b":
@@ -62,8 +62,9 @@ def config(name: str):
                             eos_token_id=1, bos_token_id=2, **extra)
 
 
-def build(name: str, seed: int, attn_implementation: str):
-    """Gemma4ForCausalLM with seeded random weights: fp32 for tiny, bf16 for E2B / E4B (their deployed size)."""
+def build(name: str, seed: int, attn_implementation: str, device: str = "cpu"):
+    """Gemma4ForCausalLM with seeded random weights: fp32 for tiny, bf16 for E2B / E4B (their deployed size;
+    device "meta" builds the modules without their storage)."""
     import torch
     from transformers import Gemma4ForCausalLM
 
@@ -71,7 +72,8 @@ def build(name: str, seed: int, attn_implementation: str):
     cfg._attn_implementation = attn_implementation
     dtype = torch.float32 if name == "tiny" else torch.bfloat16
     torch.manual_seed(seed)
-    model = Gemma4ForCausalLM._from_config(cfg, torch_dtype=dtype)
+    with torch.device(device):
+        model = Gemma4ForCausalLM._from_config(cfg, dtype=dtype)
     return model.eval()
 
 
