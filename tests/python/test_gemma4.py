@@ -232,8 +232,13 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
                       ("ExecuTorch's runtime", _et_calls(pte, calls, shapes))):
         rows = np.concatenate([g[0] for g in got])
         assert rows.shape == want[:-1].shape
-        for i, (g, w) in enumerate(zip(rows, want[:-1])):
-            rel = float(np.abs(g - w).max()) / float(np.abs(w).max())
-            assert rel <= 0.01, f"8da4w {cache}, {what}, position {i}: {rel:.3g} of max|logit| from torchao eager"
+        # per-token int8 activations: a last-bit difference in a norm can move one value by an int8 step, and
+        # the KV cache carries it to later positions: 43 positions here (test_llm_programs: 10, within 1%);
+        # kiln's runtime and ExecuTorch's both reach 1.3% (the same) at position 30; a wrong quantization is far
+        # outside 5%.
+        rel = [float(np.abs(g - w).max()) / float(np.abs(w).max()) for g, w in zip(rows, want[:-1])]
+        worst = int(np.argmax(rel))
+        assert rel[worst] <= 0.05, f"8da4w {cache}, {what}: {rel[worst]:.3g} of max|logit| at position {worst}"
+        print(f"8da4w {cache}, {what}: worst {rel[worst]:.3g} of max|logit| at position {worst}")
         agree = np.mean([int(g.argmax()) == int(w.argmax()) for g, w in zip(rows, want[:-1])])
         assert agree >= 0.9, f"8da4w {cache}, {what}: argmax agrees at {agree:.0%} of positions"
