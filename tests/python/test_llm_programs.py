@@ -322,6 +322,54 @@ def test_external_cache_form_both_runtimes(arch, tmp_path):
                       "kiln runtime on ExecuTorch's external-cache .pte")
 
 
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_external_cache_dynamic_form_both_runtimes(backend, tmp_path):
+    """`--cache external --dynamic` (the form of a program deployed with its caches outside: one program for a
+    whole-prompt prefill and one-token decode): the token count is symbolic, the caches static inputs updated in
+    place. It exports (torch.export takes the caches' dynamic_shapes as one entry for the varargs), lowers, and
+    runs a prompt in one call then one and three tokens a call in both runtimes; oracle: the buffers form's
+    wrapper in eager, call by call."""
+    import torch
+
+    out = tmp_path / "export"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny", "--max-seq-len",
+           str(MAX_SEQ), "--seed", "0", "--cache", "external", "--dynamic", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    s = json.loads((out / "model_spec.json").read_text())
+    assert s["llm"]["cache"] == "external" and s["llm"]["dynamic"] and len(s["inputs"]) == 2 + 4, s["inputs"]
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    class Args:
+        arch, config, gguf, seed = "llama", "tiny", None, 0
+
+    model, _, _ = llm.build_model(Args)
+    module = llm.make_module(model, MAX_SEQ, False).eval()
+    calls = [(PROMPT, 0), ([7], 5), ([31, 64, 1], 6), ([128], 9)]
+    with torch.no_grad():
+        want = [module(torch.tensor([t]), torch.arange(p, p + len(t))).numpy() for t, p in calls]
+    pte = tmp_path / f"llama_external_dynamic_{backend}.pte"
+    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", backend, "--out", pte, "-q")
+    args = []
+    for k, (t, p) in enumerate(calls):
+        np.save(tmp_path / f"t{k}.npy", np.array([t], dtype=np.int64))
+        np.save(tmp_path / f"p{k}.npy", np.arange(p, p + len(t), dtype=np.int64))
+        args += ["-i", tmp_path / f"t{k}.npy", "-i", tmp_path / f"p{k}.npy"] + ["-i", "keep"] * 4
+        args += [x for j in range(4) for x in ("-o", tmp_path / f"c{k}_{j}.npy")] + ["-o", tmp_path / f"o{k}.npy"]
+    run_kiln("run", pte, "--steps", len(calls), *args)
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    caches = [torch.zeros(i["shape"]) for i in s["inputs"][2:]]
+    for k, ((t, p), w) in enumerate(zip(calls, want)):
+        assert_close(np.load(tmp_path / f"o{k}.npy"), w, f"kiln's runtime, call {k} (T={len(t)} at {p})")
+        outs = method.execute([torch.tensor([t]), torch.arange(p, p + len(t)), *caches])
+        caches = [o.clone() for o in outs[:4]]
+        assert_close(outs[4].numpy(), w, f"ExecuTorch's runtime, call {k} (T={len(t)} at {p})")
+
+
 def test_state_starts_fresh_per_load_and_persists_per_call(tiny_llm, tmp_path):
     """A second load starts from the initial cache; within one load the cache carries over."""
     import torch
