@@ -54,9 +54,16 @@ def near_boundary(x: np.ndarray):
     return s, near
 
 
+def _is_linear(m) -> bool:  # nn.Linear (torchao's tensor subclass weights) or torchao's older module swap
+    return isinstance(m, torch.nn.Linear) or type(m).__name__ == "Int8DynActInt4WeightLinear"
+
+
 def dequantized_weight(linear) -> np.ndarray:
-    """The [out, in] fp32 weight a torchao-quantized nn.Linear computes with."""
+    """The [out, in] fp32 weight a torchao-quantized linear computes with."""
     w = linear.weight
+    if type(linear).__name__ == "Int8DynActInt4WeightLinear":  # int8 buffer, per-group scales and zero points
+        g = linear.groupsize
+        w = (w.float() - linear.zeros.float().repeat_interleave(g, 1)) * linear.scales.float().repeat_interleave(g, 1)
     return (w.dequantize() if hasattr(w, "dequantize") else w).detach().float().numpy()
 
 
@@ -100,7 +107,7 @@ class Taps(torch.nn.Module):
     def forward(self, x):
         taps = []
         for i, m in enumerate(self.seq):
-            if isinstance(m, torch.nn.Linear) and i > 0:
+            if _is_linear(m) and i > 0:
                 taps.append(x)
             x = m(x)
         return (*taps, x)
@@ -110,7 +117,7 @@ def _stages(qseq: torch.nn.Sequential):
     """The Sequential cut before every Linear: [(the quantized Linear, the elementwise layers after it)]."""
     stages = []
     for m in qseq:
-        if isinstance(m, torch.nn.Linear):
+        if _is_linear(m):
             stages.append((m, []))
         else:
             assert stages and type(m) in LIPSCHITZ, f"the oracle does not know {type(m).__name__}"
