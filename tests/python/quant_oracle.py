@@ -14,8 +14,8 @@ differs only by fp32 accumulation order: DESIGN's fp32 tolerance (1e-4 x max|ref
   (max - min) / 255 then 1 / scale, a last-bit difference that matters only for a value within a hair of a
   rounding boundary. For those (`near_boundary`: within EPS of an int8 step of k + .5, a few in a thousand)
   the bound grows, per output, by what flipping each can do: act_scale x |w_dequantized| summed over them;
-  their share is bounded (MAX_NEAR), so the allowance stays a few steps and a real error (a weight scale off
-  by one bf16 step, a wrong zero point, a swapped nibble) still fails.
+  their share is bounded (MAX_NEAR: a few percent), so the allowance stays a few steps and a real error (a
+  weight scale off by one bf16 step, a wrong zero point, a swapped nibble) still fails.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 EPS = 1e-3        # of one int8 step: how near k + .5 an activation must lie to round either way in another program
-MAX_NEAR = 0.01   # the share of activations allowed that near (about 2 x EPS expected)
+MAX_NEAR = 0.05   # the share of activations allowed that near: about 2 x EPS for spread values, but a GELU's
+                  # outputs crowd at its minimum (-0.17), and when that lies near k + .5 steps, 2% of a row is near
 LIPSCHITZ = {torch.nn.ReLU: 1.0, torch.nn.SiLU: 1.1, torch.nn.GELU: 1.13}  # max |f'|: an input error's reach
 
 
