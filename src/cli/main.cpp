@@ -2,6 +2,8 @@
 #include "commands.h"
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
+#include "kiln/cpu/config.h"
+#include "kiln/cpu/quant.h"
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,7 @@
 #include <thread>
 #include <exception>
 #include <new>
+#include <string>
 
 namespace kiln::cli {
 
@@ -30,7 +33,12 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln: lower PyTorch exported programs (.pt2) to ExecuTorch programs (.pte) and run them on CPUs",
                "kiln"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "kiln 0.1.0");
+  // the version and the kernels this process selects (a test log says where it ran: scripts/test prints it)
+  app.set_version_flag("--version", [] {
+    namespace cpu = kiln::cpu;
+    return std::string("kiln 0.1.0 (kernels for ") + cpu::isa_name(cpu::active_isa()) + ", the CPU's best: " +
+           cpu::isa_name(cpu::best_isa()) + ", KILN_CPU_ISA picks; qd8-gemm " + cpu::qd8_gemm_config().name + ")";
+  });
   std::function<int()> run;
   kiln::cli::add_lower_command(app, run);
   kiln::cli::add_inspect_command(app, run);

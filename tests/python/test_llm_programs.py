@@ -650,15 +650,40 @@ def test_torchao_quantized_llm_export_both_runtimes(scheme, tmp_path):
         assert agree >= 0.9, f"{scheme}, {what}: argmax agrees at {agree:.0%} of tokens"
 
 
+def _check_swiglu_block(qblock, h, outs, what):
+    """A runtime's (down's input, the head's input, logits) of the SwiGLU block, each quantized product checked
+    against torchao eager on the runtime's own input to it (quant_oracle: the fp32 tolerance plus one int8 step
+    for the activations within a hair of a rounding boundary). gate and up share h, so the first stage's
+    allowance is the product's: |d(silu(g) u)| <= 1.1 |dg| |u| + |silu(g)| |du| + 1.1 |dg| |du|."""
+    import torch
+
+    from quant_oracle import assert_quantized_close, check_stage, dequantized_weight, flip_allowance
+
+    a, r, y = outs
+    mlp = qblock.mlp
+    with torch.no_grad():
+        t = torch.from_numpy(h)
+        g, u = mlp.gate_proj(t), mlp.up_proj(t)
+        ref = (mlp.act_fn(g) * u).numpy()
+    ag, n_near, n_all = flip_allowance(h, dequantized_weight(mlp.gate_proj))
+    au, _, _ = flip_allowance(h, dequantized_weight(mlp.up_proj))
+    allow = 1.1 * ag * np.abs(u.numpy()) + np.abs(mlp.act_fn(g).numpy()) * au + 1.1 * ag * au
+    assert_quantized_close(a, ref, allow, f"{what}, gate and up", (n_near, n_all))
+    check_stage(mlp.down_proj, a, lambda v: torch.from_numpy(h) + mlp.down_proj(v), r, f"{what}, down + residual")
+    check_stage(qblock.lm_head, r, qblock.lm_head, y, f"{what}, lm_head")
+
+
 @pytest.mark.parametrize("scheme", ["8da4w", "8da8w"])
 def test_smollm2_quantized_matches_torchao(smollm2, scheme, tmp_path):
     """SmolLM2's real weights quantized by kiln (`--quantize`, in C++) against the same weights quantized by
     torchao and run in PyTorch eager, in kiln's runtime and in ExecuTorch's.
 
     Per layer type: a block of SmolLM2's own linear layers lowered alone (layer 0's SwiGLU MLP: gate, up, down;
-    then the LM head, a linear on the embedding table it is tied to) is within the fp32 tolerance of torchao
-    eager: weights quantize to the same integers and scales, activations to the same int8 rows, and what
-    remains is fp32 accumulation order.
+    then the LM head, a linear on the embedding table it is tied to), returning the input of each quantized
+    product as well: each product, on the runtime's own input, is within the fp32 tolerance of torchao eager
+    (weights quantize to the same integers and scales, activations to the same int8 rows, and what remains is
+    fp32 accumulation order), plus one int8 step for the activations within a hair of a rounding boundary
+    (quant_oracle.py).
 
     The whole model, token by token: each of 30 layers quantizes its activations to int8 again, so an fp32
     rounding difference now and then moves one value by one int8 step, and the KV cache carries that to later
@@ -688,8 +713,10 @@ def test_smollm2_quantized_matches_torchao(smollm2, scheme, tmp_path):
             self.lm_head = torch.nn.Linear(m.config.hidden_size, m.config.vocab_size, bias=False)
             self.lm_head.weight = torch.nn.Parameter(m.model.embed_tokens.weight.detach().clone())
 
-        def forward(self, h):
-            return self.lm_head(h + self.mlp(h))
+        def forward(self, h):  # the input of each quantized product an output too: down's, the head's
+            a = self.mlp.act_fn(self.mlp.gate_proj(h)) * self.mlp.up_proj(h)
+            r = h + self.mlp.down_proj(a)
+            return a, r, self.lm_head(r)
 
     ids = tok("The Declaration of Independence was signed in", add_special_tokens=False)["input_ids"][:7]
     with torch.no_grad():  # rows of real activations: the residual stream after layer 0
@@ -699,14 +726,16 @@ def test_smollm2_quantized_matches_torchao(smollm2, scheme, tmp_path):
     bpte = tmp_path / f"block_{scheme}.pte"
     run_kiln("lower", "--spec", bspec, "--backend", "xnnpack", "--quantize", scheme, "--out", bpte, "-q")
     assert json.loads(bpte.with_suffix(".json").read_text())["delegation"]["quantized_nodes"] == 4
+    qblock = _torchao_quantize(copy.deepcopy(block), scheme)
     with torch.no_grad():
-        ref = _torchao_quantize(copy.deepcopy(block), scheme)(h).numpy()
-        fp32 = block(h).numpy()
+        ref = qblock(h)[-1].numpy()
+        fp32 = block(h)[-1].numpy()
     assert np.abs(ref - fp32).max() > 1e-3 * np.abs(fp32).max(), "the quantization must be visible"
     from conftest import et_execute
 
-    assert_close(et_execute(bpte, [h.numpy()])[0], ref, f"SmolLM2 block {scheme}: ExecuTorch's runtime vs torchao")
-    assert_close(kiln_run(bpte, [h.numpy()], tmp_path)[0], ref, f"SmolLM2 block {scheme}: kiln's runtime vs torchao")
+    x = h.numpy()
+    for what, outs in (("ExecuTorch's runtime", et_execute(bpte, [x])), ("kiln's runtime", kiln_run(bpte, [x], tmp_path))):
+        _check_swiglu_block(qblock, x, outs, f"SmolLM2 block {scheme}: {what} vs torchao")
 
     # ---- the whole model, step by step
     pte = tmp_path / f"smollm2_{scheme}.pte"

@@ -7,7 +7,9 @@ lowers the pattern as ExecuTorch's XNNPACK partitioner does (dynamically quantiz
 nodes on int4 / int8 weights).
 
 Oracles: the torchao-quantized model in PyTorch eager (int4 group scales rounded to bf16 first, as
-the file stores them, so the fp32 tolerance applies), and ExecuTorch's runtime on kiln's file."""
+the file stores them, so the fp32 tolerance applies), and ExecuTorch's runtime on kiln's file. The MLPs
+return the input of each quantized linear as well, and each product is checked on the runtime's own
+input to it (quant_oracle.py: an fp32 difference before a product can move an int8 rounding)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from conftest import assert_close, et_execute, run_kiln
+from quant_oracle import Taps, check_stages
 from test_models_transformers import export_program
 from test_xnnpack_runtime import kiln_run
 
@@ -50,6 +53,16 @@ def _mlp(k: int, seed: int):
                                torch.nn.SiLU(), torch.nn.Linear(128, 32)).eval()
 
 
+def _export_taps(model, x, out: Path):
+    """The MLP exported returning the input of each quantized linear as well (quant_oracle.Taps): each product
+    is then checked on a runtime's own input to it. Returns (spec path, inputs)."""
+    from test_quantized_runtime import _export_spec
+
+    with torch.no_grad():
+        spec = _export_spec(Taps(model), x, out, name="q")
+    return spec, [x.numpy()]
+
+
 def _lower(spec: Path, out: Path, *extra: str):
     return run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", out, "-q", *extra, check=False)
 
@@ -63,8 +76,7 @@ def _expected(spec: Path):
 @pytest.mark.parametrize("rows", [1, 5])
 def test_torchao_quantized_pt2_runs_in_both_runtimes(scheme, k, rows, tmp_path):
     model = _quantize(_mlp(k, seed=k + rows), scheme)
-    spec = export_program(model, (torch.randn(rows, k),), tmp_path / "m", "q")
-    ins, ref = _expected(spec)
+    spec, ins = _export_taps(model, torch.randn(rows, k), tmp_path / "m")
     pte = tmp_path / "q.pte"
     proc = _lower(spec, pte)
     assert proc.returncode == 0, proc.stderr
@@ -72,11 +84,10 @@ def test_torchao_quantized_pt2_runs_in_both_runtimes(scheme, k, rows, tmp_path):
     assert d["delegate_call_sites"] == 1 and d["fallback_count"] == 0, d
     assert d["prequantized_nodes"] == 3 and d["quantized_nodes"] == 3, d
     assert d["quantization"].startswith(scheme if ":" in scheme or scheme == "8da8w" else scheme + ":32"), d
-    et = et_execute(pte, ins)[0]
-    assert_close(et, ref, f"{scheme}: ExecuTorch's runtime on kiln's file vs torchao eager")
+    check_stages(model, ins[0], et_execute(pte, ins), f"{scheme}: ExecuTorch's runtime on kiln's file vs torchao eager")
     for engine in ("kiln", "xnnpack"):
-        got = kiln_run(pte, ins, tmp_path, "--engine", engine, "--threads", "2")[0]
-        assert_close(got, ref, f"{scheme}: kiln's runtime ({engine}) vs torchao eager")
+        got = kiln_run(pte, ins, tmp_path, "--engine", engine, "--threads", "2")
+        check_stages(model, ins[0], got, f"{scheme}: kiln's runtime ({engine}) vs torchao eager")
     # the weights stay quantized in the file: int4 about 1/8 of fp32 (plus scales), int8 1/4
     fp32_bytes = 4 * (k * 256 + 256 * 128 + 128 * 32)
     assert pte.stat().st_size < fp32_bytes * (0.2 if scheme.startswith("8da4w") else 0.3)
@@ -140,8 +151,7 @@ def _rename_ops(src: Path, dst: Path, old: str, new: str):
 
 def test_older_quant_namespace_lowers_the_same(tmp_path):
     model = _quantize(_mlp(64, seed=7), "8da4w")
-    spec = export_program(model, (torch.randn(3, 64),), tmp_path / "m", "q")
-    ins, ref = _expected(spec)
+    spec, ins = _export_taps(model, torch.randn(3, 64), tmp_path / "m")
     pt2 = spec.parent / "q.pt2"
     _rename_ops(pt2, tmp_path / "quant.pt2", "torchao", "quant")
     (tmp_path / "quant.pt2").replace(pt2)
@@ -150,8 +160,8 @@ def test_older_quant_namespace_lowers_the_same(tmp_path):
     pte = tmp_path / "q.pte"
     proc = _lower(spec, pte)
     assert proc.returncode == 0, proc.stderr
-    assert_close(kiln_run(pte, ins, tmp_path)[0], ref, "quant.* ops, kiln's runtime")
-    assert_close(et_execute(pte, ins)[0], ref, "quant.* ops, ExecuTorch's runtime")
+    check_stages(model, ins[0], kiln_run(pte, ins, tmp_path), "quant.* ops, kiln's runtime")
+    check_stages(model, ins[0], et_execute(pte, ins), "quant.* ops, ExecuTorch's runtime")
 
 
 def test_legacy_int8_dyn_act_int4_weight_quantizer(tmp_path):
@@ -165,15 +175,14 @@ def test_legacy_int8_dyn_act_int4_weight_quantizer(tmp_path):
         for name, buf in model.named_buffers():
             if name.endswith("scales"):
                 buf.copy_(buf.to(torch.bfloat16).to(buf.dtype))
-        spec = export_program(model, (torch.randn(5, 64),), tmp_path / "m", "q")
-    ins, ref = _expected(spec)
+    spec, ins = _export_taps(model, torch.randn(5, 64), tmp_path / "m")
     pte = tmp_path / "q.pte"
     proc = _lower(spec, pte)
     assert proc.returncode == 0, proc.stderr
     d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
     assert d["prequantized_nodes"] == 3 and d["fallback_count"] == 0, d
-    assert_close(kiln_run(pte, ins, tmp_path)[0], ref, "legacy quantizer, kiln's runtime vs torchao eager")
-    assert_close(et_execute(pte, ins)[0], ref, "legacy quantizer, ExecuTorch's runtime vs torchao eager")
+    check_stages(model, ins[0], kiln_run(pte, ins, tmp_path), "legacy quantizer, kiln's runtime vs torchao eager")
+    check_stages(model, ins[0], et_execute(pte, ins), "legacy quantizer, ExecuTorch's runtime vs torchao eager")
 
 
 def _pt2e_dynamic(model, x):
