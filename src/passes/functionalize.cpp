@@ -307,6 +307,7 @@ class Functionalizer {
     switch (a.kind) {
       case ViewKind::Identity: return value;
       case ViewKind::Slice:
+        if (meta(view.output_ids().at(0)).sizes == bm.sizes) return value;  // a full slice (x[:, 1:3]'s first dim)
         return emit1(at, "aten.slice_scatter.default", copy_args({"dim", "start", "end", "step"}), bm, "slice_scatter");
       case ViewKind::Select:
         return emit1(at, "aten.select_scatter.default", copy_args({"dim", "index"}), bm, "select_scatter");
