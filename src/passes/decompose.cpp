@@ -11,6 +11,8 @@
 
 #include "lowerer.h"
 
+#include "kiln/passes/functionalize.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -28,6 +30,13 @@ std::vector<std::byte> EdgeProgram::constant_bytes(graph::ValueId v) const {
 }
 
 EdgeProgram to_edge(const pt2::ExportedProgram& ep, LoweringStats* stats, const EdgeOptions& options) {
+  if (needs_functionalization(ep.graph)) {  // the default IR's in-place operators (functionalize.h)
+    auto functional = std::make_shared<pt2::ExportedProgram>(ep);
+    functionalize(*functional);
+    EdgeProgram edge = detail::Lowerer(*functional, stats, options).run();
+    edge.functionalized = std::move(functional);  // edge.exported and its constants point into it
+    return edge;
+  }
   return detail::Lowerer(ep, stats, options).run();
 }
 

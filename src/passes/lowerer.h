@@ -212,6 +212,7 @@ class Lowerer {
                                 std::string_view hint = {}) {
     const OpSchema* schema = find_op_schema(target);
     if (schema == nullptr) fail("internal: kiln emitted '{}' which has no out-variant schema", target);
+    check_argument_kinds(target, *schema, args, metas);
     Node node;
     node.name = fresh_name(hint);
     // a multi-output node names its values name_0, name_1, ...: those must be fresh too
@@ -242,6 +243,34 @@ class Lowerer {
       out_.graph.nodes.push_back(std::move(node));
     }
     return outs;
+  }
+
+  // Every argument the out variant's schema takes as a Tensor is one: a Python number there (sub.Tensor(1, x),
+  // as a full core-ATen decomposition writes `1 - x`) becomes a 0-d constant tensor, since ExecuTorch's runtime
+  // aborts on a scalar EValue where its kernel reads a tensor. Anything else in a tensor's place is an error.
+  void check_argument_kinds(std::string_view target, const OpSchema& schema, std::vector<NamedArgument>& args,
+                            const std::vector<TensorMeta>& metas) {
+    using K = Argument::Kind;
+    for (auto& a : args) {
+      const ArgSchema* s = nullptr;
+      for (const auto& sa : schema.args) s = sa.name == a.name ? &sa : s;
+      if (s == nullptr || (s->type != ArgType::Tensor && s->type != ArgType::OptionalTensor)) continue;
+      if (a.arg.kind == K::Tensor || (a.arg.kind == K::None && s->type == ArgType::OptionalTensor)) continue;
+      if (a.arg.kind == K::Int || a.arg.kind == K::Float || a.arg.kind == K::Bool) {
+        std::optional<ScalarType> like;
+        for (const auto& b : args)
+          if (b.arg.kind == K::Tensor && !like) like = meta_of(std::get<ValueId>(b.arg.payload)).dtype;
+        ScalarType dt = like ? *like : metas.empty() ? ScalarType::Float : metas[0].dtype;
+        if (a.arg.kind == K::Float && dt != ScalarType::Float && dt != ScalarType::Double && dt != ScalarType::Half &&
+            dt != ScalarType::BFloat16)
+          dt = ScalarType::Float;
+        if (a.arg.kind == K::Int && dt == ScalarType::Bool) dt = ScalarType::Long;
+        a.arg = tensor_arg(scalar_tensor(a.arg, dt));
+        continue;
+      }
+      fail("cannot lower node '{}' ({}): argument '{}' of {} must be a tensor, not {}", current_ ? current_->name : "",
+           current_ ? current_->target : "", a.name, target, graph::argument_kind_name(a.arg.kind));
+    }
   }
 
   ValueId emit(std::string_view target, std::vector<NamedArgument> args, TensorMeta meta, std::string_view hint = {}) {
@@ -476,6 +505,7 @@ class Lowerer {
   void lower(const Node& n) {
     const std::string& t = n.target;
     if (lower_quant(n)) return;
+    if (lower_decomposition(n)) return;  // the table of decompositions by operator (decompositions.cpp)
     auto passthrough = [&](std::string_view target) {
       const OpSchema* schema = find_op_schema(target);
       std::vector<NamedArgument> args;
@@ -664,13 +694,6 @@ class Lowerer {
                    out_meta(n)));
       return;
     }
-    if (t == "aten.silu.default") {
-      ValueId x = tensor_in(n, "self");
-      TensorMeta m = out_meta(n);
-      ValueId s = emit("aten.sigmoid.default", {NA("self", tensor_arg(x))}, m, "sigmoid");
-      bind(n, emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(s))}, m));
-      return;
-    }
     if (t == "aten.diff.default") {
       ValueId x = tensor_in(n, "self");
       if (int_in(n, "n", 1) != 1) unsupported(n, "diff with n != 1");
@@ -714,13 +737,6 @@ class Lowerer {
     }
     if (t == "aten.__and__.Tensor" || t == "aten.__or__.Tensor") {
       passthrough(t == "aten.__and__.Tensor" ? "aten.bitwise_and.Tensor" : "aten.bitwise_or.Tensor");
-      return;
-    }
-    if (t == "aten.rsub.Tensor") {
-      ValueId x = tensor_in(n, "self");
-      std::vector<NamedArgument> args{NA("self", tensor_arg(tensor_in(n, "other"))), NA("other", tensor_arg(x))};
-      if (const auto* a = opt(n, "alpha")) args.push_back(NA("alpha", *a));
-      bind(n, emit("aten.sub.Tensor", std::move(args), out_meta(n)));
       return;
     }
     if (t == "aten.mean.default" || t == "aten.sum.default") {
@@ -907,6 +923,7 @@ class Lowerer {
 
   // ---- rewrite families, one file each (rewrites_<family>.cpp); each returns
   // true when it lowered `n` (bound its outputs), false when `n` is not its op.
+  bool lower_decomposition(const Node& n);  // decompositions.cpp: the table of rewrites by operator
   bool lower_attention(const Node& n);  // SDPA, norms, activations
   bool lower_conv(const Node& n);       // convolutions, pooling, resizing, batch norm
   ValueId constant_tensor(ScalarType dtype, std::vector<int64_t> sizes, std::vector<std::byte> bytes,

@@ -218,6 +218,7 @@ bool Lowerer::lower_state(const Node& n) {
                  contiguous(sm)));
     return true;
   }
+  if (find_op_schema(t) != nullptr || is_index_copy) return false;  // the functional update; finish_state writes it back
   unsupported(n, "this update of " + state_name +
                     " cannot run in place (kiln writes buffers in place when one node updates rows along one "
                     "dimension and nothing reads the old buffer afterwards)");

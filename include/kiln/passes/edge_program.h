@@ -58,6 +58,9 @@ struct EdgeProgram {
   std::vector<MutableBuffer> mutable_buffers;  // empty for a stateless program
   // A dynamic program's symbolic sizes (graph at the upper bounds); null when static.
   std::shared_ptr<const DynamicShapes> dynamic;
+  // The functional form of a program with in-place operators (functionalize.h), which `exported`
+  // then points to; null when the .pt2's graph was lowered as it is.
+  std::shared_ptr<const pt2::ExportedProgram> functionalized;
 
   const MutableBuffer* mutable_buffer(graph::ValueId v) const {
     for (const auto& b : mutable_buffers)
