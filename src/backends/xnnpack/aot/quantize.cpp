@@ -34,6 +34,84 @@ int quantize(float w, float inv, int qmin, int qmax) {
   return static_cast<int>(std::clamp(std::nearbyint(w * inv), static_cast<float>(qmin), static_cast<float>(qmax)));
 }
 
+float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// ---- the mse scale rule (ScaleRule::Mse) ---------------------------------------------------------------------
+
+// (x + kRounder) - kRounder is x rounded to the nearest integer, ties to even, for |x| < 2^22: nearbyint in a form
+// the compiler vectorises (the callers clamp x to the grid first)
+constexpr float kRounder = 12582912.0f;  // 1.5 * 2^23
+
+struct GridSums {
+  float wq = 0.0f, qq = 0.0f;  // sum v*q, sum q*q over the values, q = clamp(round(v * inv), qmin, qmax)
+};
+
+GridSums grid_sums(const float* v, int64_t n, float inv, float qmin, float qmax) {
+  constexpr int kLanes = 8;  // independent partial sums: a reduction the compiler can vectorise without -ffast-math
+  float wq[kLanes] = {}, qq[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      float x = v[i + j] * inv;
+      x = x < qmin ? qmin : x;
+      x = x > qmax ? qmax : x;
+      const float q = (x + kRounder) - kRounder;
+      wq[j] += v[i + j] * q;
+      qq[j] += q * q;
+    }
+  for (; i < n; ++i) {
+    const float q = (std::min(std::max(v[i] * inv, qmin), qmax) + kRounder) - kRounder;
+    wq[0] += v[i] * q;
+    qq[0] += q * q;
+  }
+  GridSums s;
+  for (int j = 0; j < kLanes; ++j) s.wq += wq[j], s.qq += qq[j];
+  return s;
+}
+
+// The scale s that minimises the reconstruction error sum_i (v_i - s q_i)^2 of n values over the symmetric grid
+// [qmin, qmax] with q_i = clamp(round(v_i / s)) (the grid point nearest each value, which is what quantization
+// stores): a search over clipping ratios, s = max|v| / r for r over the grid's half range x kRatios, each
+// followed by the least-squares refit s = <v,q> / <q,q> of the q that scale gives (the best scale for those q),
+// then two more refit rounds from the best. Every candidate is rounded to what the file stores (bf16 when
+// `bf16_scales`) before its error is measured (for fixed q the error is a parabola in s, so the stored value
+// nearest the refit is the best stored value for those q), and the minmax rule's own scale and q are a
+// candidate: the result's error is never above minmax's. `minmax` is the minmax rule's fp32 scale.
+float mse_scale(const float* v, int64_t n, float qmin, float qmax, bool bf16_scales, float minmax) {
+  // the clipping ratios, as fractions of the grid's half range qmax + 1 (8 for int4: r = 7 ... 12)
+  static constexpr float kRatios[] = {0.875f, 0.9375f, 1.0f, 1.0625f, 1.125f, 1.1875f, 1.25f, 1.3125f, 1.375f, 1.5f};
+  float amax = 0.0f;
+  double vv = 0.0;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[i])), vv += static_cast<double>(v[i]) * v[i];
+  // nothing to search (all zero), or values whose inverse scale would overflow or that are not finite
+  if (!(amax > 1e-30f) || !std::isfinite(amax) || !std::isfinite(vv)) return minmax;
+  auto stored = [&](float s) { return bf16_scales ? from_bf16(to_bf16(s)) : s; };
+  auto error = [&](float s, const GridSums& g) {  // sum (v - s q)^2 for the q behind g
+    return vv - 2.0 * s * g.wq + static_cast<double>(s) * s * g.qq;
+  };
+  float best = stored(minmax);
+  double best_error = error(best, grid_sums(v, n, 1.0f / minmax, qmin, qmax));
+  auto try_refit = [&](float inv) {  // the refit scale of the q that inv gives; true when it is the new best
+    const GridSums g = grid_sums(v, n, inv, qmin, qmax);
+    if (!(g.qq > 0.0f) || !(g.wq > 0.0f)) return false;
+    const float s = stored(g.wq / g.qq);
+    const double e = error(s, g);
+    if (!(s > 0.0f) || !(e < best_error)) return false;
+    best = s, best_error = e;
+    return true;
+  };
+  const float half = qmax + 1.0f;
+  for (float r : kRatios) try_refit(r * half / amax);
+  for (int round = 0; round < 2; ++round)
+    if (!try_refit(1.0f / best)) break;
+  return best;
+}
+
 // a node's tensor argument `name`, if it has one
 std::optional<graph::ValueId> tensor_arg(const graph::Node& n, std::string_view name) {
   const graph::NamedArgument* a = n.input(name);
@@ -49,14 +127,24 @@ bool is_fp32_matrix_constant(const passes::EdgeProgram& program, graph::ValueId 
 
 }  // namespace
 
+std::string_view scale_rule_name(ScaleRule r) { return r == ScaleRule::MinMax ? "minmax" : "mse"; }
+
+std::optional<ScaleRule> parse_scale_rule(std::string_view text, std::string* error) {
+  if (text == "minmax") return ScaleRule::MinMax;
+  if (text == "mse") return ScaleRule::Mse;
+  *error = fmt::format("unknown scale rule '{}' in --quantize-scales (minmax or mse)", text);
+  return std::nullopt;
+}
+
 std::string QuantScheme::name() const {
+  std::string base;
   switch (kind) {
-    case Kind::Int4Groups: return fmt::format("8da4w:{}", group);
-    case Kind::Int8Channels: return "8da8w";
-    case Kind::Int8WeightOnly: return "int8w";
-    case Kind::None: break;
+    case Kind::Int4Groups: base = fmt::format("8da4w:{}", group); break;
+    case Kind::Int8Channels: base = "8da8w"; break;
+    case Kind::Int8WeightOnly: base = "int8w"; break;
+    case Kind::None: return "none";
   }
-  return "none";
+  return scales == ScaleRule::Mse ? base + " (mse scales)" : base;
 }
 
 std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string* error) {
@@ -94,6 +182,7 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string
 
 QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme) {
   QuantizedWeights q;
+  const bool mse = scheme.scales == ScaleRule::Mse;
   if (scheme.kind == QuantScheme::Kind::Int4Groups) {
     const int64_t g = scheme.group, groups = k / g;
     q.data.assign(static_cast<size_t>(n * (k / 2)), std::byte{0});
@@ -102,7 +191,9 @@ QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const Qu
     for (int64_t j = 0; j < n; ++j)
       for (int64_t b = 0; b < groups; ++b) {
         const float* v = w + j * k + b * g;
-        const float scale = symmetric_scale(v, g, 7.5f);
+        float scale = symmetric_scale(v, g, 7.5f);
+        // minmax: q from the fp32 scale, the bf16 scale stored (torchao's); mse: q from the stored bf16 scale
+        if (mse) scale = mse_scale(v, g, -8.0f, 7.0f, true, scale);
         const float inv = 1.0f / scale;
         const uint16_t s16 = to_bf16(scale);
         std::memcpy(q.scales.data() + static_cast<size_t>(j * groups + b) * 2, &s16, 2);
@@ -118,7 +209,9 @@ QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const Qu
   q.scales.resize(static_cast<size_t>(n) * 4);
   auto* out = reinterpret_cast<int8_t*>(q.data.data());
   for (int64_t j = 0; j < n; ++j) {
-    const float scale = symmetric_scale(w + j * k, k, 127.5f), inv = 1.0f / scale;
+    float scale = symmetric_scale(w + j * k, k, 127.5f);
+    if (mse) scale = mse_scale(w + j * k, k, -128.0f, 127.0f, false, scale);
+    const float inv = 1.0f / scale;
     std::memcpy(q.scales.data() + static_cast<size_t>(j) * 4, &scale, 4);
     for (int64_t i = 0; i < k; ++i) out[j * k + i] = static_cast<int8_t>(quantize(w[j * k + i], inv, -128, 127));
   }
@@ -259,7 +352,8 @@ int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& 
 }
 
 WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
-                                           const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+                                           const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
+                                           ScaleRule scales) {
   graph::Graph& g = program.graph;
   using K = graph::Argument::Kind;
   auto is_weight = [&](graph::ValueId v) { return is_fp32_matrix_constant(program, v); };
@@ -316,6 +410,7 @@ WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
           w[static_cast<size_t>(s.axis == 0 ? r * cols + c : c * rows + r)] = src[r * cols + c];
       QuantScheme q8;
       q8.kind = QuantScheme::Kind::Int8Channels;
+      q8.scales = scales;
       QuantizedWeights qw = quantize_weights(w.data(), channels, inputs, q8);
       std::vector<std::byte> data(qw.data.size());  // back to the weight's own layout
       for (int64_t r = 0; r < rows; ++r)
