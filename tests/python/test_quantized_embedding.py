@@ -131,7 +131,7 @@ def test_tied_head_quantized_as_8da4w(bits, tmp_path):
     tokens = torch.randint(0, VOCAB, (1, 9))
     spec = _export(model, tokens, tmp_path / "m")
     pte = tmp_path / "q.pte"
-    meta = _lower(spec, pte, "--quantize", "8da4w", "--quantize-embedding", str(bits))
+    meta = _lower(spec, pte, "--quantize", "8da4w", "--quantize-scales", "minmax", "--quantize-embedding", str(bits))
     assert meta["delegation"]["quantized_nodes"] == 3, meta["delegation"]  # 2 MLP layers + the head
     assert meta["embedding_quantization"]["quantized_embeddings"] == 1
     ref_model = _torchao_8da4w(_torchao_embedding(_untied_copy(model), bits, 32 if bits == 4 else 0))
@@ -158,7 +158,7 @@ def test_tied_head_quantized_lookup_fp32(tmp_path):
     tokens = torch.randint(0, VOCAB, (1, 9))
     spec = _export(model, tokens, tmp_path / "m")
     pte = tmp_path / "q.pte"
-    meta = _lower(spec, pte, "--quantize", "8da4w")
+    meta = _lower(spec, pte, "--quantize", "8da4w", "--quantize-scales", "minmax")
     d = meta["delegation"]
     assert (d["quantized_nodes"], d["untied_weights"], d["constants_as_delegate_inputs"]) == (3, 1, 0), d
     assert meta["embedding_quantization"]["quantized_embeddings"] == 0
@@ -173,7 +173,7 @@ def test_tied_head_quantized_lookup_fp32(tmp_path):
         got = kiln_run(pte, [tokens.numpy()], tmp_path, "--engine", engine)[0]
         assert_close(got, ref, f"tied head 8da4w: kiln's runtime ({engine}) vs torchao eager")
     skip = tmp_path / "s.pte"
-    meta = _lower(spec, skip, "--quantize", "8da4w", "--quantize-skip", "lm_head")
+    meta = _lower(spec, skip, "--quantize", "8da4w", "--quantize-scales", "minmax", "--quantize-skip", "lm_head")
     d = meta["delegation"]
     assert (d["quantized_nodes"], d["kept_fp32_nodes"], d["untied_weights"]) == (2, 1, 0), d
     assert_close(_et_execute(skip, [tokens.numpy()])[0], fp32_head, "tied head kept fp32: ExecuTorch's runtime")
@@ -222,7 +222,7 @@ def test_quantize_skip_keeps_named_layers_fp32(tmp_path):
     spec = _export(model, tokens, tmp_path / "m")
     pte = tmp_path / "q.pte"
     proc = run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q", "--quantize", "8da4w",
-                    "--quantize-skip", "lm_head")
+                    "--quantize-scales", "minmax", "--quantize-skip", "lm_head")
     assert "warning" not in proc.stderr, proc.stderr
     meta = json.loads(pte.with_suffix(".json").read_text())
     assert meta["delegation"]["quantized_nodes"] == 2 and meta["delegation"]["kept_fp32_nodes"] == 1, meta
@@ -296,7 +296,7 @@ def test_int8_weight_only_matches_torchao(tmp_path):
     tokens = torch.randint(0, VOCAB, (1, 7))
     spec = _export(model, tokens, tmp_path / "m")
     pte = tmp_path / "q.pte"
-    meta = _lower(spec, pte, "--quantize", "int8w", "--quantize-embedding", "8")
+    meta = _lower(spec, pte, "--quantize", "int8w", "--quantize-scales", "minmax", "--quantize-embedding", "8")
     assert meta["delegation"]["quantization"] == "int8w" and meta["delegation"]["quantized_nodes"] == 3, meta
     ref_model = _torchao_embedding(_untied_copy(model), 8, 0)
     quantize_(ref_model, IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0)),

@@ -118,7 +118,8 @@ def test_kiln_quantize_matches_torchao(scheme, tmp_path):
     x = torch.randn(rows, k)
     spec = _export_spec(Taps(model), x, tmp_path / "m")  # the input of each quantized product an output too
     pte = tmp_path / "q.pte"
-    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", scheme, "--out", pte, "-q")
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", scheme, "--quantize-scales", "minmax",
+             "--out", pte, "-q")
     meta = json.loads(pte.with_suffix(".json").read_text())
     assert meta["delegation"]["quantized_nodes"] == 3, meta["delegation"]
     assert meta["delegation"]["delegate_call_sites"] == 1
@@ -234,7 +235,8 @@ def test_gpt2_small_quantized_matches_torchao(gpt2_small, scheme, tmp_path):
     block = Block(model).eval()
     bspec = _export_spec(block, h, tmp_path / "block", name="gpt2block")
     bpte = tmp_path / f"block_{scheme}.pte"
-    run_kiln("lower", "--spec", bspec, "--backend", "xnnpack", "--quantize", scheme, "--out", bpte, "-q")
+    run_kiln("lower", "--spec", bspec, "--backend", "xnnpack", "--quantize", scheme, "--quantize-scales", "minmax",
+             "--out", bpte, "-q")
     assert json.loads(bpte.with_suffix(".json").read_text())["delegation"]["quantized_nodes"] == 3
     qblock = quantize_like_kiln(conv1d_to_linear(copy.deepcopy(block)), scheme)
     with torch.no_grad():
@@ -247,7 +249,8 @@ def test_gpt2_small_quantized_matches_torchao(gpt2_small, scheme, tmp_path):
 
     # ---- the whole model
     pte = tmp_path / f"gpt2_{scheme}.pte"
-    run_kiln("lower", "--spec", gpt2_small, "--backend", "xnnpack", "--quantize", scheme, "--out", pte, "-q")
+    run_kiln("lower", "--spec", gpt2_small, "--backend", "xnnpack", "--quantize", scheme, "--quantize-scales", "minmax",
+             "--out", pte, "-q")
     d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
     assert d["quantized_nodes"] == 12 * 4 + 1 and d["delegate_call_sites"] == 1, d  # every projection, the head
     qmodel = conv1d_to_linear(copy.deepcopy(module))

@@ -45,6 +45,9 @@ struct LowerOptions {
   // XNNPACK only: "8da4w[:32|64|128|256]" or "8da8w" quantizes the linear
   // layers' weights (backends/xnnpack/quantize.h); empty: fp32.
   std::string quantize;
+  // With `quantize`: how the weight scales are chosen, "minmax" (torchao's rule)
+  // or "mse" (the least reconstruction error); empty: mse (quantize.h).
+  std::string quantize_scales;
   // "4[:G]" or "8[:G]": embedding tables of constants become ExecuTorch's
   // quantized_decomposed::embedding_4bit / embedding_byte lookups (portable
   // kernels; backends/xnnpack/quantize.h); empty: fp32. Either backend.

