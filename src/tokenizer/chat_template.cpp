@@ -3,6 +3,8 @@
 // values; errors are exceptions inside this file, one-line messages outside.
 #include "kiln/tokenizer/chat_template.h"
 
+#include "one_line.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -1264,22 +1266,6 @@ class Renderer {
 
   Scope& sc_;
 };
-
-// An error message as one printable line: control characters escaped (a template's
-// text and its raise_exception() messages may hold newlines), at most 300 bytes.
-std::string one_line(std::string_view what) {
-  std::string out;
-  for (unsigned char c : what) {
-    if (out.size() >= 300) {
-      out += "...";
-      break;
-    }
-    if (c == '\n') out += "\\n";
-    else if (c < 0x20 || c == 0x7F) out += fmt::format("\\x{:02x}", c);
-    else out += static_cast<char>(c);
-  }
-  return out;
-}
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // BPE from a Hugging Face tokenizer.json, byte-level or SentencePiece-style (see tokenizer.h).
 #include "kiln/tokenizer/tokenizer.h"
 
+#include "one_line.h"
 #include "sentencepiece.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -691,9 +692,6 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::Tokenizer(std::unique_ptr<detail::SentencePiece> sp) : sp_(std::move(sp)) {}
 Tokenizer::~Tokenizer() = default;
 
-namespace {
-
-// An error message as one printable line (a file's strings may hold newlines), at most 300 bytes.
 std::string one_line(std::string_view what) {
   std::string out;
   for (unsigned char c : what) {
@@ -707,6 +705,8 @@ std::string one_line(std::string_view what) {
   }
   return out;
 }
+
+namespace {
 
 // The file as JSON, arrays and objects at most kMaxJsonDepth deep.
 json parse_json(std::istream& in) {
