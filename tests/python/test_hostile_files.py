@@ -129,9 +129,9 @@ def test_concurrent_lowerings_leave_one_complete_set(model, tmp_path):
 
 def full_disk_lower(model, tmp_path, size_bytes: int):
     """kiln lower onto a tmpfs of `size_bytes` (a user+mount namespace: no privilege needed where
-    unprivileged user namespaces are allowed); returns (kiln's exit code, stderr, files left)."""
+    unprivileged user namespaces are allowed; where they are not, the test fails rather than skips); returns (kiln's exit code, stderr, files left)."""
     if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1) to mount a small tmpfs")
+        pytest.fail("no unshare(1) (util-linux) to mount a small tmpfs: this test needs it")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
     script = (f'mount -t tmpfs -o size={size_bytes} tmpfs "{mnt}" || exit 97; '
@@ -139,7 +139,7 @@ def full_disk_lower(model, tmp_path, size_bytes: int):
               f'echo "rc=$rc"; ls -a "{mnt}"')
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True)
     if proc.returncode == 97 or "rc=" not in proc.stdout:
-        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {proc.stderr.strip()[:200]}")
+        pytest.fail(f"cannot mount a tmpfs in a user namespace here: {proc.stderr.strip()[:200]}")
     _, _, tail = proc.stdout.rpartition("rc=")  # after kiln's own stdout
     head, _, files = tail.partition("\n")
     return int(head), proc.stderr, set(files.split()) - {".", ".."}
