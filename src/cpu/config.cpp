@@ -55,8 +55,11 @@ bool cpu_has(Isa isa) {
 #define KILN_ARM64_ONLY(...)
 #endif
 
+// intel: see F32GemmVariant::intel (the other avx512 row is skipped on Intel; generic and avx2 rows are for every vendor)
 const F32GemmVariant kF32Gemm[] = {
     KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512, f32_gemm_4x64__avx512_bt})
+    KILN_X86_ONLY({"f32_gemm_4x64__avx512_l1", Isa::Avx512, 4, 64, 128, f32_gemm_4x64__avx512_l1,
+                   f32_gemm_4x64__avx512_l1_bt, true})
     KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2, f32_gemm_4x24__avx2_bt})
     KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon, f32_gemm_8x8__neon_bt})
     {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic, f32_gemm_6x8__generic_bt},
@@ -98,6 +101,16 @@ const Qd8GemmVariant kQd8Gemm[] = {
     KILN_ARM64_ONLY(KILN_QD8_ROW(dotprod, Dotprod, false, nullptr))
     KILN_QD8_ROW(generic, Generic, false, qd8_qb4w_panels__generic),
 };
+
+// GenuineIntel (CPUID leaf 0): the f32-gemm variants tuned for Intel's cores (F32GemmVariant::intel).
+bool cpu_is_intel() {
+#ifdef KILN_CPU_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
 
 bool cpu_has_vnni() {
 #ifdef KILN_CPU_X86
@@ -168,7 +181,13 @@ const Tables& tables() {
         qd8 = &v;
         break;
       }
-    return Tables{isa, pick(kF32Gemm, isa), pick(kF32Gemv, isa), pick(kF32VUnary, isa), pick(kF32VBinary, isa),
+    const F32GemmVariant* gemm = &kF32Gemm[std::size(kF32Gemm) - 1];
+    for (const F32GemmVariant& v : kF32Gemm)
+      if (v.isa <= isa && f32_gemm_for_this_cpu(v)) {
+        gemm = &v;
+        break;
+      }
+    return Tables{isa, gemm, pick(kF32Gemv, isa), pick(kF32VUnary, isa), pick(kF32VBinary, isa),
                   pick(kF32Rows, isa), qd8};
   }();
   return t;
@@ -224,6 +243,15 @@ Isa resolve_isa(const char* request, Isa best, bool* warning) {
 Isa active_isa() { return tables().isa; }
 
 std::span<const F32GemmVariant> f32_gemm_variants() { return kF32Gemm; }
+
+bool f32_gemm_for_this_cpu(const F32GemmVariant& v) {
+  const bool intel = cpu_is_intel();
+  if (v.intel) return intel;
+  if (!intel) return true;
+  for (const F32GemmVariant& w : kF32Gemm)  // on Intel, an ISA's row tuned for it replaces the general one
+    if (w.intel && w.isa == v.isa) return false;
+  return true;
+}
 const F32GemmVariant& f32_gemm_config() { return *tables().f32_gemm; }
 
 std::span<const F32GemvVariant> f32_gemv_variants() { return kF32Gemv; }

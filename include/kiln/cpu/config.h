@@ -54,10 +54,14 @@ struct F32GemmVariant {
   int64_t kc;        // K block (rows of a packed B panel)
   F32GemmFn gemm;
   F32GemmFn gemm_bt;  // the same with b given as Bᵀ, [n, k] (sgemm_bt)
+  // Picked only on Intel cores (and skipped there by the variant it tunes): their two 512-bit FMA pipes
+  // consume a 4 x 64 tile's B faster than L2 delivers it, so its panel must fit L1 (bench/RESULTS.md).
+  bool intel = false;
 };
 
 std::span<const F32GemmVariant> f32_gemm_variants();  // all built in, widest first, runnable or not
 const F32GemmVariant& f32_gemm_config();              // the selected one
+bool f32_gemm_for_this_cpu(const F32GemmVariant& v);  // false: a row tuned for another vendor's cores (intel)
 
 // ---------------------------------------------------------------- f32-gemv
 

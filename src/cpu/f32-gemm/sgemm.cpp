@@ -32,7 +32,7 @@ static bool run_variant(SgemmIsa isa, F32GemmFn F32GemmVariant::*fn, int64_t m, 
                         int64_t ldc) {
   if (!isa_supported(isa)) return false;
   for (const F32GemmVariant& v : f32_gemm_variants())
-    if (v.isa == isa) {
+    if (v.isa == isa && f32_gemm_for_this_cpu(v)) {
       if (sgemm_needs_work(m, n, k, accumulate, c, ldc)) (v.*fn)(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
       return true;
     }
