@@ -8,6 +8,51 @@
 
 namespace kiln::pt2::detail {
 
+namespace {
+
+// Past the identifier (letters, digits, '_') at `pos`.
+size_t identifier_end(const std::string& t, size_t pos) {
+  while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
+  return pos;
+}
+
+// The arguments of a call in a sympy repr ("Symbol('s0', positive=True)"), `pos` just past its '(' and
+// left past its ')': each positional one read by `element` (which moves `pos` past it), a quoted one (a
+// symbol's name) into `*quoted`, keyword arguments (positive=True) skipped. False where the text is
+// not such a list.
+template <class Element>
+bool call_arguments(const std::string& t, size_t& pos, std::string* quoted, const Element& element) {
+  for (;;) {
+    Reader::skip_space(t, pos);
+    if (pos < t.size() && t[pos] == ')') {
+      ++pos;
+      return true;
+    }
+    if (pos < t.size() && t[pos] == '\'') {
+      size_t end = t.find('\'', pos + 1);
+      if (end == std::string::npos) return false;
+      *quoted = t.substr(pos + 1, end - pos - 1);
+      pos = end + 1;
+    } else {
+      size_t save = pos;
+      pos = identifier_end(t, pos);
+      Reader::skip_space(t, pos);
+      if (pos < t.size() && t[pos] == '=') {  // keyword: skip its value
+        ++pos;
+        while (pos < t.size() && t[pos] != ',' && t[pos] != ')') ++pos;
+      } else {
+        pos = save;
+        element();
+      }
+    }
+    Reader::skip_space(t, pos);
+    if (pos < t.size() && t[pos] == ',') ++pos;
+    else if (pos >= t.size() || t[pos] != ')') return false;
+  }
+}
+
+}  // namespace
+
 graph::SymExpr Reader::expression(const std::string& text, const std::string& where) const {
   size_t pos = 0;
   graph::SymExpr e = parse_expr(text, pos, where);
@@ -48,7 +93,7 @@ graph::SymExpr Reader::parse_expr(const std::string& t, size_t& pos, const std::
     while (pos < t.size() && std::isdigit(static_cast<unsigned char>(t[pos]))) ++pos;
     return normalize({}, parse_integer(t.substr(start, pos - start), where));
   }
-  while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
+  pos = identifier_end(t, pos);
   std::string head = t.substr(start, pos - start);
   if (head.empty()) return unreadable();
   skip_space(t, pos);
@@ -60,33 +105,8 @@ graph::SymExpr Reader::parse_expr(const std::string& t, size_t& pos, const std::
   // Arguments up to the matching parenthesis; keyword arguments (positive=True) are skipped.
   std::vector<graph::SymExpr> args;
   std::string symbol_name;
-  for (;;) {
-    skip_space(t, pos);
-    if (pos < t.size() && t[pos] == ')') {
-      ++pos;
-      break;
-    }
-    if (pos < t.size() && t[pos] == '\'') {
-      size_t end = t.find('\'', pos + 1);
-      if (end == std::string::npos) return unreadable();
-      symbol_name = t.substr(pos + 1, end - pos - 1);
-      pos = end + 1;
-    } else {
-      size_t save = pos;
-      while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
-      skip_space(t, pos);
-      if (pos < t.size() && t[pos] == '=') {  // keyword: skip its value
-        ++pos;
-        while (pos < t.size() && t[pos] != ',' && t[pos] != ')') ++pos;
-      } else {
-        pos = save;
-        args.push_back(parse_expr(t, pos, where));
-      }
-    }
-    skip_space(t, pos);
-    if (pos < t.size() && t[pos] == ',') ++pos;
-    else if (pos >= t.size() || t[pos] != ')') return unreadable();
-  }
+  if (!call_arguments(t, pos, &symbol_name, [&] { args.push_back(parse_expr(t, pos, where)); }))
+    return unreadable();
   if (head == "Symbol") {
     if (symbol_name.empty()) return unreadable();
     if (!binding.contains(symbol_name))
@@ -138,7 +158,7 @@ int64_t Reader::evaluate(const std::string& t, size_t& pos, const std::string& w
     while (pos < t.size() && std::isdigit(static_cast<unsigned char>(t[pos]))) ++pos;
     return parse_integer(t.substr(start, pos - start), where);
   }
-  while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
+  pos = identifier_end(t, pos);
   std::string head = t.substr(start, pos - start);
   skip_space(t, pos);
   if (pos >= t.size() || t[pos] != '(') {
@@ -149,33 +169,9 @@ int64_t Reader::evaluate(const std::string& t, size_t& pos, const std::string& w
   ++pos;
   std::vector<int64_t> args;
   std::string symbol_name;
-  for (;;) {
-    skip_space(t, pos);
-    if (pos < t.size() && t[pos] == ')') {
-      ++pos;
-      break;
-    }
-    if (pos < t.size() && t[pos] == '\'') {
-      size_t end = t.find('\'', pos + 1);
-      if (end == std::string::npos) bad(where, fmt::format("cannot evaluate size expression '{}'", t));
-      symbol_name = t.substr(pos + 1, end - pos - 1);
-      pos = end + 1;
-    } else {
-      size_t save = pos;
-      while (pos < t.size() && (std::isalnum(static_cast<unsigned char>(t[pos])) || t[pos] == '_')) ++pos;
-      skip_space(t, pos);
-      if (pos < t.size() && t[pos] == '=') {
-        ++pos;
-        while (pos < t.size() && t[pos] != ',' && t[pos] != ')') ++pos;
-      } else {
-        pos = save;
-        args.push_back(evaluate(t, pos, where));
-      }
-    }
-    skip_space(t, pos);
-    if (pos < t.size() && t[pos] == ',') ++pos;
-    else if (pos >= t.size() || t[pos] != ')') bad(where, fmt::format("cannot evaluate size expression '{}'", t));
-  }
+  if (!call_arguments(t, pos, &symbol_name, [&] { args.push_back(evaluate(t, pos, where)); }))
+    bad(where, fmt::format("cannot evaluate size expression '{}'", t));
+
   if (head == "Symbol") {
     auto it = binding.find(symbol_name);
     if (it == binding.end()) bad(where, fmt::format("size expression names unbound symbol '{}'", symbol_name));
