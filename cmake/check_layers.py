@@ -48,15 +48,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # emit consumes the partitioner's region type, nothing else of partition
     "src/emit/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/emit/", "kiln/partition/delegated_region.h"),
     "include/kiln/emit/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/emit/", "kiln/partition/delegated_region.h"),
-    "src/partition/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/", "kiln/backends/xnnpack/payload.h",
-                               "kiln/backends/xnnpack/support.h"),
+    # the generic partitioner: no backend in it
+    "src/partition/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/"),
     "include/kiln/partition/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/"),
-    # the XNNPACK partitioner passes the payload builder's options through
-    "include/kiln/partition/xnnpack_partitioner.h": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/",
-                                                             "kiln/backends/xnnpack/payload.h"),
-    "src/backends/xnnpack/aot/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/backends/xnnpack/payload.h",
+    # the XNNPACK ahead-of-time half: its partitioner over the generic one, support table, payload builder
+    "src/backends/xnnpack/aot/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/", "kiln/backends/xnnpack/payload.h",
                                           "kiln/backends/xnnpack/support.h", "kiln/backends/xnnpack/quantize.h",
-                                          "kiln/fb/"),
+                                          "kiln/backends/xnnpack/partitioner.h", "kiln/fb/"),
+    "include/kiln/backends/xnnpack/partitioner.h": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/partition/",
+                                                            "kiln/backends/xnnpack/payload.h"),
     "include/kiln/backends/xnnpack/payload.h": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/backends/xnnpack/"),
     "include/kiln/backends/xnnpack/support.h": FRONT + ("kiln/passes/", "kiln/backends/xnnpack/"),
     "include/kiln/backends/xnnpack/quantize.h": FRONT,
@@ -75,8 +75,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "src/kernels/": RUNTIME_API + ("kiln/cpu/", "kiln/ops/"),
     "include/kiln/format/": (),
     "src/compiler/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/emit/", "kiln/partition/", "kiln/compiler/",
-                              "kiln/runtime/", "kiln/format/", "kiln/backends/xnnpack/runtime.h"),
-    "include/kiln/compiler/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/emit/", "kiln/partition/", "kiln/compiler/"),
+                              "kiln/runtime/", "kiln/format/", "kiln/backends/xnnpack/runtime.h",
+                              "kiln/backends/xnnpack/partitioner.h"),
+    "include/kiln/compiler/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/emit/", "kiln/partition/", "kiln/compiler/",
+                                       "kiln/backends/xnnpack/partitioner.h"),
     "src/cli/": ("kiln/",),  # the front end may use every library's public headers
     # the graph view (kiln view): reads .pt2 and .pte files (the runtime's verified loader,
     # the generated program and XNNPACK payload schemas, the operator table for out arguments)

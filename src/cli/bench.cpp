@@ -1,5 +1,6 @@
 // `kiln bench`: load time, first run, median and minimum latency, peak RSS.
 #include "commands.h"
+#include "method_inputs.h"
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/core/error.h"
 #include "kiln/cpu/config.h"
@@ -60,30 +61,9 @@ int run_bench(const BenchOptions& o) {
   rt::Method& m = method.value();
 
   // Inputs: the given .npy files, or zeros (valid token ids for language models).
-  std::vector<std::vector<std::byte>> inputs;
-  std::vector<std::vector<int64_t>> input_shapes;  // of the --input files (empty: the planned shapes)
-  check(o.inputs.empty() || o.inputs.size() == m.num_inputs(), "{}: {} --input given for {} input(s)", o.file,
-        o.inputs.size(), m.num_inputs());
-  for (size_t i = 0; i < m.num_inputs(); ++i) {
-    if (o.inputs.empty()) {
-      inputs.emplace_back(m.input(i).nbytes());
-    } else {
-      io::NpyArray a = io::read_npy(o.inputs[i]);
-      check(a.dtype == m.input(i).dtype, "--input {}: dtype {} where input {} takes {}", o.inputs[i],
-            dtype_name(a.dtype), i, dtype_name(m.input(i).dtype));
-      // A DYNAMIC_BOUND input takes any shape within its bounds (set_input checks them).
-      check(m.input(i).same_shape(a.shape) || m.input_is_dynamic(i), "--input {}: shape [{}] where input {} takes [{}]",
-            o.inputs[i], fmt::join(a.shape, ", "), i, fmt::join(m.input(i).shape(), ", "));
-      input_shapes.push_back(a.shape);
-      inputs.push_back(std::move(a.data));
-    }
-  }
+  const MethodInputs inputs = method_inputs(m, o.inputs, o.file);
   auto run_once = [&] {
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if ((input_shapes.empty() ? m.set_input(i, inputs[i].data(), inputs[i].size(), &err)
-                                : m.set_input(i, inputs[i].data(), inputs[i].size(), input_shapes[i], &err)) !=
-          rt::Status::Ok)
-        fail("input {}: {}", i, err.c_str());
+    set_method_inputs(m, inputs);
     auto a = Clock::now();
     if (m.execute(&err) != rt::Status::Ok) fail("{}: execution failed: {}", o.file, err.c_str());
     return ms_between(a, Clock::now());

@@ -39,7 +39,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // The delegation summary, and ExecuTorch's own lowering of the same model
 // beside it when its reference JSON (bench/reference/lower_with_executorch.py) is there.
-void print_delegation(const partition::DelegationSummary& d, const emit::EmitReport& report,
+void print_delegation(const backends::xnnpack::DelegationSummary& d, const emit::EmitReport& report,
                       const pt2::ModelSpec& spec, const std::string& out, uint64_t size, int64_t untied) {
   fmt::print("  delegation: {} XnnpackBackend call site{} covering {} edge nodes ({} XNNPACK nodes); {} named data "
              "entries ({:.1f} MB), {} constant{} passed as delegate inputs\n",

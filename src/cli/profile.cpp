@@ -5,6 +5,7 @@
 // (rt::Method::enable_profiling, rt::Method::delegate_steps); this file runs
 // the method, collects what it recorded after each run, aggregates and prints.
 #include "commands.h"
+#include "method_inputs.h"
 #include "etdump.h"
 #include "kiln/core/error.h"
 #include "kiln/core/output_file.h"
@@ -190,24 +191,8 @@ int run_profile(const ProfileOptions& o) {
                                                               ms->output_value(0).tag == rt::EValue::Tag::Int)
     max_seq_len = ms->output_value(0).scalar.i;
 
-  std::vector<std::vector<std::byte>> inputs;
-  std::vector<std::vector<int64_t>> input_shapes;  // of the --input files (empty: the planned shapes)
-  check(o.inputs.empty() || o.inputs.size() == m.num_inputs(), "{}: {} --input given for {} input(s)", o.file,
-        o.inputs.size(), m.num_inputs());
-  for (size_t i = 0; i < m.num_inputs(); ++i) {
-    if (o.inputs.empty()) {
-      inputs.emplace_back(m.input(i).nbytes());
-    } else {
-      io::NpyArray a = io::read_npy(o.inputs[i]);
-      check(a.dtype == m.input(i).dtype, "--input {}: dtype {} where input {} takes {}", o.inputs[i],
-            dtype_name(a.dtype), i, dtype_name(m.input(i).dtype));
-      // A DYNAMIC_BOUND input takes any shape within its bounds (set_input checks them).
-      check(m.input(i).same_shape(a.shape) || m.input_is_dynamic(i), "--input {}: shape [{}] where input {} takes [{}]",
-            o.inputs[i], fmt::join(a.shape, ", "), i, fmt::join(m.input(i).shape(), ", "));
-      input_shapes.push_back(a.shape);
-      inputs.push_back(std::move(a.data));
-    }
-  }
+  MethodInputs in = method_inputs(m, o.inputs, o.file);
+  auto& inputs = in.data;
   int64_t step_tokens = 0;
   std::string phase = "forward";
   const bool llm_steps = llm && m.num_inputs() == 2 && m.input(1).dtype == ScalarType::Long && o.inputs.empty();
@@ -237,11 +222,7 @@ int run_profile(const ProfileOptions& o) {
         return;
       }
     }
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if ((input_shapes.empty() ? m.set_input(i, inputs[i].data(), inputs[i].size(), &err)
-                                : m.set_input(i, inputs[i].data(), inputs[i].size(), input_shapes[i], &err)) !=
-          rt::Status::Ok)
-        fail("input {}: {}", i, err.c_str());
+    set_method_inputs(m, in);
   };
   auto execute = [&] {
     if (m.execute(&err) != rt::Status::Ok) fail("{}: execution failed: {}", o.file, err.c_str());

@@ -199,7 +199,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
                    "dynamically quantized activations): kiln lowers quantized programs for --backend xnnpack",
           spec.exported_program, r.lowering.prequantized_linears);
 
-  std::optional<partition::XnnpackDelegation> delegation;
+  std::optional<backends::xnnpack::XnnpackDelegation> delegation;
   if (xnnpack) {
     progress(fmt::format("partitioning {} edge nodes for XNNPACK{}, building payloads", edge.graph.nodes.size(),
                          o.per_op ? " (one region per node)" : ""));
@@ -229,7 +229,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         kept_tied = untied.kept_fp32;
       }
     }
-    delegation = partition::delegate_to_xnnpack(edge, partition_options, payload_options);
+    delegation = backends::xnnpack::delegate_to_xnnpack(edge, partition_options, payload_options);
     r.delegation = delegation->summary;
     r.delegation->kept_fp32_nodes += kept_tied;
     if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {

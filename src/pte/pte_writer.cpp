@@ -220,24 +220,20 @@ Layout plan_layout(const Program& program, const WriteOptions& opts) {
     return static_cast<uint32_t>(L.segments.size() - 1);
   };
 
-  if (!program.constants.empty()) {
+  // Blobs one after another in one segment, each at a multiple of the tensor alignment: their offsets, the size.
+  auto pack = [&](const auto& blobs, std::vector<uint64_t>& offsets) {
     uint64_t offset = 0;
-    for (size_t i = 0; i < program.constants.size(); ++i) {
-      L.constant_offsets.push_back(offset);
-      offset += program.constants[i].size;
-      if (i + 1 < program.constants.size()) offset = align_up(offset, opts.tensor_alignment);
+    for (size_t i = 0; i < blobs.size(); ++i) {
+      offsets.push_back(offset);
+      offset += blobs[i].size;
+      if (i + 1 < blobs.size()) offset = align_up(offset, opts.tensor_alignment);
     }
-    L.constant_segment = add_segment(SegmentPlan::Kind::Constants, 0, offset);
-  }
-  if (program.mutable_data.size() > 1) {
-    uint64_t offset = 0;
-    for (size_t i = 0; i < program.mutable_data.size(); ++i) {
-      L.mutable_offsets.push_back(offset);
-      offset += program.mutable_data[i].size;
-      if (i + 1 < program.mutable_data.size()) offset = align_up(offset, opts.tensor_alignment);
-    }
-    L.mutable_segment = add_segment(SegmentPlan::Kind::Mutable, 0, offset);
-  }
+    return offset;
+  };
+  if (!program.constants.empty())
+    L.constant_segment = add_segment(SegmentPlan::Kind::Constants, 0, pack(program.constants, L.constant_offsets));
+  if (program.mutable_data.size() > 1)
+    L.mutable_segment = add_segment(SegmentPlan::Kind::Mutable, 0, pack(program.mutable_data, L.mutable_offsets));
 
   std::vector<std::optional<uint32_t>> payload_segment(program.delegate_payloads.size());
   for (const ExecutionPlan& plan : program.plans) {

@@ -42,19 +42,6 @@ size_t len(const flatbuffers::Vector<T>* v) {
   return v ? v->size() : 0;
 }
 
-Status failure(ErrorMessage* error, Status s, const char* format, ...) __attribute__((format(printf, 3, 4)));
-Status failure(ErrorMessage* error, Status s, const char* format, ...) {
-  if (error != nullptr) {
-    char buf[320];
-    va_list ap;
-    va_start(ap, format);
-    std::vsnprintf(buf, sizeof(buf), format, ap);
-    va_end(ap);
-    error->set("%s", buf);
-  }
-  return s;
-}
-
 void shape_text(char* buf, size_t n, std::span<const int64_t> shape) {
   size_t at = static_cast<size_t>(std::snprintf(buf, n, "["));
   for (size_t d = 0; d < shape.size() && at < n; ++d)

@@ -1,6 +1,7 @@
 // PteFile: mapping and verification of .pte files (see kiln/runtime/pte_file.h).
 // Every check happens in open(); accessors only index what was verified.
 #include "kiln/runtime/pte_file.h"
+#include "kiln/runtime/try.h"
 
 #include "kiln/fb/kiln_program_generated.h"
 
@@ -29,6 +30,23 @@ void ErrorMessage::set(const char* format, ...) {
     if (c == '\0') break;
     if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
   }
+}
+
+Status vfailure(ErrorMessage* error, Status s, const char* prefix, const char* format, va_list args) {
+  if (error) {
+    char text[320];
+    std::vsnprintf(text, sizeof text, format, args);
+    error->set("%s%s", prefix, text);
+  }
+  return s;
+}
+
+Status failure(ErrorMessage* error, Status s, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  vfailure(error, s, "", format, args);
+  va_end(args);
+  return s;
 }
 
 void PteFile::release_pages(std::span<const std::byte> bytes) const {
@@ -63,25 +81,6 @@ namespace {
 using U64 = uint64_t;
 constexpr U64 kFlatbufferMaxSize = 0x7fffffff;  // flatbuffers' 32-bit offset limit
 
-#define KILN_CHECK_OK(expr)                \
-  do {                                     \
-    Status status_ = (expr);               \
-    if (status_ != Status::Ok) return status_; \
-  } while (0)
-
-// Formats into `error` (when given) and returns `s`.
-Status failure(ErrorMessage* error, Status s, const char* format, ...) __attribute__((format(printf, 3, 4)));
-Status failure(ErrorMessage* error, Status s, const char* format, ...) {
-  if (error) {
-    char text[320];
-    va_list args;
-    va_start(args, format);
-    std::vsnprintf(text, sizeof text, format, args);
-    va_end(args);
-    error->set("%s", text);
-  }
-  return s;
-}
 
 // a + b <= limit, without overflow.
 bool fits(U64 a, U64 b, U64 limit) { return a <= limit && b <= limit - a; }
@@ -116,12 +115,12 @@ class ProgramChecker {
 
   Status run() {
     if (!p_.execution_plan()) return fail("the program has no execution_plan table");
-    KILN_CHECK_OK(check_segments());
-    KILN_CHECK_OK(check_constants());
-    KILN_CHECK_OK(check_mutable_data());
-    KILN_CHECK_OK(check_named_data());
+    KILN_TRY(check_segments());
+    KILN_TRY(check_constants());
+    KILN_TRY(check_mutable_data());
+    KILN_TRY(check_named_data());
     for (uint32_t i = 0; i < p_.execution_plan()->size(); ++i)
-      KILN_CHECK_OK(check_plan(i, *p_.execution_plan()->Get(i)));
+      KILN_TRY(check_plan(i, *p_.execution_plan()->Get(i)));
     return Status::Ok;
   }
 
@@ -198,7 +197,7 @@ class ProgramChecker {
     if (segment_constants > 0 && length(p_.constant_buffer()) > 0)
       return fail("constants are both inline (%u) and in a segment (%u); only one may be used",
                   length(p_.constant_buffer()), segment_constants);
-    if (segment_constants > 0) KILN_CHECK_OK(check_subsegments(*seg, "constant segment", true));
+    if (segment_constants > 0) KILN_TRY(check_subsegments(*seg, "constant segment", true));
     constant_count_ = segment_constants > 0 ? segment_constants : length(p_.constant_buffer());
     return Status::Ok;
   }
@@ -217,7 +216,7 @@ class ProgramChecker {
   Status check_mutable_data() {
     const auto* m = p_.mutable_data_segments();
     for (uint32_t i = 0; i < length(m); ++i)
-      KILN_CHECK_OK(check_subsegments(*m->Get(i), "mutable data segment", false));
+      KILN_TRY(check_subsegments(*m->Get(i), "mutable data segment", false));
     return Status::Ok;
   }
 
@@ -400,12 +399,12 @@ class ProgramChecker {
       }
       case fb::InstructionArguments::MoveCall: {
         const auto* m = ins.instr_args_as_MoveCall();
-        KILN_CHECK_OK(check_index(m->move_from(), "move source of instruction", ii));
+        KILN_TRY(check_index(m->move_from(), "move source of instruction", ii));
         return check_index(m->move_to(), "move target of instruction", ii);
       }
       case fb::InstructionArguments::JumpFalseCall: {
         const auto* j = ins.instr_args_as_JumpFalseCall();
-        KILN_CHECK_OK(check_index(j->cond_value_index(), "condition of instruction", ii));
+        KILN_TRY(check_index(j->cond_value_index(), "condition of instruction", ii));
         if (j->destination_instruction() < 0 || static_cast<uint32_t>(j->destination_instruction()) > n_instructions)
           return fail("instruction %u jumps to instruction %d of %u", ii, j->destination_instruction(),
                       n_instructions);
@@ -433,10 +432,10 @@ class ProgramChecker {
       if (plan.non_const_buffer_sizes()->Get(i) < 0)
         return fail("planned buffer %u has negative size %lld", i,
                     static_cast<long long>(plan.non_const_buffer_sizes()->Get(i)));
-    for (uint32_t vi = 0; vi < n_values_; ++vi) KILN_CHECK_OK(check_value(vi, *plan.values()->Get(vi)));
-    for (uint32_t i = 0; i < plan.inputs()->size(); ++i) KILN_CHECK_OK(check_index(plan.inputs()->Get(i), "input", i));
+    for (uint32_t vi = 0; vi < n_values_; ++vi) KILN_TRY(check_value(vi, *plan.values()->Get(vi)));
+    for (uint32_t i = 0; i < plan.inputs()->size(); ++i) KILN_TRY(check_index(plan.inputs()->Get(i), "input", i));
     for (uint32_t i = 0; i < plan.outputs()->size(); ++i)
-      KILN_CHECK_OK(check_index(plan.outputs()->Get(i), "output", i));
+      KILN_TRY(check_index(plan.outputs()->Get(i), "output", i));
     for (uint32_t i = 0; i < length(plan.operators()); ++i)
       if (!plan.operators()->Get(i)->name()) return fail("operator %u has no name", i);
     for (uint32_t i = 0; i < length(plan.delegates()); ++i) {
@@ -460,7 +459,7 @@ class ProgramChecker {
     for (uint32_t c = 0; c < length(plan.chains()); ++c) {
       const auto* instructions = plan.chains()->Get(c)->instructions();
       for (uint32_t ii = 0; ii < length(instructions); ++ii)
-        KILN_CHECK_OK(check_instruction(ii, *instructions->Get(ii), instructions->size()));
+        KILN_TRY(check_instruction(ii, *instructions->Get(ii), instructions->size()));
     }
     plan_name_ = nullptr;
     return Status::Ok;

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "kiln/emit/emitter.h"
-#include "kiln/partition/xnnpack_partitioner.h"
+#include "kiln/backends/xnnpack/partitioner.h"
 #include "kiln/passes/edge_program.h"
 
 #include <cstdint>
@@ -17,7 +17,7 @@ namespace kiln {
 
 struct DebugMapInput {
   const passes::EdgeProgram* edge = nullptr;
-  const partition::XnnpackDelegation* delegation = nullptr;  // null for a portable lowering
+  const backends::xnnpack::XnnpackDelegation* delegation = nullptr;  // null for a portable lowering
   const emit::EmitReport* report = nullptr;                    // instruction_node / instruction_region
   std::string pte_name;           // the .pte's file name
   std::string exported_program;   // the .pt2's path

@@ -17,7 +17,7 @@
 #pragma once
 
 #include "kiln/emit/emitter.h"
-#include "kiln/partition/xnnpack_partitioner.h"
+#include "kiln/backends/xnnpack/partitioner.h"
 #include "kiln/passes/edge_program.h"
 #include "kiln/pt2/model_spec.h"
 
@@ -80,7 +80,7 @@ struct LowerResult {
   std::string pte_sha256;  // of the .pte as written (its metadata records it: the two belong together)
   passes::LoweringStats lowering;
   emit::EmitReport report;
-  std::optional<partition::DelegationSummary> delegation;  // XNNPACK lowerings
+  std::optional<backends::xnnpack::DelegationSummary> delegation;  // XNNPACK lowerings
   std::string embedding_quantization = "none";  // --quantize-embedding ("4:32", "8")
   int64_t quantized_embeddings = 0;              // embedding lookups rewritten to quantized tables
   int64_t untied_weights = 0;  // tied weights given a copy of their own for their quantized linear products

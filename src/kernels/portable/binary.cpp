@@ -297,16 +297,8 @@ inline C highest_of() {
 
 void clamp_impl(KernelContext& ctx, const char* name, const Tensor& a, const Scalar* lo, const Scalar* hi,
                 Tensor& out) {
-  if (lo == nullptr && hi == nullptr) {
-    ctx.fail(Status::InvalidArgument, "%s: at least one of min and max must not be None", name);
-    return;
-  }
-  ResultType rt;
-  rt.add(a);
-  if (lo) rt.add(*lo);
-  if (hi) rt.add(*hi);
-  const ScalarType common = rt.result();
-  if (!check_common(ctx, common, kRealTypes, name) || !check_out_dtype(ctx, out, common, name)) return;
+  ScalarType common;
+  if (!clamp_common(ctx, name, a, lo, hi, &common) || !check_out_dtype(ctx, out, common, name)) return;
   if (!resize_out(ctx, out, a.shape(), name)) return;
   const ElementwisePlan plan = make_plan(out, {&a});
   dispatch<kRealTypes>(common, [&](auto tag) {

@@ -125,13 +125,8 @@ void embedding_out(KernelContext& ctx, const Tensor& weight, const Tensor& indic
     ctx.fail(Status::InvalidArgument, "%s: weight must be 2-D, got shape %s", op, ShapeText(weight.shape()).buf);
     return;
   }
-  if (indices.dim + 1 > kMaxDims) {
-    ctx.fail(Status::NotSupported, "%s: result would exceed %d dimensions", op, kMaxDims);
-    return;
-  }
   int64_t shape[kMaxDims];
-  for (int i = 0; i < indices.dim; ++i) shape[i] = indices.sizes[i];
-  shape[indices.dim] = weight.sizes[1];
+  if (!embedding_shape(ctx, op, indices, weight.sizes[1], shape)) return;
   if (!prepare_gather_out(ctx, op, out, {shape, static_cast<size_t>(indices.dim + 1)}, indices, "indices", weight,
                           "weight"))
     return;

@@ -75,13 +75,8 @@ void quantized_embedding(KernelContext& ctx, const char* op, int bits, const Ten
     ctx.fail(Status::NotSupported, "%s: only a float output is supported, got %s", op, dtype_str(out.dtype));
     return;
   }
-  if (indices.dim + 1 > kMaxDims) {
-    ctx.fail(Status::NotSupported, "%s: result would exceed %d dimensions", op, kMaxDims);
-    return;
-  }
   int64_t shape[kMaxDims];
-  for (int i = 0; i < indices.dim; ++i) shape[i] = indices.sizes[i];
-  shape[indices.dim] = dim;
+  if (!embedding_shape(ctx, op, indices, dim, shape)) return;
   if (!prepare_out(ctx, op, out, {shape, static_cast<size_t>(indices.dim + 1)}) ||
       !check_no_overlap(ctx, op, out, indices, "indices") || !check_no_overlap(ctx, op, out, weight, "weight"))
     return;

@@ -225,10 +225,10 @@ void var_correction(KernelContext& ctx, const Tensor& in, std::optional<IntArray
   });
 }
 
-// amax.out / amin.out: (self, int[1] dim, bool keepdim, out); NaN propagates.
+// The max (kMax) or min over `dim` (all dims when empty) into out of in's dtype; NaN propagates.
 template <bool kMax>
-void amax_amin(KernelContext& ctx, const Tensor& in, IntArrayRef dim, bool keepdim, Tensor& out) {
-  const char* name = kMax ? "aten::amax.out" : "aten::amin.out";
+void extreme_values(KernelContext& ctx, const Tensor& in, IntArrayRef dim, bool keepdim, Tensor& out,
+                    const char* name) {
   if (!check_out_dtype(ctx, out, in.dtype, name)) return;
   ReducePlan p;
   if (!plan_reduction(ctx, in, dim, true, keepdim, true, out, name, &p)) return;
@@ -240,9 +240,17 @@ void amax_amin(KernelContext& ctx, const Tensor& in, IntArrayRef dim, bool keepd
   });
 }
 
-// argmax.out: (self, int? dim, bool keepdim, out int64); first index of the max; NaN is the max.
-void argmax(KernelContext& ctx, const Tensor& in, std::optional<int64_t> dim, bool keepdim, Tensor& out) {
-  const char* name = "aten::argmax.out";
+// amax.out / amin.out: (self, int[1] dim, bool keepdim, out); NaN propagates.
+template <bool kMax>
+void amax_amin(KernelContext& ctx, const Tensor& in, IntArrayRef dim, bool keepdim, Tensor& out) {
+  extreme_values<kMax>(ctx, in, dim, keepdim, out, kMax ? "aten::amax.out" : "aten::amin.out");
+}
+
+// argmax.out / argmin.out: (self, int? dim, bool keepdim, out int64); first index of the max (min);
+// NaN is the max (min).
+template <bool kMax>
+void arg_extreme(KernelContext& ctx, const Tensor& in, std::optional<int64_t> dim, bool keepdim, Tensor& out) {
+  const char* name = kMax ? "aten::argmax.out" : "aten::argmin.out";
   if (!check_out_dtype(ctx, out, ScalarType::Long, name)) return;
   if (in.dtype == ScalarType::Bool) {
     ctx.fail(Status::InvalidArgument, "%s: does not support bool input", name);
@@ -262,7 +270,7 @@ void argmax(KernelContext& ctx, const Tensor& in, std::optional<int64_t> dim, bo
   dispatch<kRealTypes>(in.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     int64_t* o = out.data_as<int64_t>();
-    scan_extremes<true, T>(in, p, [&](int64_t k, compute_t<T>, int64_t index) { o[k] = index; });
+    scan_extremes<kMax, T>(in, p, [&](int64_t k, compute_t<T>, int64_t index) { o[k] = index; });
   });
 }
 
@@ -331,41 +339,7 @@ void extreme_dim(KernelContext& ctx, const Tensor& in, int64_t dim, bool keepdim
 
 template <bool kMax>
 void extreme_all(KernelContext& ctx, const Tensor& in, Tensor& out) {
-  const char* name = kMax ? "aten::max.unary_out" : "aten::min.unary_out";
-  if (!check_out_dtype(ctx, out, in.dtype, name)) return;
-  ReducePlan p;
-  if (!plan_reduction(ctx, in, {}, true, false, true, out, name, &p)) return;
-  if (out.numel == 0) return;
-  dispatch(in.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* o = out.data_as<T>();
-    scan_extremes<kMax, T>(in, p, [&](int64_t k, compute_t<T> best, int64_t) { o[k] = convert<T>(best); });
-  });
-}
-
-void argmin(KernelContext& ctx, const Tensor& in, std::optional<int64_t> dim, bool keepdim, Tensor& out) {
-  const char* name = "aten::argmin.out";
-  if (!check_out_dtype(ctx, out, ScalarType::Long, name)) return;
-  if (in.dtype == ScalarType::Bool) {
-    ctx.fail(Status::InvalidArgument, "%s: does not support bool input", name);
-    return;
-  }
-  ReducePlan p;
-  if (!dim) {
-    bool mask[kMaxDims];
-    for (int32_t d = 0; d < kMaxDims; ++d) mask[d] = true;
-    p = make_reduce_plan(in, mask, keepdim);
-    if (!keepdim) p.out_dim = 0;
-    if (!shape_reduction_out(ctx, p, true, out, name)) return;
-  } else if (!plan_reduction(ctx, in, IntArrayRef(&*dim, 1), true, keepdim, true, out, name, &p)) {
-    return;
-  }
-  if (out.numel == 0) return;
-  dispatch<kRealTypes>(in.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    int64_t* o = out.data_as<int64_t>();
-    scan_extremes<false, T>(in, p, [&](int64_t k, compute_t<T>, int64_t index) { o[k] = index; });
-  });
+  extreme_values<kMax>(ctx, in, {}, false, out, kMax ? "aten::max.unary_out" : "aten::min.unary_out");
 }
 
 }  // namespace
@@ -378,7 +352,7 @@ KILN_KERNEL(prod_int_out, prod_dim);
 KILN_KERNEL(var_correction_out, var_correction);
 KILN_KERNEL(amax_out, amax_amin<true>);
 KILN_KERNEL(amin_out, amax_amin<false>);
-KILN_KERNEL(argmax_out, argmax);
+KILN_KERNEL(argmax_out, arg_extreme<true>);
 KILN_KERNEL(any_out, any_dim);
 KILN_KERNEL(any_dims_out, any_dims);
 KILN_KERNEL(any_all_out, any_all);
@@ -386,6 +360,6 @@ KILN_KERNEL(max_dim_max, extreme_dim<true>);
 KILN_KERNEL(min_dim_min, extreme_dim<false>);
 KILN_KERNEL(max_unary_out, extreme_all<true>);
 KILN_KERNEL(min_unary_out, extreme_all<false>);
-KILN_KERNEL(argmin_out, argmin);
+KILN_KERNEL(argmin_out, arg_extreme<false>);
 
 }  // namespace kiln::rt::kernels

@@ -82,16 +82,8 @@ inline C clamp_hi(C x, C hi) {
 
 void clamp_tensor_out(KernelContext& ctx, const Tensor& a, const Tensor* lo, const Tensor* hi, Tensor& out) {
   const char* name = "aten::clamp.Tensor_out";
-  if (lo == nullptr && hi == nullptr) {
-    ctx.fail(Status::InvalidArgument, "%s: at least one of min and max must not be None", name);
-    return;
-  }
-  ResultType rt;
-  rt.add(a);
-  if (lo) rt.add(*lo);
-  if (hi) rt.add(*hi);
-  const ScalarType common = rt.result();
-  if (!check_common(ctx, common, kRealTypes, name) || !check_can_cast_out(ctx, common, out, name)) return;
+  ScalarType common;
+  if (!clamp_common(ctx, name, a, lo, hi, &common) || !check_can_cast_out(ctx, common, out, name)) return;
   int64_t shape[kMaxDims];
   int32_t nd;
   if (lo && hi) {

@@ -64,16 +64,30 @@ bool resize_spatial(KernelContext& ctx, const char* name, const Tensor& in, Tens
   return resize_out(ctx, out, {shape, static_cast<size_t>(in.dim)}, name);
 }
 
+// What both upsampling kernels start with: float input and out of rank >= 3, the output size (given, or
+// the input's scaled), out resized; the input's spatial size and its count of [H, W] planes.
+struct Upsample2d {
+  int64_t oh, ow, ih, iw, planes;
+  double sh, sw;
+};
+
+bool upsample_setup(KernelContext& ctx, const char* name, const Tensor& input, std::optional<IntArrayRef> output_size,
+                    std::optional<FloatArrayRef> scale_factors, Tensor& out, Upsample2d* u) {
+  if (!float_io(ctx, name, input, out, 3)) return false;
+  if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &u->oh, &u->ow, &u->sh, &u->sw)) return false;
+  if (!resize_spatial(ctx, name, input, out, u->oh, u->ow)) return false;
+  u->ih = input.sizes[input.dim - 2];
+  u->iw = input.sizes[input.dim - 1];
+  u->planes = input.numel / std::max<int64_t>(1, u->ih * u->iw);
+  return true;
+}
+
 void upsample_nearest2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                 std::optional<FloatArrayRef> scale_factors, Tensor& out) {
-  const char* name = "aten::upsample_nearest2d.vec_out";
-  if (!float_io(ctx, name, input, out, 3)) return;
-  int64_t oh, ow;
-  double sh, sw;
-  if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &oh, &ow, &sh, &sw)) return;
-  if (!resize_spatial(ctx, name, input, out, oh, ow)) return;
-  const int64_t ih = input.sizes[input.dim - 2], iw = input.sizes[input.dim - 1];
-  const int64_t planes = input.numel / std::max<int64_t>(1, ih * iw);
+  Upsample2d u;
+  if (!upsample_setup(ctx, "aten::upsample_nearest2d.vec_out", input, output_size, scale_factors, out, &u)) return;
+  const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
+  const double sh = u.sh, sw = u.sw;
   const float fh = scale_of(ih, oh, sh, false), fw = scale_of(iw, ow, sw, false);
   const float* x = input.data_as<const float>();
   float* y = out.data_as<float>();
@@ -103,14 +117,10 @@ Lerp lerp_of(int64_t o, int64_t in, float scale, bool align_corners) {
 
 void upsample_bilinear2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                  bool align_corners, std::optional<FloatArrayRef> scale_factors, Tensor& out) {
-  const char* name = "aten::upsample_bilinear2d.vec_out";
-  if (!float_io(ctx, name, input, out, 3)) return;
-  int64_t oh, ow;
-  double sh, sw;
-  if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &oh, &ow, &sh, &sw)) return;
-  if (!resize_spatial(ctx, name, input, out, oh, ow)) return;
-  const int64_t ih = input.sizes[input.dim - 2], iw = input.sizes[input.dim - 1];
-  const int64_t planes = input.numel / std::max<int64_t>(1, ih * iw);
+  Upsample2d u;
+  if (!upsample_setup(ctx, "aten::upsample_bilinear2d.vec_out", input, output_size, scale_factors, out, &u)) return;
+  const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
+  const double sh = u.sh, sw = u.sw;
   const float fh = scale_of(ih, oh, sh, align_corners), fw = scale_of(iw, ow, sw, align_corners);
   const float* x = input.data_as<const float>();
   float* y = out.data_as<float>();

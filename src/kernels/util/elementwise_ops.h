@@ -153,6 +153,23 @@ inline bool check_common(KernelContext& ctx, ScalarType common, unsigned types, 
   return false;
 }
 
+// clamp's bounds (Scalars or Tensors, either may be null, not both) with `a`: their common dtype, a
+// real one; false (ctx failed) otherwise.
+template <typename Bound>
+bool clamp_common(KernelContext& ctx, const char* name, const Tensor& a, const Bound* lo, const Bound* hi,
+                  ScalarType* common) {
+  if (lo == nullptr && hi == nullptr) {
+    ctx.fail(Status::InvalidArgument, "%s: at least one of min and max must not be None", name);
+    return false;
+  }
+  ResultType rt;
+  rt.add(a);
+  if (lo) rt.add(*lo);
+  if (hi) rt.add(*hi);
+  *common = rt.result();
+  return check_common(ctx, *common, kRealTypes, name);
+}
+
 inline bool check_out(KernelContext& ctx, const OpSpec& spec, ScalarType result, const Tensor& out) {
   if (spec.out_rule == OutRule::Exact) return check_out_dtype(ctx, out, result, spec.name);
   return check_can_cast_out(ctx, result, out, spec.name);

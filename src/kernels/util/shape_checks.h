@@ -49,6 +49,18 @@ inline bool prepare_out(KernelContext& ctx, const char* op, Tensor& out, std::sp
   return false;
 }
 
+// An embedding lookup's result shape: the indices' shape and one more dim of `width` (into `shape`).
+inline bool embedding_shape(KernelContext& ctx, const char* op, const Tensor& indices, int64_t width,
+                            int64_t (&shape)[kMaxDims]) {
+  if (indices.dim + 1 > kMaxDims) {
+    ctx.fail(Status::NotSupported, "%s: result would exceed %d dimensions", op, kMaxDims);
+    return false;
+  }
+  for (int i = 0; i < indices.dim; ++i) shape[i] = indices.sizes[i];
+  shape[indices.dim] = width;
+  return true;
+}
+
 // `out` has self's dtype and takes `shape`.
 inline bool prepare_same_dtype_out(KernelContext& ctx, const char* op, const Tensor& self, Tensor& out,
                                    std::span<const int64_t> shape) {

@@ -36,14 +36,10 @@ using namespace detail;
 using rt::EValue;
 
 Status detail::fail(ErrorMessage* error, Status s, const char* format, ...) {
-  if (error) {
-    char buf[256];
-    va_list ap;
-    va_start(ap, format);
-    std::vsnprintf(buf, sizeof buf, format, ap);
-    va_end(ap);
-    error->set("XnnpackBackend: %s", buf);
-  }
+  va_list ap;
+  va_start(ap, format);
+  rt::vfailure(error, s, "XnnpackBackend: ", format, ap);
+  va_end(ap);
   return s;
 }
 

@@ -1,5 +1,5 @@
-// XnnpackPartitioner (include/kiln/partition/xnnpack_partitioner.h).
-#include "kiln/partition/xnnpack_partitioner.h"
+// The XNNPACK partitioner (include/kiln/backends/xnnpack/partitioner.h).
+#include "kiln/backends/xnnpack/partitioner.h"
 
 #include "kiln/backends/xnnpack/payload.h"
 #include "kiln/backends/xnnpack/support.h"
@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <set>
 
-namespace kiln::partition {
+namespace kiln::backends::xnnpack {
 namespace {
 
-namespace xnn = backends::xnnpack;
+namespace xnn = kiln::backends::xnnpack;
 
 constexpr size_t kMaxDims = 6;  // XNN_MAX_TENSOR_DIMS
 
@@ -72,7 +72,7 @@ graph::Graph rebound_graph(const passes::EdgeProgram& p) {
 
 }  // namespace
 
-std::string xnnpack_constant_key(const ContentDigest& digest) {
+std::string xnnpack_constant_key(const partition::ContentDigest& digest) {
   return fmt::format("xnnpack/const/{:016x}{:016x}", digest[0], digest[1]);
 }
 
@@ -87,7 +87,7 @@ std::optional<std::string> xnnpack_boundary(const graph::Graph& graph, graph::Va
   return std::nullopt;
 }
 
-XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options,
+XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const partition::PartitionOptions& options,
                                       const xnn::PayloadOptions& payload_options) {
   XnnpackDelegation d;
   // A dynamic program's regions are built twice, at the upper bounds and with the symbols bound
@@ -96,7 +96,8 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
   std::optional<graph::Graph> elsewhere;
   if (program.dynamic) elsewhere = rebound_graph(program);
   std::set<size_t> fixed_sizes;
-  SupportFn supports = [&program, &fixed_sizes](const graph::Graph& g, const graph::Node& n, std::string* reason) {
+  partition::SupportFn supports = [&program, &fixed_sizes](const graph::Graph& g, const graph::Node& n,
+                                                           std::string* reason) {
     if (!fixed_sizes.empty() && fixed_sizes.contains(static_cast<size_t>(&n - g.nodes.data()))) {
       if (reason) *reason = "dynamic shapes: its XNNPACK form would fix a size that changes from call to call";
       return false;
@@ -114,10 +115,10 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
   const auto& g = program.graph;
   std::vector<xnn::Payload> payloads;
   for (int round = 0;; ++round) {
-    d.partition = partition_program(program, supports, xnnpack_boundary, options);
+    d.partition = partition::partition_program(program, supports, xnnpack_boundary, options);
     payloads.clear();
     std::set<size_t> bad;
-    for (const Region& r : d.partition.regions) {
+    for (const partition::Region& r : d.partition.regions) {
       xnn::Region xr;
       xr.nodes = r.nodes;
       xr.inputs = r.inputs;
@@ -137,7 +138,7 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
   }
 
   for (size_t ri = 0; ri < d.partition.regions.size(); ++ri) {
-    const Region& r = d.partition.regions[ri];
+    const partition::Region& r = d.partition.regions[ri];
     xnn::Payload& payload = payloads[ri];
     d.summary.xnnpack_nodes += payload.stats.xnodes;
     d.summary.quantized_nodes += payload.stats.quantized_nodes;
@@ -151,7 +152,7 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     d.summary.named_constants += payload.stats.named_constants;
     d.summary.constant_inputs += std::count_if(r.inputs.begin(), r.inputs.end(),
                                                [&](graph::ValueId v) { return program.is_constant(v); });
-    DelegatedRegion er;
+    partition::DelegatedRegion er;
     er.backend_id = std::string(xnn::kBackendId);
     er.nodes = r.nodes;
     er.inputs = r.inputs;
@@ -176,4 +177,4 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
   return d;
 }
 
-}  // namespace kiln::partition
+}  // namespace kiln::backends::xnnpack

@@ -1,6 +1,6 @@
-// XnnpackPartitioner: the partitioner (partitioner.h) with the XNNPACK
-// support table as its predicate, and each region built into an XNNPACK
-// delegate payload (backends/xnnpack/payload.h) ready for the emitter.
+// The XNNPACK partitioner: the generic partitioner (kiln/partition/partitioner.h)
+// with the XNNPACK support table (support.h) as its predicate, and each region
+// built into an XNNPACK delegate payload (payload.h) ready for the emitter.
 //
 // Named data keys are "xnnpack/const/<128-bit content digest>", the format
 // the payload builder uses for the constants it makes itself, so equal bytes
@@ -9,7 +9,6 @@
 #pragma once
 
 #include "kiln/backends/xnnpack/payload.h"
-
 #include "kiln/partition/delegated_region.h"
 #include "kiln/partition/partitioner.h"
 #include "kiln/passes/edge_program.h"
@@ -20,7 +19,7 @@
 #include <string>
 #include <vector>
 
-namespace kiln::partition {
+namespace kiln::backends::xnnpack {
 
 struct DelegationSummary {
   int64_t delegate_call_sites = 0;
@@ -42,19 +41,19 @@ struct DelegationSummary {
 };
 
 struct XnnpackDelegation {
-  Partition partition;
-  std::vector<DelegatedRegion> regions;  // one per partition region, same order
+  kiln::partition::Partition partition;
+  std::vector<kiln::partition::DelegatedRegion> regions;  // one per partition region, same order
   DelegationSummary summary;
 };
 
 // The named-data key of bytes with this digest.
-std::string xnnpack_constant_key(const ContentDigest& digest);
+std::string xnnpack_constant_key(const partition::ContentDigest& digest);
 
 // What may cross an XNNPACK delegate boundary: float32 tensors of rank 1 to 6.
 std::optional<std::string> xnnpack_boundary(const graph::Graph& graph, graph::ValueId value);
 
 // Partitions `program` for XNNPACK and builds every region's payload.
-XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const PartitionOptions& options = {},
-                                      const backends::xnnpack::PayloadOptions& payload = {});
+XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const partition::PartitionOptions& options = {},
+                                      const PayloadOptions& payload = {});
 
-}  // namespace kiln::partition
+}  // namespace kiln::backends::xnnpack
