@@ -8,6 +8,7 @@
 #include "lowerer.h"
 
 #include <cstring>
+#include <numeric>
 
 namespace kiln::passes::detail {
 namespace {
@@ -153,6 +154,171 @@ void rsub_tensor(L& l, const Node& n) {  // other - alpha * self
   l.bind(n, l.emit("aten.sub.Tensor", std::move(args), l.out_meta(n)));
 }
 
+// beta * self + alpha * (batch1 @ batch2) (baddbmm: BLOOM's ALiBi scores); beta 0 ignores self, as torch does.
+void scaled_sum_with(L& l, const Node& n, ValueId prod) {
+  const TensorMeta m = l.out_meta(n);
+  const double alpha = l.number_in(n, "alpha", 1.0), beta = l.number_in(n, "beta", 1.0);
+  if (alpha != 1.0) prod = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(prod)), NA("other", float_arg(alpha))}, m, "alpha");
+  if (beta == 0.0) {
+    l.bind(n, prod);
+    return;
+  }
+  ValueId self = l.tensor_in(n, "self");
+  if (beta != 1.0)
+    self = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(self)), NA("other", float_arg(beta))},
+                  contiguous(l.meta_of(self)), "beta");
+  l.bind(n, l.emit("aten.add.Tensor", {NA("self", tensor_arg(self)), NA("other", tensor_arg(prod))}, m));
+}
+
+void baddbmm(L& l, const Node& n) {
+  ValueId a = l.tensor_in(n, "batch1"), b = l.tensor_in(n, "batch2");
+  scaled_sum_with(l, n, l.emit("aten.bmm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))},
+                               l.out_meta(n), "bmm"));
+}
+
+void addbmm(L& l, const Node& n) {  // the batch's products summed
+  ValueId a = l.tensor_in(n, "batch1"), b = l.tensor_in(n, "batch2");
+  const TensorMeta m = l.out_meta(n);
+  const auto& am = l.meta_of(a);
+  const auto& bm = l.meta_of(b);
+  if (am.sizes.size() != 3 || bm.sizes.size() != 3) l.unsupported(n, "batch1 and batch2 must be 3-d");
+  ValueId p = l.emit("aten.bmm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))},
+                     contiguous(m.dtype, {am.sizes[0], am.sizes[1], bm.sizes[2]}), "bmm");
+  scaled_sum_with(l, n, l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(p)), NA("dim", ints_arg({0})),
+                                                        NA("keepdim", bool_arg(false))}, m, "sum"));
+}
+
+void addmv(L& l, const Node& n) {  // mat @ vec as an mm with a column
+  ValueId a = l.tensor_in(n, "mat"), v = l.tensor_in(n, "vec");
+  const TensorMeta m = l.out_meta(n);
+  const int64_t k = l.meta_of(v).sizes.at(0);
+  ValueId p = l.emit("aten.mm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(l.view(v, {k, 1})))},
+                     contiguous(m.dtype, {m.sizes.at(0), 1}), "mv");
+  scaled_sum_with(l, n, l.view(p, m.sizes));
+}
+
+void addr(L& l, const Node& n) {  // outer product vec1 (x) vec2
+  ValueId a = l.tensor_in(n, "vec1"), b = l.tensor_in(n, "vec2");
+  const TensorMeta m = l.out_meta(n);
+  const int64_t r = l.meta_of(a).sizes.at(0), c = l.meta_of(b).sizes.at(0);
+  scaled_sum_with(l, n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(l.view(a, {r, 1}))),
+                                                   NA("other", tensor_arg(l.view(b, {1, c})))}, m, "outer"));
+}
+
+// numpy_T (x.T): every dim reversed; mT / adjoint of a real tensor: the last two swapped.
+void reverse_dims(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+  std::iota(dims.rbegin(), dims.rend(), 0);
+  l.bind(n, dims.size() < 2 ? x : l.permute(x, dims));
+}
+
+void swap_last_two(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+  if (dims.size() < 2) l.unsupported(n, "needs a tensor of at least 2 dims");
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[dims.size() - 1], dims[dims.size() - 2]);
+  l.bind(n, l.permute(x, dims));
+}
+
+// A constant int64 vector 0..n-1 (or float when `as_float`).
+ValueId iota_constant(L& l, int64_t n, ScalarType dt, const char* hint) {
+  std::vector<std::byte> bytes(static_cast<size_t>(n) * (dt == ScalarType::Float ? 4 : 8));
+  for (int64_t i = 0; i < n; ++i) {
+    if (dt == ScalarType::Float) {
+      const float f = static_cast<float>(i);
+      std::memcpy(bytes.data() + i * 4, &f, 4);
+    } else {
+      std::memcpy(bytes.data() + i * 8, &i, 8);
+    }
+  }
+  return l.constant_tensor(dt, {n}, std::move(bytes), hint);
+}
+
+// histc(x, bins, min, max) with min < max (Mixtral's tokens per expert): torch's bin of x is
+// trunc((x - min) * bins / (max - min)), the last edge counted in the last bin, x outside [min, max] not
+// counted; here each bin compares every element (a one-hot sum, bins x numel).
+void histc(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  const auto& xm = l.meta_of(x);
+  if (xm.dtype != ScalarType::Float) l.unsupported(n, "histc of a non-float32 tensor");
+  const int64_t bins = l.int_in(n, "bins", 100);
+  const double mn = l.number_in(n, "min", 0.0), mx = l.number_in(n, "max", 0.0);
+  if (!(mn < mx)) l.unsupported(n, "histc with min >= max takes its range from the data (a data-dependent range)");
+  const int64_t N = xm.numel();
+  const TensorMeta col = contiguous(ScalarType::Float, {N, 1});
+  const TensorMeta colb = contiguous(ScalarType::Bool, {N, 1});
+  x = l.view(x, {N, 1});
+  const auto width = static_cast<double>(static_cast<float>(mx) - static_cast<float>(mn));
+  ValueId p = l.emit("aten.sub.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mn))}, col, "shifted");
+  p = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(p)), NA("other", int_arg(bins))}, col, "scaled");
+  p = l.emit("aten.div.Scalar", {NA("self", tensor_arg(p)), NA("other", float_arg(width))}, col, "pos");
+  p = l.emit("aten.floor.default", {NA("self", tensor_arg(p))}, col, "bin");  // >= 0 where counted: trunc
+  p = l.emit("aten.clamp.default", {NA("self", tensor_arg(p)), NA("max", int_arg(bins - 1))}, col, "bin");
+  ValueId lo = l.emit("aten.ge.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mn))}, colb, "in_lo");
+  ValueId hi = l.emit("aten.le.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mx))}, colb, "in_hi");
+  ValueId in = l.emit("aten.logical_and.default", {NA("self", tensor_arg(lo)), NA("other", tensor_arg(hi))}, colb, "in");
+  ValueId edges = l.view(iota_constant(l, bins, ScalarType::Float, "bins"), {1, bins});
+  const TensorMeta hot = contiguous(ScalarType::Bool, {N, bins});
+  ValueId h = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(p)), NA("other", tensor_arg(edges))}, hot, "onehot");
+  h = l.emit("aten.logical_and.default", {NA("self", tensor_arg(h)), NA("other", tensor_arg(in))}, hot, "counted");
+  ValueId hf = l.convert(h, m.dtype);
+  l.bind(n, l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(hf)), NA("dim", ints_arg({0})),
+                                            NA("keepdim", bool_arg(false))}, m));
+}
+
+// transformers' grouped_mm fallback (its MoE experts by default): rows [offs[e-1], offs[e]) of input times
+// weight[e]; rows from offs[-1] on are zero. Every row times every expert (one mm against the experts side
+// by side), then each row's expert gathered: the row's expert is the count of offsets <= its index.
+void grouped_mm(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "input"), w = l.tensor_in(n, "weight"), offs = l.tensor_in(n, "offs");
+  const TensorMeta m = l.out_meta(n);
+  const auto& xm = l.meta_of(x);
+  const auto& wm = l.meta_of(w);
+  if (xm.sizes.size() != 2 || wm.sizes.size() != 3 || l.meta_of(offs).sizes.size() != 1)
+    l.unsupported(n, "expects input [S, K], weight [E, K, M], offs [E]");
+  const int64_t S = xm.sizes[0], E = wm.sizes[0], K = wm.sizes[1], M = wm.sizes[2];
+  const ScalarType dt = m.dtype;
+  ValueId wk = l.view(l.permute(w, {1, 0, 2}, "experts_side_by_side"), {K, E * M});
+  ValueId all = l.emit("aten.mm.default", {NA("self", tensor_arg(x)), NA("mat2", tensor_arg(wk))},
+                       contiguous(dt, {S, E * M}), "every_expert");
+  ValueId rows = l.view(iota_constant(l, S, ScalarType::Long, "rows"), {S, 1});
+  ValueId ends = l.view(l.convert(offs, ScalarType::Long), {1, E});
+  ValueId past = l.emit("aten.le.Tensor", {NA("self", tensor_arg(ends)), NA("other", tensor_arg(rows))},
+                        contiguous(ScalarType::Bool, {S, E}), "past");
+  ValueId e = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(past)), NA("dim", ints_arg({1})),
+                                              NA("keepdim", bool_arg(true))}, contiguous(ScalarType::Long, {S, 1}),
+                     "expert");
+  ValueId valid = l.emit("aten.lt.Scalar", {NA("self", tensor_arg(e)), NA("other", int_arg(E))},
+                         contiguous(ScalarType::Bool, {S, 1}), "valid");
+  ValueId ec = l.emit("aten.clamp.default", {NA("self", tensor_arg(e)), NA("max", int_arg(E - 1))},
+                      contiguous(ScalarType::Long, {S, 1}), "expert");
+  ValueId idx = l.expand(l.view(ec, {S, 1, 1}), {S, 1, M});
+  ValueId y = l.emit("aten.gather.default", {NA("self", tensor_arg(l.view(all, {S, E, M}))), NA("dim", int_arg(1)),
+                                             NA("index", tensor_arg(idx))}, contiguous(dt, {S, 1, M}), "row_expert");
+  ValueId zero = l.scalar_tensor(float_arg(0.0), dt);
+  l.bind(n, l.emit("aten.where.self", {NA("condition", tensor_arg(valid)), NA("self", tensor_arg(l.view(y, {S, M}))),
+                                       NA("other", tensor_arg(zero))}, m));
+}
+
+// stack(tensors, dim): each unsqueezed at dim, then one cat (torch's own definition).
+void stack(L& l, const Node& n) {
+  const Argument ts = l.remap(l.arg(n, "tensors"));
+  if (ts.kind != Argument::Kind::Tensors) l.unsupported(n, "argument 'tensors' is not a tensor list");
+  const TensorMeta m = l.out_meta(n);
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", 0), m.sizes.size());
+  std::vector<ValueId> parts;
+  for (ValueId x : std::get<std::vector<ValueId>>(ts.payload)) {
+    std::vector<int64_t> s = l.meta_of(x).sizes;
+    s.insert(s.begin() + dim, 1);
+    parts.push_back(l.view(l.convert(x, m.dtype), s));
+  }
+  if (parts.empty()) l.unsupported(n, "stack of no tensors");
+  l.bind(n, l.emit("aten.cat.default", {NA("tensors", {Argument::Kind::Tensors, parts}), NA("dim", int_arg(dim))}, m));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -176,6 +342,16 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.fill.Tensor", fill_tensor},
     {"aten.silu.default", silu},
     {"aten.rsub.Tensor", rsub_tensor},
+    {"aten.baddbmm.default", baddbmm},
+    {"aten.addbmm.default", addbmm},
+    {"aten.addmv.default", addmv},
+    {"aten.addr.default", addr},
+    {"aten.numpy_T.default", reverse_dims},
+    {"aten.mT.default", swap_last_two},
+    {"aten.adjoint.default", swap_last_two},
+    {"aten.histc.default", histc},
+    {"aten.stack.default", stack},
+    {"transformers.grouped_mm_fallback.default", grouped_mm},
 };
 
 }  // namespace
