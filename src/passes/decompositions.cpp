@@ -303,21 +303,63 @@ void grouped_mm(L& l, const Node& n) {
                                        NA("other", tensor_arg(zero))}, m));
 }
 
-// stack(tensors, dim): each unsqueezed at dim, then one cat (torch's own definition).
-void stack(L& l, const Node& n) {
+// One cat of the node's tensors, each first converted to the output's dtype and viewed as `shape_of` says.
+template <typename Shape>
+void cat_of(L& l, const Node& n, int64_t dim, Shape shape_of) {
   const Argument ts = l.remap(l.arg(n, "tensors"));
   if (ts.kind != Argument::Kind::Tensors) l.unsupported(n, "argument 'tensors' is not a tensor list");
   const TensorMeta m = l.out_meta(n);
-  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", 0), m.sizes.size());
   std::vector<ValueId> parts;
-  for (ValueId x : std::get<std::vector<ValueId>>(ts.payload)) {
-    std::vector<int64_t> s = l.meta_of(x).sizes;
-    s.insert(s.begin() + dim, 1);
-    parts.push_back(l.view(l.convert(x, m.dtype), s));
-  }
-  if (parts.empty()) l.unsupported(n, "stack of no tensors");
+  for (ValueId x : std::get<std::vector<ValueId>>(ts.payload))
+    parts.push_back(l.view(l.convert(x, m.dtype), shape_of(l.meta_of(x).sizes)));
+  if (parts.empty()) l.unsupported(n, "no tensors to join");
   l.bind(n, l.emit("aten.cat.default", {NA("tensors", {Argument::Kind::Tensors, parts}), NA("dim", int_arg(dim))}, m));
 }
+
+void stack(L& l, const Node& n) {  // each unsqueezed at dim (torch's own definition)
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", 0), l.out_meta(n).sizes.size());
+  cat_of(l, n, dim, [&](std::vector<int64_t> s) {
+    s.insert(s.begin() + dim, 1);
+    return s;
+  });
+}
+
+// hstack / vstack / dstack: atleast_1d/2d/3d, then cat along 0 (1-D inputs of hstack) or 1, 0, 2.
+std::vector<int64_t> at_least(std::vector<int64_t> s, size_t rank) {
+  if (s.size() >= rank) return s;
+  if (s.empty()) return std::vector<int64_t>(rank, 1);
+  if (s.size() == 1) return rank == 2 ? std::vector<int64_t>{1, s[0]} : std::vector<int64_t>{1, s[0], 1};
+  s.push_back(1);  // 2-d to 3-d
+  return s;
+}
+
+void hstack(L& l, const Node& n) {
+  const bool rows = l.out_meta(n).sizes.size() == 1;
+  cat_of(l, n, rows ? 0 : 1, [](const std::vector<int64_t>& s) { return at_least(s, 1); });
+}
+
+void vstack(L& l, const Node& n) {
+  cat_of(l, n, 0, [](const std::vector<int64_t>& s) { return at_least(s, 2); });
+}
+
+void dstack(L& l, const Node& n) {
+  cat_of(l, n, 2, [](const std::vector<int64_t>& s) { return at_least(s, 3); });
+}
+
+// addcmul / addcdiv: self + value * tensor1 * tensor2 (/ tensor2), in torch's order.
+void addc(L& l, const Node& n, const char* op) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId t1 = l.tensor_in(n, "tensor1"), t2 = l.tensor_in(n, "tensor2");
+  const double value = l.number_in(n, "value", 1.0);
+  if (value != 1.0)
+    t1 = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(t1)), NA("other", float_arg(value))},
+                contiguous(l.meta_of(t1)), "scaled");
+  ValueId p = l.emit(op, {NA("self", tensor_arg(t1)), NA("other", tensor_arg(t2))}, m, "term");
+  l.bind(n, l.emit("aten.add.Tensor", {NA("self", tensor_arg(l.tensor_in(n, "self"))), NA("other", tensor_arg(p))}, m));
+}
+
+void addcmul(L& l, const Node& n) { addc(l, n, "aten.mul.Tensor"); }
+void addcdiv(L& l, const Node& n) { addc(l, n, "aten.div.Tensor"); }
 
 struct Decomposition {
   std::string_view target;
@@ -351,6 +393,12 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.adjoint.default", swap_last_two},
     {"aten.histc.default", histc},
     {"aten.stack.default", stack},
+    {"aten.addcmul.default", addcmul},
+    {"aten.addcdiv.default", addcdiv},
+    {"aten.hstack.default", hstack},
+    {"aten.vstack.default", vstack},
+    {"aten.row_stack.default", vstack},
+    {"aten.dstack.default", dstack},
     {"transformers.grouped_mm_fallback.default", grouped_mm},
 };
 
