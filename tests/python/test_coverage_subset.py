@@ -82,11 +82,13 @@ def test_samples_lower_cleanly_and_run_correctly_in_both_runtimes(op, kiln_bin, 
 # ---- the decomposition table's operators (non-core: the operator sweep's selection does not hold them), and
 # the sweep's in-place and module categories (bench/coverage/categories.py): one sample of each newly lowered
 # operator / in-place variant / module; every one must lower on both backends and run correctly in both runtimes.
+# nn.BatchNorm1d: the [N, C] batch norm whose output shape kiln once read from a moved value (a 0-d result).
 DECOMPOSED = ["baddbmm", "addbmm", "addmv", "addr", "addcmul", "addcdiv", "histc", "stack", "hstack", "vstack",
               "dstack", "mT", "T", "chunk", "unbind", "repeat_interleave", "rsub"]
 INPLACE = ["add_", "mul_", "div.no_rounding_mode_", "clamp_", "masked_fill_", "index_put_", "sub_", "addcmul_",
            "addcdiv_", "sigmoid_", "tanh_"]
-MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.MultiheadAttention", "nn.TransformerEncoderLayer",
+MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.MultiheadAttention",
+           "nn.TransformerEncoderLayer",
            "parametrizations.weight_norm"]
 
 
