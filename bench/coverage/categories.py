@@ -91,7 +91,8 @@ def select_inplace(wanted=None):
     from torch.testing._internal.common_methods_invocations import op_db
 
     sw = _sweep()
-    EXCLUDED, NONDETERMINISTIC, _sample_dtype, opinfo_key = sw.EXCLUDED, sw.NONDETERMINISTIC, sw._sample_dtype, sw.opinfo_key
+    EXCLUDED, NONDETERMINISTIC = sw.EXCLUDED, sw.NONDETERMINISTIC
+    _sample_dtype, opinfo_key = sw._sample_dtype, sw.opinfo_key
 
     rows, seen = [], set()
     for o in op_db:
@@ -174,7 +175,8 @@ def _parametrized_samples():
     return [
         ("parametrizations.weight_norm", [
             ("weight_norm(Linear(6, 5))", lambda: P.weight_norm(nn.Linear(6, 5)), [(3, 6)]),
-            ("weight_norm(Conv1d(4, 6, 3), dim=None)", lambda: P.weight_norm(nn.Conv1d(4, 6, 3), dim=None), [(2, 4, 9)]),
+            ("weight_norm(Conv1d(4, 6, 3), dim=None)", lambda: P.weight_norm(nn.Conv1d(4, 6, 3), dim=None),
+             [(2, 4, 9)]),
             ("weight_norm(Conv2d(3, 4, 3), dim=1)", lambda: P.weight_norm(nn.Conv2d(3, 4, 3), dim=1), [(1, 3, 6, 6)]),
         ]),
     ]
@@ -209,7 +211,8 @@ def select_modules(wanted=None):
                     m = mi.module_cls(*ci.args, **ci.kwargs)
                 except Exception:  # noqa: BLE001 - a constructor sample for other devices/dtypes
                     continue
-                cdesc = ", ".join([*(repr(a)[:40] for a in ci.args), *(f"{k}={v!r}"[:40] for k, v in ci.kwargs.items())])
+                cdesc = ", ".join([*(repr(a)[:40] for a in ci.args),
+                                   *(f"{k}={v!r}"[:40] for k, v in ci.kwargs.items())])
                 _describe = _sweep()._describe
                 desc = f"{mi.module_cls.__name__}({cdesc}) forward{_describe(tuple(fi.args))}"
                 if fi.kwargs:

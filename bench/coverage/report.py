@@ -262,7 +262,8 @@ def write_categories(main_md: Path, reports: list[tuple[str, Path, str]]):
     lines = [CATEGORY_BEGIN, "## Per category", ""]
     for title, jsonl, md in reports:
         meta = json.loads(Path(str(jsonl) + ".meta.json").read_text())
-        lines += [f"### {title}", "", f"Command: `{meta['command']}` ({meta['date']}{'; ' + meta['partial'] if meta.get('partial') else ''}). "
+        partial = "; " + meta["partial"] if meta.get("partial") else ""
+        lines += [f"### {title}", "", f"Command: `{meta['command']}` ({meta['date']}{partial}). "
                   f"Full report, per entry and every kiln bug: [{md}]({md}).", ""]
         lines += totals_table(jsonl) + [""]
     lines.append(CATEGORY_END)

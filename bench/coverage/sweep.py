@@ -628,7 +628,8 @@ def worker(args):
                     continue
                 t0 = time.time()
                 progress(op=key, why=why, sample=i, desc=desc, stage="start")
-                ir = ("" if args.ir == "default" else f"|{args.ir}") + ("" if args.category == "ops" else f"|{args.category}")
+                ir = "" if args.ir == "default" else f"|{args.ir}"
+                ir += "" if args.category == "ops" else f"|{args.category}"
                 ck = hashlib.sha256(f"{key}|{i}|{desc}|{et_version}{ir}".encode()).hexdigest()[:24]
                 rec = run_sample(kiln_bin, module, inputs, work, et_lowering=not args.no_et_lower,
                                  et_cache=et_cache, cache_key=ck, crashed=crash_notes.get(f"{key}|{i}", []),

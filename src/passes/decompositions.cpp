@@ -158,7 +158,8 @@ void rsub_tensor(L& l, const Node& n) {  // other - alpha * self
 void scaled_sum_with(L& l, const Node& n, ValueId prod) {
   const TensorMeta m = l.out_meta(n);
   const double alpha = l.number_in(n, "alpha", 1.0), beta = l.number_in(n, "beta", 1.0);
-  if (alpha != 1.0) prod = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(prod)), NA("other", float_arg(alpha))}, m, "alpha");
+  if (alpha != 1.0)
+    prod = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(prod)), NA("other", float_arg(alpha))}, m, "alpha");
   if (beta == 0.0) {
     l.bind(n, prod);
     return;
@@ -259,7 +260,8 @@ void histc(L& l, const Node& n) {
   p = l.emit("aten.clamp.default", {NA("self", tensor_arg(p)), NA("max", int_arg(bins - 1))}, col, "bin");
   ValueId lo = l.emit("aten.ge.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mn))}, colb, "in_lo");
   ValueId hi = l.emit("aten.le.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mx))}, colb, "in_hi");
-  ValueId in = l.emit("aten.logical_and.default", {NA("self", tensor_arg(lo)), NA("other", tensor_arg(hi))}, colb, "in");
+  ValueId in =
+      l.emit("aten.logical_and.default", {NA("self", tensor_arg(lo)), NA("other", tensor_arg(hi))}, colb, "in");
   ValueId edges = l.view(iota_constant(l, bins, ScalarType::Float, "bins"), {1, bins});
   const TensorMeta hot = contiguous(ScalarType::Bool, {N, bins});
   ValueId h = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(p)), NA("other", tensor_arg(edges))}, hot, "onehot");

@@ -138,7 +138,8 @@ def build(name: str):
         cfg = tf.GPTNeoXConfig(**{**COMMON, "num_hidden_layers": 1}, rotary_pct=0.5, use_cache=False)
         return _FirstOutput(tf.GPTNeoXForCausalLM(cfg)), (ids(),)
     if name == "falcon":  # parallel attention, x.T (aten.numpy_T), matmul, `+=`
-        cfg = tf.FalconConfig(vocab_size=256, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, use_cache=False)
+        cfg = tf.FalconConfig(vocab_size=256, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                              use_cache=False)
         return _FirstOutput(tf.FalconForCausalLM(cfg)), (ids(),)
     if name == "bloom":  # ALiBi: baddbmm(alibi, q, k, beta, alpha)
         cfg = tf.BloomConfig(vocab_size=256, hidden_size=32, n_layer=1, n_head=4, use_cache=False)
