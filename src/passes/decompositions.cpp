@@ -363,6 +363,89 @@ void addc(L& l, const Node& n, const char* op) {
 void addcmul(L& l, const Node& n) { addc(l, n, "aten.mul.Tensor"); }
 void addcdiv(L& l, const Node& n) { addc(l, n, "aten.div.Tensor"); }
 
+void broadcast_tensors(L& l, const Node& n) {  // each expanded to its output's shape (nn.L1Loss and the like)
+  const Argument ts = l.remap(l.arg(n, "tensors"));
+  if (ts.kind != Argument::Kind::Tensors) l.unsupported(n, "argument 'tensors' is not a tensor list");
+  const auto& xs = std::get<std::vector<ValueId>>(ts.payload);
+  std::vector<ValueId> outs;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const std::vector<int64_t> sizes = l.out_meta(n, i).sizes;
+    ValueId x = xs[i];
+    if (l.meta_of(x).sizes.size() < sizes.size()) {  // leading 1s first, as broadcasting reads them
+      std::vector<int64_t> s = l.meta_of(x).sizes;
+      s.insert(s.begin(), sizes.size() - s.size(), 1);
+      x = l.view(x, s);
+    }
+    outs.push_back(l.expand(x, sizes));
+  }
+  l.bind_all(n, outs);
+}
+
+void conj_physical(L& l, const Node& n) {  // of a real tensor (kiln has no complex dtypes): itself
+  l.bind(n, l.tensor_in(n, "self"));
+}
+
+// Losses (reduction 0 none, 1 mean, 2 sum) from the elementwise difference d = self - target.
+void reduce_loss(L& l, const Node& n, ValueId e) {
+  const TensorMeta m = l.out_meta(n);
+  const int64_t reduction = l.int_in(n, "reduction", 1);
+  if (reduction == 0) {
+    l.bind(n, e);
+    return;
+  }
+  std::vector<int64_t> dims(l.meta_of(e).sizes.size());
+  std::iota(dims.begin(), dims.end(), 0);
+  l.bind(n, l.emit(reduction == 1 ? "aten.mean.dim" : "aten.sum.dim_IntList",
+                   {NA("self", tensor_arg(e)), NA("dim", ints_arg(dims)), NA("keepdim", bool_arg(false))}, m));
+}
+
+ValueId loss_diff(L& l, const Node& n, bool absolute) {
+  ValueId x = l.tensor_in(n, "self"), y = l.tensor_in(n, "target");
+  std::vector<int64_t> s = l.meta_of(x).sizes;  // the broadcast shape of the two
+  const auto& ys = l.meta_of(y).sizes;
+  if (ys.size() > s.size()) s.insert(s.begin(), ys.size() - s.size(), 1);
+  for (size_t i = 0; i < ys.size(); ++i) {
+    int64_t& d = s[s.size() - ys.size() + i];
+    d = d == 1 ? ys[i] : d;
+  }
+  const TensorMeta em = contiguous(l.out_meta(n).dtype, s);
+  ValueId d = l.emit("aten.sub.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(y))}, em, "diff");
+  return absolute ? l.emit("aten.abs.default", {NA("self", tensor_arg(d))}, em, "abs_diff") : d;
+}
+
+void l1_loss(L& l, const Node& n) { reduce_loss(l, n, loss_diff(l, n, true)); }
+
+void mse_loss(L& l, const Node& n) {
+  ValueId d = loss_diff(l, n, false);
+  reduce_loss(l, n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(d)), NA("other", tensor_arg(d))},
+                           contiguous(l.meta_of(d)), "sq_diff"));
+}
+
+// smooth_l1_loss(beta) / huber_loss(delta): |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta (huber: times delta).
+void smooth_l1(L& l, const Node& n, double beta, double scale) {
+  ValueId a = loss_diff(l, n, true);
+  const TensorMeta em = contiguous(l.meta_of(a));
+  if (beta == 0.0) {
+    reduce_loss(l, n, a);
+    return;
+  }
+  ValueId sq = l.emit("aten.mul.Tensor", {NA("self", tensor_arg(a)), NA("other", tensor_arg(a))}, em, "sq");
+  sq = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(sq)), NA("other", float_arg(0.5 * scale / beta))}, em, "quad");
+  ValueId lin = l.emit("aten.sub.Scalar", {NA("self", tensor_arg(a)), NA("other", float_arg(0.5 * beta))}, em, "lin");
+  if (scale != 1.0)
+    lin = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(lin)), NA("other", float_arg(scale))}, em, "lin");
+  ValueId small = l.emit("aten.lt.Scalar", {NA("self", tensor_arg(a)), NA("other", float_arg(beta))},
+                         contiguous(ScalarType::Bool, em.sizes), "small");
+  reduce_loss(l, n, l.emit("aten.where.self", {NA("condition", tensor_arg(small)), NA("self", tensor_arg(sq)),
+                                               NA("other", tensor_arg(lin))}, em, "elementwise"));
+}
+
+void smooth_l1_loss(L& l, const Node& n) { smooth_l1(l, n, l.number_in(n, "beta", 1.0), 1.0); }
+void huber_loss(L& l, const Node& n) {
+  const double delta = l.number_in(n, "delta", 1.0);
+  smooth_l1(l, n, delta, delta);
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -395,6 +478,12 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.adjoint.default", swap_last_two},
     {"aten.histc.default", histc},
     {"aten.stack.default", stack},
+    {"aten.broadcast_tensors.default", broadcast_tensors},
+    {"aten.conj_physical.default", conj_physical},
+    {"aten.l1_loss.default", l1_loss},
+    {"aten.mse_loss.default", mse_loss},
+    {"aten.smooth_l1_loss.default", smooth_l1_loss},
+    {"aten.huber_loss.default", huber_loss},
     {"aten.addcmul.default", addcmul},
     {"aten.addcdiv.default", addcdiv},
     {"aten.hstack.default", hstack},
