@@ -446,6 +446,52 @@ void huber_loss(L& l, const Node& n) {
   smooth_l1(l, n, delta, delta);
 }
 
+// `other` as the rewrite's argument: the remapped tensor, or the Python number as it is (emit makes a 0-d
+// tensor of it where the schema wants a Tensor).
+Argument other_arg(L& l, const Node& n) {
+  const Argument& o = l.arg(n, "other");
+  return o.kind == Argument::Kind::Tensor ? tensor_arg(l.tensor_in(n, "other")) : o;
+}
+
+void true_divide(L& l, const Node& n) {  // the functional form of true_divide_: div
+  l.bind(n, l.emit("aten.div.Tensor", {NA("self", tensor_arg(l.tensor_in(n, "self"))), NA("other", other_arg(l, n))},
+                   l.out_meta(n)));
+}
+
+void floor_divide(L& l, const Node& n) {  // floor_divide_.Tensor's functional name: floor_divide
+  const TensorMeta m = l.out_meta(n);
+  const Argument& o = l.arg(n, "other");
+  ValueId other = o.kind == Argument::Kind::Tensor ? l.tensor_in(n, "other") : l.scalar_tensor(o, m.dtype);
+  l.bind(n, l.emit("aten.floor_divide.default", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                                 NA("other", tensor_arg(other))}, m));
+}
+
+void deg2rad(L& l, const Node& n) {
+  constexpr double kPi = 3.14159265358979323846;
+  l.bind(n, l.emit("aten.mul.Scalar", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                       NA("other", float_arg(kPi / 180.0))}, l.out_meta(n)));
+}
+
+void frac(L& l, const Node& n) {  // x - trunc(x)
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  ValueId t = l.emit("aten.trunc.default", {NA("self", tensor_arg(x))}, m, "trunc");
+  l.bind(n, l.emit("aten.sub.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(t))}, m));
+}
+
+void glu(L& l, const Node& n) {  // a * sigmoid(b), a and b the halves along dim
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  std::vector<int64_t> sizes = l.meta_of(x).sizes;
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", -1), sizes.size());
+  const int64_t half = sizes[static_cast<size_t>(dim)] / 2;
+  auto parts = l.emit_raw("aten.split_with_sizes_copy.default",
+                          {NA("self", tensor_arg(x)), NA("split_sizes", ints_arg({half, half})), NA("dim", int_arg(dim))},
+                          {m, m});
+  ValueId g = l.emit("aten.sigmoid.default", {NA("self", tensor_arg(parts[1]))}, m, "gate");
+  l.bind(n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(parts[0])), NA("other", tensor_arg(g))}, m));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -480,6 +526,11 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.stack.default", stack},
     {"aten.broadcast_tensors.default", broadcast_tensors},
     {"aten.conj_physical.default", conj_physical},
+    {"aten.true_divide.Tensor", true_divide},
+    {"aten.floor_divide.Tensor", floor_divide},
+    {"aten.deg2rad.default", deg2rad},
+    {"aten.frac.default", frac},
+    {"aten.glu.default", glu},
     {"aten.l1_loss.default", l1_loss},
     {"aten.mse_loss.default", mse_loss},
     {"aten.smooth_l1_loss.default", smooth_l1_loss},

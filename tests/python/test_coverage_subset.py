@@ -86,9 +86,10 @@ def test_samples_lower_cleanly_and_run_correctly_in_both_runtimes(op, kiln_bin, 
 DECOMPOSED = ["baddbmm", "addbmm", "addmv", "addr", "addcmul", "addcdiv", "histc", "stack", "hstack", "vstack",
               "dstack", "mT", "T", "chunk", "unbind", "repeat_interleave", "rsub"]
 INPLACE = ["add_", "mul_", "div.no_rounding_mode_", "clamp_", "masked_fill_", "index_put_", "sub_", "addcmul_",
-           "addcdiv_", "sigmoid_", "tanh_", "conj_physical_"]
+           "addcdiv_", "sigmoid_", "tanh_", "conj_physical_", "deg2rad_", "frac_", "floor_divide_",
+           "true_divide_"]
 MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.MultiheadAttention",
-           "nn.TransformerEncoderLayer", "nn.L1Loss", "nn.SmoothL1Loss", "nn.MSELoss", "nn.HuberLoss",
+           "nn.TransformerEncoderLayer", "nn.L1Loss", "nn.SmoothL1Loss", "nn.MSELoss", "nn.HuberLoss", "nn.GLU",
            "parametrizations.weight_norm"]
 
 
