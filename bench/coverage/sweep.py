@@ -597,17 +597,23 @@ def worker(args):
     crash_notes = json.loads(notes_path.read_text()) if notes_path.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="kiln-cov-") as tmp, open(out, "a") as f:
         work = Path(tmp)
-        for key, why, o in select_ops(wanted):
+        if args.category == "ops":
+            rows = select_ops(wanted)
+        else:  # categories.py: o is the category's sample generator
+            from categories import select
+
+            rows = select(args.category, wanted)
+        for key, why, o in rows:
             if (key, "*") in done:
                 continue
-            if NONDETERMINISTIC.search(key):
+            if NONDETERMINISTIC.search(key.rstrip("_")):
                 f.write(json.dumps({"op": key, "why": why, "sample": -1, "op_done": True,
                                     "skipped": "random or uninitialized output"}) + "\n")
                 f.flush()
                 continue
             progress(op=key, sample=-1, stage="samples")
             try:
-                samples = samples_of(key, o, args.max_samples)
+                samples = samples_of(key, o, args.max_samples) if args.category == "ops" else o(args.max_samples)
             except Exception as e:  # noqa: BLE001 - OpInfo's generator fails
                 samples = []
                 f.write(json.dumps({"op": key, "why": why, "sample": -1, "op_done": True,
@@ -623,6 +629,7 @@ def worker(args):
                 t0 = time.time()
                 progress(op=key, why=why, sample=i, desc=desc, stage="start")
                 ir = "" if args.ir == "default" else f"|{args.ir}"
+                ir += "" if args.category == "ops" else f"|{args.category}"
                 ck = hashlib.sha256(f"{key}|{i}|{desc}|{et_version}{ir}".encode()).hexdigest()[:24]
                 rec = run_sample(kiln_bin, module, inputs, work, et_lowering=not args.no_et_lower,
                                  et_cache=et_cache, cache_key=ck, crashed=crash_notes.get(f"{key}|{i}", []),
@@ -679,13 +686,13 @@ def driver(args):
         cmd += ["--ops", args.ops]
     if args.no_et_lower:
         cmd.append("--no-et-lower")
-    cmd += ["--ir", args.ir]
+    cmd += ["--ir", args.ir, "--category", args.category]
     cmd += ["--et-cache", args.et_cache]
     if args.verbose:
         cmd.append("--verbose")
     meta = {"command": " ".join(["bench/coverage/sweep.py", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "kiln_bin": args.kiln_bin,
-            "max_samples": args.max_samples}
+            "max_samples": args.max_samples, "category": args.category}
     (Path(str(out) + ".meta.json")).write_text(json.dumps(meta))
     restarts = 0
     while True:
@@ -748,6 +755,9 @@ def main(argv=None):
     p.add_argument("--resume", action="store_true", help="continue --out instead of starting over")
     p.add_argument("--ir", default="default", choices=["default", "core_aten"],
                    help="the exported program's IR: torch.export's default, or core ATen (run_decompositions())")
+    p.add_argument("--category", default="ops", choices=["ops", "inplace", "modules"],
+                   help="OpInfo operators; their in-place variants in a module writing an intermediate and a view "
+                        "of one; torch.nn modules of module_db (categories.py)")
     p.add_argument("--no-et-lower", action="store_true", help="skip ExecuTorch's own lowering (faster)")
     p.add_argument("--et-cache", default=str(REPO / "bench" / "coverage" / "et_cache"),
                    help="directory keeping ExecuTorch's lowerings between runs ('' for none)")
@@ -759,7 +769,10 @@ def main(argv=None):
     p.add_argument("--progress", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.list:
-        for key, why, _ in select_ops(args.ops.split(",") if args.ops else None):
+        wanted = args.ops.split(",") if args.ops else None
+        if args.category != "ops":
+            from categories import select
+        for key, why, _ in select_ops(wanted) if args.category == "ops" else select(args.category, wanted):
             print(f"{key:50s} {why}")
         return 0
     if args.report_only:

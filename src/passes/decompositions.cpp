@@ -8,6 +8,7 @@
 #include "lowerer.h"
 
 #include <cstring>
+#include <numeric>
 
 namespace kiln::passes::detail {
 namespace {
@@ -153,6 +154,344 @@ void rsub_tensor(L& l, const Node& n) {  // other - alpha * self
   l.bind(n, l.emit("aten.sub.Tensor", std::move(args), l.out_meta(n)));
 }
 
+// beta * self + alpha * (batch1 @ batch2) (baddbmm: BLOOM's ALiBi scores); beta 0 ignores self, as torch does.
+void scaled_sum_with(L& l, const Node& n, ValueId prod) {
+  const TensorMeta m = l.out_meta(n);
+  const double alpha = l.number_in(n, "alpha", 1.0), beta = l.number_in(n, "beta", 1.0);
+  if (alpha != 1.0)
+    prod = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(prod)), NA("other", float_arg(alpha))}, m, "alpha");
+  if (beta == 0.0) {
+    l.bind(n, prod);
+    return;
+  }
+  ValueId self = l.tensor_in(n, "self");
+  if (beta != 1.0)
+    self = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(self)), NA("other", float_arg(beta))},
+                  contiguous(l.meta_of(self)), "beta");
+  l.bind(n, l.emit("aten.add.Tensor", {NA("self", tensor_arg(self)), NA("other", tensor_arg(prod))}, m));
+}
+
+void baddbmm(L& l, const Node& n) {
+  ValueId a = l.tensor_in(n, "batch1"), b = l.tensor_in(n, "batch2");
+  scaled_sum_with(l, n, l.emit("aten.bmm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))},
+                               l.out_meta(n), "bmm"));
+}
+
+void addbmm(L& l, const Node& n) {  // the batch's products summed
+  ValueId a = l.tensor_in(n, "batch1"), b = l.tensor_in(n, "batch2");
+  const TensorMeta m = l.out_meta(n);
+  const auto& am = l.meta_of(a);
+  const auto& bm = l.meta_of(b);
+  if (am.sizes.size() != 3 || bm.sizes.size() != 3) l.unsupported(n, "batch1 and batch2 must be 3-d");
+  ValueId p = l.emit("aten.bmm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))},
+                     contiguous(m.dtype, {am.sizes[0], am.sizes[1], bm.sizes[2]}), "bmm");
+  scaled_sum_with(l, n, l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(p)), NA("dim", ints_arg({0})),
+                                                        NA("keepdim", bool_arg(false))}, m, "sum"));
+}
+
+void addmv(L& l, const Node& n) {  // mat @ vec as an mm with a column
+  ValueId a = l.tensor_in(n, "mat"), v = l.tensor_in(n, "vec");
+  const TensorMeta m = l.out_meta(n);
+  const int64_t k = l.meta_of(v).sizes.at(0);
+  ValueId p = l.emit("aten.mm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(l.view(v, {k, 1})))},
+                     contiguous(m.dtype, {m.sizes.at(0), 1}), "mv");
+  scaled_sum_with(l, n, l.view(p, m.sizes));
+}
+
+void addr(L& l, const Node& n) {  // outer product vec1 (x) vec2
+  ValueId a = l.tensor_in(n, "vec1"), b = l.tensor_in(n, "vec2");
+  const TensorMeta m = l.out_meta(n);
+  const int64_t r = l.meta_of(a).sizes.at(0), c = l.meta_of(b).sizes.at(0);
+  scaled_sum_with(l, n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(l.view(a, {r, 1}))),
+                                                   NA("other", tensor_arg(l.view(b, {1, c})))}, m, "outer"));
+}
+
+// numpy_T (x.T): every dim reversed; mT / adjoint of a real tensor: the last two swapped.
+void reverse_dims(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+  std::iota(dims.rbegin(), dims.rend(), 0);
+  l.bind(n, dims.size() < 2 ? x : l.permute(x, dims));
+}
+
+void swap_last_two(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+  if (dims.size() < 2) l.unsupported(n, "needs a tensor of at least 2 dims");
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[dims.size() - 1], dims[dims.size() - 2]);
+  l.bind(n, l.permute(x, dims));
+}
+
+// A constant int64 vector 0..n-1 (or float when `as_float`).
+ValueId iota_constant(L& l, int64_t n, ScalarType dt, const char* hint) {
+  std::vector<std::byte> bytes(static_cast<size_t>(n) * (dt == ScalarType::Float ? 4 : 8));
+  for (int64_t i = 0; i < n; ++i) {
+    if (dt == ScalarType::Float) {
+      const float f = static_cast<float>(i);
+      std::memcpy(bytes.data() + i * 4, &f, 4);
+    } else {
+      std::memcpy(bytes.data() + i * 8, &i, 8);
+    }
+  }
+  return l.constant_tensor(dt, {n}, std::move(bytes), hint);
+}
+
+// histc(x, bins, min, max) with min < max (Mixtral's tokens per expert): torch's bin of x is
+// trunc((x - min) * bins / (max - min)), the last edge counted in the last bin, x outside [min, max] not
+// counted; here each bin compares every element (a one-hot sum, bins x numel).
+void histc(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  const auto& xm = l.meta_of(x);
+  if (xm.dtype != ScalarType::Float) l.unsupported(n, "histc of a non-float32 tensor");
+  const int64_t bins = l.int_in(n, "bins", 100);
+  const double mn = l.number_in(n, "min", 0.0), mx = l.number_in(n, "max", 0.0);
+  if (!(mn < mx)) l.unsupported(n, "histc with min >= max takes its range from the data (a data-dependent range)");
+  const int64_t N = xm.numel();
+  const TensorMeta col = contiguous(ScalarType::Float, {N, 1});
+  const TensorMeta colb = contiguous(ScalarType::Bool, {N, 1});
+  x = l.view(x, {N, 1});
+  const auto width = static_cast<double>(static_cast<float>(mx) - static_cast<float>(mn));
+  ValueId p = l.emit("aten.sub.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mn))}, col, "shifted");
+  p = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(p)), NA("other", int_arg(bins))}, col, "scaled");
+  p = l.emit("aten.div.Scalar", {NA("self", tensor_arg(p)), NA("other", float_arg(width))}, col, "pos");
+  p = l.emit("aten.floor.default", {NA("self", tensor_arg(p))}, col, "bin");  // >= 0 where counted: trunc
+  p = l.emit("aten.clamp.default", {NA("self", tensor_arg(p)), NA("max", int_arg(bins - 1))}, col, "bin");
+  ValueId lo = l.emit("aten.ge.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mn))}, colb, "in_lo");
+  ValueId hi = l.emit("aten.le.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(mx))}, colb, "in_hi");
+  ValueId in =
+      l.emit("aten.logical_and.default", {NA("self", tensor_arg(lo)), NA("other", tensor_arg(hi))}, colb, "in");
+  ValueId edges = l.view(iota_constant(l, bins, ScalarType::Float, "bins"), {1, bins});
+  const TensorMeta hot = contiguous(ScalarType::Bool, {N, bins});
+  ValueId h = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(p)), NA("other", tensor_arg(edges))}, hot, "onehot");
+  h = l.emit("aten.logical_and.default", {NA("self", tensor_arg(h)), NA("other", tensor_arg(in))}, hot, "counted");
+  ValueId hf = l.convert(h, m.dtype);
+  l.bind(n, l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(hf)), NA("dim", ints_arg({0})),
+                                            NA("keepdim", bool_arg(false))}, m));
+}
+
+// transformers' grouped_mm fallback (its MoE experts by default): rows [offs[e-1], offs[e]) of input times
+// weight[e]; rows from offs[-1] on are zero. Every row times every expert (one mm against the experts side
+// by side), then each row's expert gathered: the row's expert is the count of offsets <= its index.
+void grouped_mm(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "input"), w = l.tensor_in(n, "weight"), offs = l.tensor_in(n, "offs");
+  const TensorMeta m = l.out_meta(n);
+  const auto& xm = l.meta_of(x);
+  const auto& wm = l.meta_of(w);
+  if (xm.sizes.size() != 2 || wm.sizes.size() != 3 || l.meta_of(offs).sizes.size() != 1)
+    l.unsupported(n, "expects input [S, K], weight [E, K, M], offs [E]");
+  const int64_t S = xm.sizes[0], E = wm.sizes[0], K = wm.sizes[1], M = wm.sizes[2];
+  const ScalarType dt = m.dtype;
+  ValueId wk = l.view(l.permute(w, {1, 0, 2}, "experts_side_by_side"), {K, E * M});
+  ValueId all = l.emit("aten.mm.default", {NA("self", tensor_arg(x)), NA("mat2", tensor_arg(wk))},
+                       contiguous(dt, {S, E * M}), "every_expert");
+  ValueId rows = l.view(iota_constant(l, S, ScalarType::Long, "rows"), {S, 1});
+  ValueId ends = l.view(l.convert(offs, ScalarType::Long), {1, E});
+  ValueId past = l.emit("aten.le.Tensor", {NA("self", tensor_arg(ends)), NA("other", tensor_arg(rows))},
+                        contiguous(ScalarType::Bool, {S, E}), "past");
+  ValueId e = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(past)), NA("dim", ints_arg({1})),
+                                              NA("keepdim", bool_arg(true))}, contiguous(ScalarType::Long, {S, 1}),
+                     "expert");
+  ValueId valid = l.emit("aten.lt.Scalar", {NA("self", tensor_arg(e)), NA("other", int_arg(E))},
+                         contiguous(ScalarType::Bool, {S, 1}), "valid");
+  ValueId ec = l.emit("aten.clamp.default", {NA("self", tensor_arg(e)), NA("max", int_arg(E - 1))},
+                      contiguous(ScalarType::Long, {S, 1}), "expert");
+  ValueId idx = l.expand(l.view(ec, {S, 1, 1}), {S, 1, M});
+  ValueId y = l.emit("aten.gather.default", {NA("self", tensor_arg(l.view(all, {S, E, M}))), NA("dim", int_arg(1)),
+                                             NA("index", tensor_arg(idx))}, contiguous(dt, {S, 1, M}), "row_expert");
+  ValueId zero = l.scalar_tensor(float_arg(0.0), dt);
+  l.bind(n, l.emit("aten.where.self", {NA("condition", tensor_arg(valid)), NA("self", tensor_arg(l.view(y, {S, M}))),
+                                       NA("other", tensor_arg(zero))}, m));
+}
+
+// One cat of the node's tensors, each first converted to the output's dtype and viewed as `shape_of` says.
+template <typename Shape>
+void cat_of(L& l, const Node& n, int64_t dim, Shape shape_of) {
+  const Argument ts = l.remap(l.arg(n, "tensors"));
+  if (ts.kind != Argument::Kind::Tensors) l.unsupported(n, "argument 'tensors' is not a tensor list");
+  const TensorMeta m = l.out_meta(n);
+  std::vector<ValueId> parts;
+  for (ValueId x : std::get<std::vector<ValueId>>(ts.payload))
+    parts.push_back(l.view(l.convert(x, m.dtype), shape_of(l.meta_of(x).sizes)));
+  if (parts.empty()) l.unsupported(n, "no tensors to join");
+  l.bind(n, l.emit("aten.cat.default", {NA("tensors", {Argument::Kind::Tensors, parts}), NA("dim", int_arg(dim))}, m));
+}
+
+void stack(L& l, const Node& n) {  // each unsqueezed at dim (torch's own definition)
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", 0), l.out_meta(n).sizes.size());
+  cat_of(l, n, dim, [&](std::vector<int64_t> s) {
+    s.insert(s.begin() + dim, 1);
+    return s;
+  });
+}
+
+// hstack / vstack / dstack: atleast_1d/2d/3d, then cat along 0 (1-D inputs of hstack) or 1, 0, 2.
+std::vector<int64_t> at_least(std::vector<int64_t> s, size_t rank) {
+  if (s.size() >= rank) return s;
+  if (s.empty()) return std::vector<int64_t>(rank, 1);
+  if (s.size() == 1) return rank == 2 ? std::vector<int64_t>{1, s[0]} : std::vector<int64_t>{1, s[0], 1};
+  s.push_back(1);  // 2-d to 3-d
+  return s;
+}
+
+void hstack(L& l, const Node& n) {
+  const bool rows = l.out_meta(n).sizes.size() == 1;
+  cat_of(l, n, rows ? 0 : 1, [](const std::vector<int64_t>& s) { return at_least(s, 1); });
+}
+
+void vstack(L& l, const Node& n) {
+  cat_of(l, n, 0, [](const std::vector<int64_t>& s) { return at_least(s, 2); });
+}
+
+void dstack(L& l, const Node& n) {
+  cat_of(l, n, 2, [](const std::vector<int64_t>& s) { return at_least(s, 3); });
+}
+
+// addcmul / addcdiv: self + value * tensor1 * tensor2 (/ tensor2), in torch's order.
+void addc(L& l, const Node& n, const char* op) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId t1 = l.tensor_in(n, "tensor1"), t2 = l.tensor_in(n, "tensor2");
+  const double value = l.number_in(n, "value", 1.0);
+  if (value != 1.0)
+    t1 = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(t1)), NA("other", float_arg(value))},
+                contiguous(l.meta_of(t1)), "scaled");
+  ValueId p = l.emit(op, {NA("self", tensor_arg(t1)), NA("other", tensor_arg(t2))}, m, "term");
+  l.bind(n, l.emit("aten.add.Tensor", {NA("self", tensor_arg(l.tensor_in(n, "self"))), NA("other", tensor_arg(p))}, m));
+}
+
+void addcmul(L& l, const Node& n) { addc(l, n, "aten.mul.Tensor"); }
+void addcdiv(L& l, const Node& n) { addc(l, n, "aten.div.Tensor"); }
+
+void broadcast_tensors(L& l, const Node& n) {  // each expanded to its output's shape (nn.L1Loss and the like)
+  const Argument ts = l.remap(l.arg(n, "tensors"));
+  if (ts.kind != Argument::Kind::Tensors) l.unsupported(n, "argument 'tensors' is not a tensor list");
+  const auto& xs = std::get<std::vector<ValueId>>(ts.payload);
+  std::vector<ValueId> outs;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const std::vector<int64_t> sizes = l.out_meta(n, i).sizes;
+    ValueId x = xs[i];
+    if (l.meta_of(x).sizes.size() < sizes.size()) {  // leading 1s first, as broadcasting reads them
+      std::vector<int64_t> s = l.meta_of(x).sizes;
+      s.insert(s.begin(), sizes.size() - s.size(), 1);
+      x = l.view(x, s);
+    }
+    outs.push_back(l.expand(x, sizes));
+  }
+  l.bind_all(n, outs);
+}
+
+void conj_physical(L& l, const Node& n) {  // of a real tensor (kiln has no complex dtypes): itself
+  l.bind(n, l.tensor_in(n, "self"));
+}
+
+// Losses (reduction 0 none, 1 mean, 2 sum) from the elementwise difference d = self - target.
+void reduce_loss(L& l, const Node& n, ValueId e) {
+  const TensorMeta m = l.out_meta(n);
+  const int64_t reduction = l.int_in(n, "reduction", 1);
+  if (reduction == 0) {
+    l.bind(n, e);
+    return;
+  }
+  std::vector<int64_t> dims(l.meta_of(e).sizes.size());
+  std::iota(dims.begin(), dims.end(), 0);
+  l.bind(n, l.emit(reduction == 1 ? "aten.mean.dim" : "aten.sum.dim_IntList",
+                   {NA("self", tensor_arg(e)), NA("dim", ints_arg(dims)), NA("keepdim", bool_arg(false))}, m));
+}
+
+ValueId loss_diff(L& l, const Node& n, bool absolute) {
+  ValueId x = l.tensor_in(n, "self"), y = l.tensor_in(n, "target");
+  std::vector<int64_t> s = l.meta_of(x).sizes;  // the broadcast shape of the two
+  const auto& ys = l.meta_of(y).sizes;
+  if (ys.size() > s.size()) s.insert(s.begin(), ys.size() - s.size(), 1);
+  for (size_t i = 0; i < ys.size(); ++i) {
+    int64_t& d = s[s.size() - ys.size() + i];
+    d = d == 1 ? ys[i] : d;
+  }
+  const TensorMeta em = contiguous(l.out_meta(n).dtype, s);
+  ValueId d = l.emit("aten.sub.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(y))}, em, "diff");
+  return absolute ? l.emit("aten.abs.default", {NA("self", tensor_arg(d))}, em, "abs_diff") : d;
+}
+
+void l1_loss(L& l, const Node& n) { reduce_loss(l, n, loss_diff(l, n, true)); }
+
+void mse_loss(L& l, const Node& n) {
+  ValueId d = loss_diff(l, n, false);
+  reduce_loss(l, n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(d)), NA("other", tensor_arg(d))},
+                           contiguous(l.meta_of(d)), "sq_diff"));
+}
+
+// smooth_l1_loss(beta) / huber_loss(delta): |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta (huber: times delta).
+void smooth_l1(L& l, const Node& n, double beta, double scale) {
+  ValueId a = loss_diff(l, n, true);
+  const TensorMeta em = contiguous(l.meta_of(a));
+  if (beta == 0.0) {
+    reduce_loss(l, n, a);
+    return;
+  }
+  ValueId sq = l.emit("aten.mul.Tensor", {NA("self", tensor_arg(a)), NA("other", tensor_arg(a))}, em, "sq");
+  sq = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(sq)), NA("other", float_arg(0.5 * scale / beta))}, em, "quad");
+  ValueId lin = l.emit("aten.sub.Scalar", {NA("self", tensor_arg(a)), NA("other", float_arg(0.5 * beta))}, em, "lin");
+  if (scale != 1.0)
+    lin = l.emit("aten.mul.Scalar", {NA("self", tensor_arg(lin)), NA("other", float_arg(scale))}, em, "lin");
+  ValueId small = l.emit("aten.lt.Scalar", {NA("self", tensor_arg(a)), NA("other", float_arg(beta))},
+                         contiguous(ScalarType::Bool, em.sizes), "small");
+  reduce_loss(l, n, l.emit("aten.where.self", {NA("condition", tensor_arg(small)), NA("self", tensor_arg(sq)),
+                                               NA("other", tensor_arg(lin))}, em, "elementwise"));
+}
+
+void smooth_l1_loss(L& l, const Node& n) { smooth_l1(l, n, l.number_in(n, "beta", 1.0), 1.0); }
+void huber_loss(L& l, const Node& n) {
+  const double delta = l.number_in(n, "delta", 1.0);
+  smooth_l1(l, n, delta, delta);
+}
+
+// `other` as the rewrite's argument: the remapped tensor, or the Python number as it is (emit makes a 0-d
+// tensor of it where the schema wants a Tensor).
+Argument other_arg(L& l, const Node& n) {
+  const Argument& o = l.arg(n, "other");
+  return o.kind == Argument::Kind::Tensor ? tensor_arg(l.tensor_in(n, "other")) : o;
+}
+
+void true_divide(L& l, const Node& n) {  // the functional form of true_divide_: div
+  l.bind(n, l.emit("aten.div.Tensor", {NA("self", tensor_arg(l.tensor_in(n, "self"))), NA("other", other_arg(l, n))},
+                   l.out_meta(n)));
+}
+
+void floor_divide(L& l, const Node& n) {  // floor_divide_.Tensor's functional name: floor_divide
+  const TensorMeta m = l.out_meta(n);
+  const Argument& o = l.arg(n, "other");
+  ValueId other = o.kind == Argument::Kind::Tensor ? l.tensor_in(n, "other") : l.scalar_tensor(o, m.dtype);
+  l.bind(n, l.emit("aten.floor_divide.default", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                                 NA("other", tensor_arg(other))}, m));
+}
+
+void deg2rad(L& l, const Node& n) {
+  constexpr double kPi = 3.14159265358979323846;
+  l.bind(n, l.emit("aten.mul.Scalar", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                       NA("other", float_arg(kPi / 180.0))}, l.out_meta(n)));
+}
+
+void frac(L& l, const Node& n) {  // x - trunc(x)
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  ValueId t = l.emit("aten.trunc.default", {NA("self", tensor_arg(x))}, m, "trunc");
+  l.bind(n, l.emit("aten.sub.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(t))}, m));
+}
+
+void glu(L& l, const Node& n) {  // a * sigmoid(b), a and b the halves along dim
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  std::vector<int64_t> sizes = l.meta_of(x).sizes;
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", -1), sizes.size());
+  const int64_t half = sizes[static_cast<size_t>(dim)] / 2;
+  auto parts = l.emit_raw("aten.split_with_sizes_copy.default",
+                          {NA("self", tensor_arg(x)), NA("split_sizes", ints_arg({half, half})), NA("dim", int_arg(dim))},
+                          {m, m});
+  ValueId g = l.emit("aten.sigmoid.default", {NA("self", tensor_arg(parts[1]))}, m, "gate");
+  l.bind(n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(parts[0])), NA("other", tensor_arg(g))}, m));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -176,6 +515,33 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.fill.Tensor", fill_tensor},
     {"aten.silu.default", silu},
     {"aten.rsub.Tensor", rsub_tensor},
+    {"aten.baddbmm.default", baddbmm},
+    {"aten.addbmm.default", addbmm},
+    {"aten.addmv.default", addmv},
+    {"aten.addr.default", addr},
+    {"aten.numpy_T.default", reverse_dims},
+    {"aten.mT.default", swap_last_two},
+    {"aten.adjoint.default", swap_last_two},
+    {"aten.histc.default", histc},
+    {"aten.stack.default", stack},
+    {"aten.broadcast_tensors.default", broadcast_tensors},
+    {"aten.conj_physical.default", conj_physical},
+    {"aten.true_divide.Tensor", true_divide},
+    {"aten.floor_divide.Tensor", floor_divide},
+    {"aten.deg2rad.default", deg2rad},
+    {"aten.frac.default", frac},
+    {"aten.glu.default", glu},
+    {"aten.l1_loss.default", l1_loss},
+    {"aten.mse_loss.default", mse_loss},
+    {"aten.smooth_l1_loss.default", smooth_l1_loss},
+    {"aten.huber_loss.default", huber_loss},
+    {"aten.addcmul.default", addcmul},
+    {"aten.addcdiv.default", addcdiv},
+    {"aten.hstack.default", hstack},
+    {"aten.vstack.default", vstack},
+    {"aten.row_stack.default", vstack},
+    {"aten.dstack.default", dstack},
+    {"transformers.grouped_mm_fallback.default", grouped_mm},
 };
 
 }  // namespace

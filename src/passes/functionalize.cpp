@@ -13,6 +13,7 @@
 
 #include "kiln/core/error.h"
 #include "kiln/ops/op_id.h"
+#include "lowerer.h"  // detail::source_location
 
 #include <algorithm>
 #include <map>
@@ -81,6 +82,12 @@ struct Inplace {
   std::string mutated_arg;  // the argument the operator writes
 };
 
+// " at file.py:12" from the node's stack_trace, as the lowerer's messages name it (empty without one).
+std::string at_source(const Node& n) {
+  std::string where = detail::source_location(n.stack_trace);
+  return where.empty() ? where : " at " + where;
+}
+
 std::optional<Inplace> inplace_of(const Node& n) {
   std::string_view t = n.target;
   const size_t dot1 = t.find('.'), dot2 = t.rfind('.');
@@ -95,7 +102,8 @@ std::optional<Inplace> inplace_of(const Node& n) {
   if ((overload == "out" || overload.ends_with("_out")) && n.input("out")) {  // add.out -> add.Tensor
     auto id = ops::find_op(fmt::format("aten::{}", name), overload);
     if (!id || ops::op_info(*id).target.empty())
-      fail("cannot lower node '{}' ({}): kiln knows no functional form of this out= overload", n.name, n.target);
+      fail("cannot lower node '{}' ({}){}: kiln knows no functional form of this out= overload", n.name, n.target,
+           at_source(n));
     return Inplace{std::string(ops::op_info(*id).target), "out"};
   }
   return std::nullopt;
@@ -329,8 +337,8 @@ class Functionalizer {
                      "unpermute");
       }
       case ViewKind::Expand:
-        fail("cannot lower node '{}' ({}): it writes in place into an expanded view ('{}'), which PyTorch refuses too",
-             at.name, at.target, view.name);
+        fail("cannot lower node '{}' ({}){}: it writes in place into an expanded view ('{}'), which PyTorch refuses "
+             "too", at.name, at.target, at_source(at), view.name);
       case ViewKind::Other: break;
     }
     // Any other view: the flat positions of the view's elements in the base (the view applied to
@@ -380,14 +388,14 @@ class Functionalizer {
   void lower_inplace(const Node& n, const Inplace& ip) {
     const auto* target = n.input(ip.mutated_arg);
     if (!target || target->arg.kind != Argument::Kind::Tensor)
-      fail("cannot lower node '{}' ({}): it writes argument '{}', which is not a tensor", n.name, n.target,
-           ip.mutated_arg);
+      fail("cannot lower node '{}' ({}){}: it writes argument '{}', which is not a tensor", n.name, n.target,
+           at_source(n), ip.mutated_arg);
     const ValueId m = std::get<ValueId>(target->arg.payload);
     const auto outs = n.output_ids();
     if (const ViewOp* v = find_view(ip.functional)) {  // unsqueeze_, transpose_, detach_: metadata only
       if (v->kind != ViewKind::Identity)
-        fail("cannot lower node '{}' ({}): an in-place change of a tensor's shape or strides; write the out-of-place "
-             "form ({})", n.name, n.target, ip.functional);
+        fail("cannot lower node '{}' ({}){}: an in-place change of a tensor's shape or strides; write the "
+             "out-of-place form ({})", n.name, n.target, at_source(n), ip.functional);
       for (ValueId o : outs) alias_[o] = Alias{ViewKind::Identity, -1, 0, m};
       return;
     }

@@ -283,7 +283,7 @@ bool Lowerer::lower_conv(const Node& n) {
     ValueId var = tensor_in(n, "running_var");
     const double eps = float_or("eps", 1e-5);
     if (try_fold_batch_norm(n, x, gamma, beta, mean, var, eps)) return true;
-    const auto& xm = meta_of(x);
+    const TensorMeta xm = meta_of(x);  // a copy: batch_norm_scale_shift adds values (the graph's storage moves)
     if (auto ss = batch_norm_scale_shift(x, gamma, beta, mean, var, eps)) {  // x * scale + shift, per channel
       ValueId y = emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(ss->first))},
                        contiguous(xm), "bn_scale");

@@ -9,6 +9,7 @@ mutated is the oracle for that), and compared with the input eager left behind.
 """
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -239,11 +240,14 @@ def test_metadata_mutation_fails_clearly(tmp_path):
 
     spec = export_mutating(M(), (rn(3, 4),), tmp_path / "m", "m")
     pte = tmp_path / "m.pte"
+    before = sorted(tmp_path.rglob("*"))
     proc = run_kiln("lower", "--spec", spec, "--out", pte, "-q", check=False)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kiln: error: ") and "unsqueeze_" in lines[0], proc.stderr
-    assert not pte.exists()
+    line_no = inspect.getsourcelines(M.forward)[1] + 2  # the `h.unsqueeze_(0)` line
+    assert f"test_functionalize.py:{line_no}:" in lines[0] and "shape or strides" in lines[0], lines[0]
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written: no .pte, no debug map
 
 
 def test_scalar_in_a_tensor_argument_becomes_a_tensor(tmp_path):
@@ -289,11 +293,15 @@ def test_unsupported_operator_is_one_line_naming_it(tmp_path):
 
     spec = export_mutating(M(), (rn(3, 3),), tmp_path / "u", "u")
     pte = tmp_path / "u.pte"
-    proc = run_kiln("lower", "--spec", spec, "--out", pte, "-q", check=False)
-    assert proc.returncode == 1, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    line = lines[0]
-    assert line.startswith("kiln: error: cannot lower node '"), line
-    assert "aten.linalg_inv" in line and "test_functionalize.py:" in line, line
-    assert not pte.exists() and not pte.with_suffix(".json").exists()
+    before = sorted(tmp_path.rglob("*"))
+    for backend in ("portable", "xnnpack"):
+        proc = run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "-q", check=False)
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        line = lines[0]
+        assert line.startswith("kiln: error: cannot lower node '"), line
+        line_no = inspect.getsourcelines(M.forward)[1] + 2  # the `torch.linalg.inv(y)` line
+        assert "aten.linalg_inv" in line and f"at test_functionalize.py:{line_no}: " in line, line
+        assert "kiln has no kernel or decomposition for this operator" in line, line  # the reason
+        assert sorted(tmp_path.rglob("*")) == before  # nothing written: no .pte, no debug map, no JSON

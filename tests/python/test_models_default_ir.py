@@ -3,7 +3,12 @@ their graphs hold in-place operators (`*=`, `+=`, masked_fill_, ...) and non-cor
 repeat_interleave, _weight_norm, unbind) that functionalization and the decomposition table lower.
 
 Tiny seeded configurations; for each, both backends, kiln's runtime and ExecuTorch's runtime running
-kiln's .pte, every output within 1e-4 x max|ref| of eager.
+kiln's .pte, every output within 1e-4 x max|ref| of eager. The later architectures (GPT-NeoX, Falcon,
+BLOOM, Swin, ConvNeXt, Mixtral with transformers' default grouped-mm experts) also have ExecuTorch's own
+lowering beside kiln's, its .pte run in both runtimes against eager: for the portable backend only, as
+ExecuTorch's XNNPACK lowering of each costs 20-90 s of CI time on this machine (kiln's lowering: well under a
+second). ExecuTorch refuses Mixtral's default MoE (transformers' grouped_mm custom operator is not core
+ATen), which kiln decomposes (decompositions.cpp).
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import assert_close, et_execute, run_kiln
+from conftest import assert_close, et_execute, et_lower, run_kiln
 from test_xnnpack_runtime import kiln_run
 
 
@@ -60,6 +65,10 @@ def ids(n=8):
     return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(1))
 
 
+def pixels():
+    return torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+
+
 def build(name: str):
     import transformers as tf
 
@@ -70,10 +79,6 @@ def build(name: str):
         return _FirstOutput(tf.Qwen2ForCausalLM(tf.Qwen2Config(**COMMON, num_key_value_heads=2, use_cache=False))), (ids(),)
     if name == "phi":
         return _FirstOutput(tf.PhiForCausalLM(tf.PhiConfig(**COMMON, use_cache=False))), (ids(),)
-    if name == "mixtral":
-        cfg = tf.MixtralConfig(**COMMON, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                               use_cache=False)
-        return _FirstOutput(tf.MixtralForCausalLM(cfg)), (ids(),)
     if name == "t5_encoder":
         cfg = tf.T5Config(vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
         return _FirstOutput(tf.T5EncoderModel(cfg)), (ids(),)
@@ -129,11 +134,34 @@ def build(name: str):
                 h /= h.norm(dim=-1, keepdim=True)
                 return h
         return M(), (torch.randn(1, 6, 16),)
+    if name == "gpt_neox":  # partial rotary (rotary_pct), chunk of the fused qkv
+        cfg = tf.GPTNeoXConfig(**{**COMMON, "num_hidden_layers": 1}, rotary_pct=0.5, use_cache=False)
+        return _FirstOutput(tf.GPTNeoXForCausalLM(cfg)), (ids(),)
+    if name == "falcon":  # parallel attention, x.T (aten.numpy_T), matmul, `+=`
+        cfg = tf.FalconConfig(vocab_size=256, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                              use_cache=False)
+        return _FirstOutput(tf.FalconForCausalLM(cfg)), (ids(),)
+    if name == "bloom":  # ALiBi: baddbmm(alibi, q, k, beta, alpha)
+        cfg = tf.BloomConfig(vocab_size=256, hidden_size=32, n_layer=1, n_head=4, use_cache=False)
+        return _FirstOutput(tf.BloomForCausalLM(cfg)), (ids(),)
+    if name == "swin":  # windows, then shifted windows (roll, masked_fill mask), pad, relative position index
+        cfg = tf.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[2, 1], num_heads=[2, 2], window_size=4)
+        return _FirstOutput(tf.SwinModel(cfg), "pixel_values"), (pixels(),)
+    if name == "convnext":  # depthwise 7x7 conv, channels-last LayerNorm, layer scale
+        cfg = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32)
+        return _FirstOutput(tf.ConvNextModel(cfg), "pixel_values"), (pixels(),)
+    if name == "mixtral_grouped_mm":  # transformers' default experts: sort, histc, its grouped_mm custom op
+        cfg = tf.MixtralConfig(**{**COMMON, "num_hidden_layers": 1}, num_key_value_heads=2, num_local_experts=4,
+                               num_experts_per_tok=2, use_cache=False)
+        return _FirstOutput(tf.MixtralForCausalLM(cfg)), (ids(),)
     raise ValueError(name)
 
 
 MODELS = ["mistral", "qwen2", "phi", "t5_encoder", "whisper_encoder", "weight_norm_conv",
-          "multihead_attention", "splits", "causal_sdpa_block"]
+          "multihead_attention", "splits", "causal_sdpa_block",
+          "gpt_neox", "falcon", "bloom", "swin", "convnext", "mixtral_grouped_mm"]
+# ExecuTorch's own portable lowering beside kiln's (see the module docstring)
+WITH_EXECUTORCH_LOWERING = {"gpt_neox", "falcon", "bloom", "swin", "convnext"}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -149,3 +177,9 @@ def test_default_ir_model(name, tmp_path):
             assert len(got) == len(refs), (name, backend, runtime, len(got))
             for i, (g, r) in enumerate(zip(got, refs)):
                 assert_close(g, r, f"kiln {backend} .pte of {name} in {runtime} runtime, output {i}")
+    if name in WITH_EXECUTORCH_LOWERING:
+        et_pte = et_lower(spec, "portable")
+        for runtime, got in (("ExecuTorch's", et_execute(et_pte, ins)), ("kiln's", kiln_run(et_pte, ins, tmp_path))):
+            assert len(got) == len(refs), (name, runtime, len(got))
+            for i, (g, r) in enumerate(zip(got, refs)):
+                assert_close(g, r, f"ExecuTorch's portable .pte of {name} in {runtime} runtime, output {i}")
