@@ -165,12 +165,33 @@ struct Origins {
   std::vector<int64_t> handle;                  // per edge node
   std::vector<std::string> source;              // per edge node: the ATen node's name ("" if none)
   std::map<std::string, const json*> aten_node;  // name -> the .pt2's node JSON
+  const json* tensor_values = nullptr;          // the .pt2's tensor metadata, by name
+
+  // Whether `sizes` (an output of edge node k) is its ATen node's single output's shape, size-1 dims
+  // aside; true when that is unknown (no source, several outputs, symbolic sizes).
+  bool shape_matches(const std::vector<int64_t>& sizes, size_t k) const {
+    auto it = aten_node.find(source[k]);
+    if (it == aten_node.end()) return true;
+    const json& outs = it->second->value("outputs", json::array());
+    if (outs.size() != 1 || !outs[0].contains("as_tensor")) return true;
+    const std::string name = outs[0]["as_tensor"].value("name", "");
+    if (!tensor_values->contains(name)) return true;
+    std::vector<int64_t> a, b;
+    for (const json& d : (*tensor_values)[name].at("sizes")) {
+      if (!d.contains("as_int")) return true;
+      if (d["as_int"].get<int64_t>() != 1) a.push_back(d["as_int"].get<int64_t>());
+    }
+    for (int64_t d : sizes)
+      if (d != 1) b.push_back(d);
+    return a == b;
+  }
 };
 
 Origins origins(const passes::EdgeProgram& edge, const json& program) {
   Origins o;
   std::map<std::string, int64_t> handle_of;
   const json& nodes = program.at("graph_module").at("graph").at("nodes");
+  o.tensor_values = &program.at("graph_module").at("graph").at("tensor_values");
   for (size_t k = 0; k < nodes.size(); ++k) {
     const std::string name = nodes[k].at("name");
     handle_of[name] = static_cast<int64_t>(k) + 1;
@@ -185,6 +206,14 @@ Origins origins(const passes::EdgeProgram& edge, const json& program) {
         best = it->second;
         name = s;
       }
+    if (best == 0)  // a node kiln made (a buffer's write-back): the origin of the value it stores
+      for (const graph::NamedArgument& a : n.inputs)
+        for (graph::ValueId v : a.arg.tensor_ids())
+          if (const int32_t p = edge.graph.value(v).producer; p >= 0 && o.handle[static_cast<size_t>(p)] > best &&
+                                                              !o.source[static_cast<size_t>(p)].empty()) {
+            best = o.handle[static_cast<size_t>(p)];
+            name = o.source[static_cast<size_t>(p)];
+          }
     o.handle.push_back(best > 0 ? best : fresh++);
     o.source.push_back(name);
   }
@@ -323,12 +352,24 @@ void write_etrecord(const EtrecordInput& in, StagedFile& out) {
   nlohmann::ordered_json delegate_map = nlohmann::ordered_json::object();
   const auto& inode = in.report->instruction_node;
   const auto& iregion = in.report->instruction_region;
+  // Inspector compares an instruction's output with its ATen node's: an output of another shape (kiln's
+  // grouped-query products, [kv heads, group, ...] for [heads, ...]) would stop its comparison, so such an
+  // instruction is left out of the map (its row then names no operator).
+  auto comparable = [&](int32_t node) {
+    for (graph::ValueId v : g.nodes[static_cast<size_t>(node)].output_ids())
+      if (!o.shape_matches(g.value(v).meta.sizes, static_cast<size_t>(node))) return false;
+    return true;
+  };
   for (size_t k = 0; k < inode.size(); ++k) {
     const std::string key = std::to_string(k);
     if (inode[k] >= 0) {
-      handle_map[key] = o.handle[static_cast<size_t>(inode[k])];
+      if (comparable(inode[k])) handle_map[key] = o.handle[static_cast<size_t>(inode[k])];
     } else if (iregion[k] >= 0 && in.delegation) {
       const partition::DelegatedRegion& r = in.delegation->regions[static_cast<size_t>(iregion[k])];
+      bool outputs_comparable = true;
+      for (graph::ValueId v : r.outputs)
+        if (g.value(v).producer >= 0 && !comparable(g.value(v).producer)) outputs_comparable = false;
+      if (!outputs_comparable) continue;
       std::vector<int64_t> out_handles;
       for (graph::ValueId v : r.outputs)
         if (g.value(v).producer >= 0) out_handles.push_back(o.handle[static_cast<size_t>(g.value(v).producer)]);

@@ -138,18 +138,22 @@ void Method::enable_debug_outputs(DebugOutputLog* log) {
 }
 
 void Method::log_debug_outputs(size_t pc, const Instruction& in, std::span<EValue*> args) {
+  bool logged = false;
   auto log = [&](const EValue* v) {
     if (!v) return;
     if (v->tag == EValue::Tag::Tensor) {
       debug_log_->log(static_cast<uint32_t>(pc), -1, *v->scalar.t);
+      logged = true;
     } else if (v->tag == EValue::Tag::TensorList) {
       for (const Tensor* t : v->tensors)
         if (t) debug_log_->log(static_cast<uint32_t>(pc), -1, *t);
+      logged = true;
     }
   };
   if (in.kind == Instruction::Kind::Kernel) {  // its out arguments (the last one when the table lacks it)
     const size_t outs = std::max<size_t>(debug_outs_[pc], 1);
     for (size_t k = args.size() >= outs ? args.size() - outs : 0; k < args.size(); ++k) log(args[k]);
+    if (!logged && !args.empty()) log(args[0]);  // an in-place operator (index_put_, copy_): the self it writes
   } else if (in.kind == Instruction::Kind::Delegate) {  // as ExecuTorch: every argument, inputs then outputs
     for (const EValue* v : args) log(v);
   }
