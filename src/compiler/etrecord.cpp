@@ -355,10 +355,11 @@ void write_etrecord(const EtrecordInput& in, StagedFile& out) {
   // Inspector compares an instruction's output with its ATen node's: an output of another shape (kiln's
   // grouped-query products, [kv heads, group, ...] for [heads, ...]) would stop its comparison, so such an
   // instruction is left out of the map (its row then names no operator).
-  auto comparable = [&](int32_t node) {
-    for (graph::ValueId v : g.nodes[static_cast<size_t>(node)].output_ids())
-      if (!o.shape_matches(g.value(v).meta.sizes, static_cast<size_t>(node))) return false;
-    return true;
+  auto comparable = [&](int32_t node) {  // one output of its ATen node's shape (native_layer_norm: the first)
+    const auto outs = g.nodes[static_cast<size_t>(node)].output_ids();
+    for (graph::ValueId v : outs)
+      if (o.shape_matches(g.value(v).meta.sizes, static_cast<size_t>(node))) return true;
+    return outs.empty();
   };
   for (size_t k = 0; k < inode.size(); ++k) {
     const std::string key = std::to_string(k);
