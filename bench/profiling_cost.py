@@ -9,6 +9,10 @@ process; a cell is the median over rounds of the process's median latency.
 
 Prints a markdown table (ratio NEW/BASE: 1.00 means profiling off costs nothing measurable at
 this resolution; the spread of BASE's own rounds is printed beside it).
+
+With --debug-outputs, two more cells: the run `kiln profile --etdump --debug-outputs` logs (every
+instruction's outputs copied into the debug buffer) against the same run without the flag, both
+timed by `kiln profile` itself (its first profiled run, after --warmup 2), in NEW.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 
 
 def bench(binary: str, pte: str, threads: int, iters: int, profile: bool) -> float:
@@ -29,6 +34,18 @@ def bench(binary: str, pte: str, threads: int, iters: int, profile: bool) -> flo
     return float(json.loads(proc.stdout)["median_ms"])
 
 
+def profile_run(binary: str, pte: str, threads: int, debug_outputs: bool, tmp: str) -> float:
+    """The first profiled run's wall time (ms): the one --debug-outputs logs."""
+    cmd = [binary, "profile", pte, "--threads", str(threads), "--iters", "1", "--warmup", "2", "--json",
+           "--etdump", os.path.join(tmp, "cost.etdp")]
+    if debug_outputs:
+        cmd.append("--debug-outputs")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"profiling_cost: {' '.join(cmd)} failed: {proc.stderr.strip()[-300:]}")
+    return float(json.loads(proc.stdout)["times_ms"][0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pte")
@@ -37,13 +54,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--debug-outputs", action="store_true",
+                    help="also time kiln profile's logged run with and without --debug-outputs (NEW)")
     args = ap.parse_args()
     cells = [("base, off", args.base, False), ("new, off", args.new, False), ("new, on (--profile)", args.new, True)]
+    if args.debug_outputs:
+        cells += [("new, kiln profile run", args.new, "profile"), ("new, kiln profile run, --debug-outputs", args.new, "debug")]
     runs: dict[str, list[float]] = {c[0]: [] for c in cells}
     load0 = os.getloadavg()
-    for r in range(args.rounds):
-        for name, binary, prof in (cells if r % 2 == 0 else list(reversed(cells))):
-            runs[name].append(bench(binary, args.pte, args.threads, args.iters, prof))
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name, binary, prof in (cells if r % 2 == 0 else list(reversed(cells))):
+                if prof in ("profile", "debug"):
+                    runs[name].append(profile_run(binary, args.pte, args.threads, prof == "debug", tmp))
+                else:
+                    runs[name].append(bench(binary, args.pte, args.threads, args.iters, prof))
     load1 = os.getloadavg()
     base = statistics.median(runs["base, off"])
     print(f"{args.pte}, {args.threads} thread(s), {args.rounds} rounds of {args.iters} runs; load average "
@@ -52,7 +77,7 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, _, _ in cells:
         v = runs[name]
-        print(f"| {name} | {statistics.median(v):.2f} | {min(v):.2f}..{max(v):.2f} | {statistics.median(v) / base:.3f} |")
+        print(f"| {name} | {statistics.median(v):.4f} | {min(v):.4f}..{max(v):.4f} | {statistics.median(v) / base:.3f} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 // ETDump (ExecuTorch's profile event format) for `kiln profile --etdump`.
 #pragma once
 
+#include "kiln/core/dtype.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,9 +18,18 @@ struct EtdumpEvent {
   uint64_t start_ns = 0, end_ns = 0;
 };
 
+// A debug event: one tensor an instruction logged (its bytes at `offset` in the debug buffer file).
+struct EtdumpDebug {
+  int32_t instruction_id = -1;
+  ScalarType dtype = ScalarType::Float;
+  std::vector<int64_t> sizes;
+  uint64_t offset = 0;
+};
+
 struct EtdumpRun {
   std::string name;  // the method
   std::vector<EtdumpEvent> events;
+  std::vector<std::pair<size_t, EtdumpDebug>> debug;  // (index in events it goes before, by index), the event
 };
 
 // The size-prefixed "ED00" flatbuffer ExecuTorch's devtools (Inspector) read.

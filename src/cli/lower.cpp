@@ -28,6 +28,7 @@ struct LowerOptions {
   bool quiet = false;
   bool verify = true;
   bool debug_map = true;
+  std::string etrecord;
   bool per_op = false;
   std::string quantize;
   std::string quantize_scales;
@@ -94,6 +95,7 @@ int run_lower(const LowerOptions& o) {
   lo.quantize_skip = o.quantize_skip;
   lo.verify = o.verify;
   lo.debug_map = o.debug_map;
+  lo.etrecord = o.etrecord;
   if (!o.quiet)
     lo.progress = [t0](std::string_view what) {
       fmt::print(stderr, "kiln lower: [{:6.2f}s] {}\n", seconds_since(t0), what);
@@ -119,6 +121,7 @@ int run_lower(const LowerOptions& o) {
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
   if (!r.debug_map_path.empty())
     fmt::print("  debug map {} ({:.2f} s)\n", r.debug_map_path, r.seconds.debug_map);
+  if (!r.etrecord_path.empty()) fmt::print("  etrecord {} ({:.2f} s)\n", r.etrecord_path, r.seconds.etrecord);
   return 0;
 }
 
@@ -150,6 +153,9 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "
                 "module paths, delegate regions; docs/PROFILING.md)");
+  cmd->add_option("--etrecord", opts->etrecord,
+                  "also write an ETRecord here (ExecuTorch's devtools format: executorch.devtools.Inspector maps an "
+                  "ETDump of this program back to the model with it; docs/PROFILING.md)");
   cmd->callback([opts, &run] { run = [opts] { return run_lower(*opts); }; });
 }
 

@@ -43,6 +43,9 @@ struct ProfileOptions {
   std::string engine = "kiln";
   std::string trace;
   std::string etdump;
+  bool debug_outputs = false;  // log the first profiled run's intermediate outputs into the ETDump
+  std::string debug_buffer;    // where their bytes go (default: beside the ETDump, .debug.bin)
+  int64_t debug_buffer_mb = 256;
   std::string debug_map;
   bool as_json = false;
   int top = 15;
@@ -167,6 +170,9 @@ void describe(Item& it, const DebugMap& map) {
 
 int run_profile(const ProfileOptions& o) {
   check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+  check(!o.debug_outputs || !o.etdump.empty(), "--debug-outputs needs --etdump (the outputs go into the ETDump's debug buffer)");
+  check(o.debug_buffer.empty() || o.debug_outputs, "--debug-buffer needs --debug-outputs");
+  check(o.debug_buffer_mb >= 1 && o.debug_buffer_mb <= (int64_t{1} << 20), "--debug-buffer-mb must be 1 to 1048576");
   check_threads(o.threads);
   rt::ErrorMessage err;
   auto program = rt::Program::load(o.file.c_str(), &err);
@@ -283,6 +289,12 @@ int run_profile(const ProfileOptions& o) {
   }
   for (Item& it : items) describe(it, map);
 
+  // Intermediate outputs: the first profiled run's (later runs would repeat or, with state, differ).
+  std::unique_ptr<rt::DebugOutputLog> debug_log;
+  if (o.debug_outputs) {
+    debug_log = std::make_unique<rt::DebugOutputLog>(static_cast<size_t>(o.debug_buffer_mb) << 20, size_t{1} << 16);
+    check(debug_log->data() != nullptr, "--debug-buffer-mb {}: out of memory", o.debug_buffer_mb);
+  }
   m.enable_profiling(true);
   std::vector<double> wall_ms;
   std::vector<uint64_t> seen(m.num_instructions(), 0);
@@ -292,9 +304,11 @@ int run_profile(const ProfileOptions& o) {
   uint64_t measured_ns = 0;
   for (int r = 0; r < o.iters; ++r) {
     set_inputs();
+    if (debug_log && r == 0) m.enable_debug_outputs(debug_log.get());
     const auto a = Clock::now();
     execute();
     const auto b = Clock::now();
+    if (debug_log && r == 0) m.enable_debug_outputs(nullptr);
     const auto ns = [](Clock::time_point t) {
       return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
     };
@@ -380,7 +394,9 @@ int run_profile(const ProfileOptions& o) {
   size_t num_steps = 0;
   for (const auto& s : steps) num_steps += s.size();
 
-  std::unique_ptr<StagedFile> trace_file, etdump_file;
+  std::unique_ptr<StagedFile> trace_file, etdump_file, debug_file;
+  const std::string debug_buffer_path =
+      !o.debug_buffer.empty() ? o.debug_buffer : fs::path(o.etdump).replace_extension(".debug.bin").string();
   if (!o.trace.empty()) {  // Chrome trace (the JSON array form with metadata), µs from the first run's start
     const uint64_t t0 = runs.empty() ? 0 : runs.front().first;
     auto us = [&](uint64_t ns) { return static_cast<double>(ns - std::min(ns, t0)) / 1e3; };
@@ -424,14 +440,29 @@ int run_profile(const ProfileOptions& o) {
       x.end_ns = e.end_ns - std::min(e.end_ns, t0);
       if (e.cat == "step") {  // a delegated event: Inspector names it by its identifier
         x.name = it.label;
-        x.delegate_id_str = map.present ? fmt::format("{}: {} (#{}.{})", it.module, it.label, it.instruction, it.step)
-                                        : fmt::format("{} (#{}.{})", it.label, it.instruction, it.step);
+        // then "<k>" per payload node it runs: the keys an ETRecord's delegate map names them by
+        std::string keys;
+        for (uint32_t h : it.debug_handles) keys += fmt::format("<{}>", h);
+        x.delegate_id_str = map.present ? fmt::format("{}: {} (#{}.{}) {}", it.module, it.label, it.instruction, it.step, keys)
+                                        : fmt::format("{} (#{}.{}) {}", it.label, it.instruction, it.step, keys);
       } else if (e.cat == "delegate") {
         x.name = "DELEGATE_CALL";
       } else {
         x.name = map.present ? fmt::format("{} ({})", it.label, it.module) : it.label;
       }
       er[e.run].events.push_back(std::move(x));
+    }
+    if (debug_log && !er.empty()) {  // each logged tensor before its instruction's first event of run 0
+      std::vector<size_t> first(m.num_instructions(), er[0].events.size());
+      for (size_t k = er[0].events.size(); k-- > 1;)
+        if (er[0].events[k].instruction_id >= 0) first[static_cast<size_t>(er[0].events[k].instruction_id)] = k;
+      for (const rt::DebugOutput& d : debug_log->entries())
+        er[0].debug.push_back({first[d.instruction], {static_cast<int32_t>(d.instruction), d.dtype,
+                                                      std::vector<int64_t>(d.sizes, d.sizes + d.dim), d.offset}});
+      std::stable_sort(er[0].debug.begin(), er[0].debug.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      debug_file = std::make_unique<StagedFile>(debug_buffer_path);
+      debug_file->write(debug_log->data(), debug_log->bytes_used());
     }
     const std::vector<uint8_t> bytes = etdump_bytes(er);
     etdump_file = std::make_unique<StagedFile>(o.etdump);
@@ -440,6 +471,7 @@ int run_profile(const ProfileOptions& o) {
   {  // --trace and --etdump are published together, or neither (kiln/core/output_file.h)
     std::vector<StagedFile*> files;
     if (trace_file) files.push_back(trace_file.get());
+    if (debug_file) files.push_back(debug_file.get());
     if (etdump_file) files.push_back(etdump_file.get());
     publish_together(files);
   }
@@ -476,6 +508,9 @@ int run_profile(const ProfileOptions& o) {
               {"rows", rows}, {"by_operator", table(by_op, "operator")}, {"by_region", table(by_region, "region")},
               {"trace", o.trace.empty() ? json(nullptr) : json(o.trace)}, {"trace_events", events.size()},
               {"etdump", o.etdump.empty() ? json(nullptr) : json(o.etdump)}};
+    if (debug_log)
+      j["debug_outputs"] = {{"buffer", debug_buffer_path}, {"tensors", debug_log->entries().size()},
+                            {"bytes", debug_log->bytes_used()}, {"overflowed", debug_log->overflowed()}};
     if (map.present) {
       j["by_module"] = table(by_module, "module");
       j["by_module_pattern"] = table(by_pattern, "module");
@@ -514,6 +549,10 @@ int run_profile(const ProfileOptions& o) {
   }
   if (!o.trace.empty()) fmt::print("  trace: {} ({} events)\n", o.trace, events.size());
   if (!o.etdump.empty()) fmt::print("  etdump: {}\n", o.etdump);
+  if (debug_log)
+    fmt::print("  debug outputs: {} tensors, {:.1f} MB in {}{}\n", debug_log->entries().size(),
+               static_cast<double>(debug_log->bytes_used()) / 1e6, debug_buffer_path,
+               debug_log->overflowed() ? " (the buffer filled up: later outputs were not logged; raise --debug-buffer-mb)" : "");
   return 0;
 }
 
@@ -539,6 +578,13 @@ void add_profile_command(CLI::App& app, std::function<int()>& run) {
                                          "instruction and delegate step");
   cmd->add_option("--etdump", opts->etdump, "write an ETDump (ExecuTorch's event format, executorch.devtools.Inspector "
                                            "reads it): per run, Method::execute, every instruction, every delegate step");
+  cmd->add_flag("--debug-outputs", opts->debug_outputs,
+                "with --etdump: log the first profiled run's intermediate outputs (every instruction's outputs, as "
+                "ExecuTorch's runtime logs them) into the ETDump's debug buffer, for Inspector.calculate_numeric_gap");
+  cmd->add_option("--debug-buffer", opts->debug_buffer, "where the debug buffer goes (default: the ETDump's path with "
+                                                       ".debug.bin; Inspector's debug_buffer_path)");
+  cmd->add_option("--debug-buffer-mb", opts->debug_buffer_mb, "the most MB of outputs logged (the rest are not)")
+      ->capture_default_str();
   cmd->add_option("--debug-map", opts->debug_map, "the debug map (default: X.debug.json beside X.pte)");
   cmd->add_option("--top", opts->top, "rows per table")->capture_default_str();
   cmd->add_flag("--json", opts->as_json, "print JSON (rows, by_operator, by_module, by_module_pattern, by_region, "

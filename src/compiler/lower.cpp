@@ -3,6 +3,7 @@
 
 #include "kiln/backends/xnnpack/runtime.h"
 #include "kiln/compiler/debug_map.h"
+#include "kiln/compiler/etrecord.h"
 #include "kiln/core/error.h"
 #include "kiln/core/output_file.h"
 #include "kiln/passes/dynamic.h"
@@ -87,7 +88,7 @@ std::string metadata(const LowerResult& r) {
   const LowerTimings& t = r.seconds;
   meta["lowering_seconds"] = {{"read_pt2", t.read_pt2}, {"to_edge", t.to_edge}, {"partition", t.partition},
                               {"emit", t.emit},         {"write", t.write},     {"total", t.total},
-                              {"debug_map", t.debug_map}};
+                              {"debug_map", t.debug_map}, {"etrecord", t.etrecord}};
   return meta.dump(2) + "\n";
 }
 
@@ -324,11 +325,22 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     map_file->close();
     r.seconds.debug_map = seconds_since(t_map);
   }
+  std::optional<StagedFile> etrecord_file;
+  if (!o.etrecord.empty()) {  // ExecuTorch's devtools format, published with the set
+    const auto t_etr = Clock::now();
+    progress(fmt::format("writing the ETRecord {}", o.etrecord));
+    r.etrecord_path = o.etrecord;
+    etrecord_file.emplace(o.etrecord);
+    write_etrecord({&ep, &edge, delegation ? &*delegation : nullptr, &r.report, &spec}, *etrecord_file);
+    etrecord_file->close();
+    r.seconds.etrecord = seconds_since(t_etr);
+  }
   r.metadata_json = metadata(r);
   StagedFile meta_file(r.metadata_path);
   meta_file.write(r.metadata_json);
   std::vector<StagedFile*> set;
   if (map_file) set.push_back(&*map_file);
+  if (etrecord_file) set.push_back(&*etrecord_file);
   set.push_back(&meta_file);
   set.push_back(&pte_file);  // last: a new .pte appears only once its metadata and debug map are in place
   std::vector<std::string> stale;

@@ -1,5 +1,7 @@
 #include "kiln/runtime/program.h"
 
+#include "kiln/ops/op_id.h"
+
 #include "kiln/fb/kiln_program_generated.h"
 #include "kiln/runtime/kernel_registry.h"
 #include "kiln/runtime/try.h"
@@ -78,6 +80,9 @@ Method& Method::operator=(Method&& o) noexcept {
   delegates_ = std::move(o.delegates_);
   profile_ = std::move(o.profile_);
   profiling_ = o.profiling_;
+  debug_log_ = o.debug_log_;
+  debug_outs_ = std::move(o.debug_outs_);
+  o.debug_log_ = nullptr;
   o.buffers_.clear();
   o.delegates_.clear();
   return *this;
@@ -102,6 +107,43 @@ void Method::enable_profiling(bool on) {
   for (auto& p : profile_) p = InstructionProfile{};  // as the backends do: a profile starts from zero
   for (auto& d : delegates_)
     if (d.backend && d.backend->enable_profiling) d.backend->enable_profiling(d.state, on);
+}
+
+void Method::enable_debug_outputs(DebugOutputLog* log) {
+  debug_log_ = log;
+  if (log && debug_outs_.size() != instructions_.size()) {  // a kernel call's outs: its operator's schema
+    debug_outs_.assign(instructions_.size(), 0);
+    for (size_t i = 0; i < instructions_.size(); ++i) {
+      if (instructions_[i].kind != Instruction::Kind::Kernel) continue;
+      const std::string_view label = instruction_label(i);  // "aten::native_layer_norm.out"
+      const size_t dot = label.rfind('.');
+      const auto id = dot == std::string_view::npos ? std::nullopt
+                                                    : ops::find_op(label.substr(0, dot), label.substr(dot + 1));
+      if (id) debug_outs_[i] = static_cast<uint8_t>(ops::op_schema(*id).num_outs);
+    }
+  }
+}
+
+void Method::log_debug_outputs(size_t pc, const Instruction& in, std::span<EValue*> args) {
+  bool logged = false;
+  auto log = [&](const EValue* v) {
+    if (!v) return;
+    if (v->tag == EValue::Tag::Tensor) {
+      debug_log_->log(static_cast<uint32_t>(pc), -1, *v->scalar.t);
+      logged = true;
+    } else if (v->tag == EValue::Tag::TensorList) {
+      for (const Tensor* t : v->tensors)
+        if (t) debug_log_->log(static_cast<uint32_t>(pc), -1, *t);
+      logged = true;
+    }
+  };
+  if (in.kind == Instruction::Kind::Kernel) {  // its out arguments (the last one when the table lacks it)
+    const size_t outs = std::max<size_t>(debug_outs_[pc], 1);
+    for (size_t k = args.size() >= outs ? args.size() - outs : 0; k < args.size(); ++k) log(args[k]);
+    if (!logged && !args.empty()) log(args[0]);  // an in-place operator (index_put_, copy_): the self it writes
+  } else if (in.kind == Instruction::Kind::Delegate) {  // as ExecuTorch: every argument, inputs then outputs
+    for (const EValue* v : args) log(v);
+  }
 }
 
 size_t Method::delegate_steps(size_t d, std::span<BackendStepProfile> out) const {
@@ -235,6 +277,7 @@ Status Method::execute(ErrorMessage* error) {
       p.last_start_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count());
       p.last_end_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count());
     }
+    if (debug_log_) log_debug_outputs(pc, in, args);
     pc = next;
   }
   return Status::Ok;

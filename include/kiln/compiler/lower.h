@@ -59,6 +59,9 @@ struct LowerOptions {
   bool verify = true;   // load the written program back before it takes its name
   // Write the debug map beside the .pte (X.pte -> X.debug.json, docs/PROFILING.md).
   bool debug_map = true;
+  // Also write an ETRecord (ExecuTorch's devtools format, kiln/compiler/etrecord.h) at this path,
+  // published with the .pte; empty: none.
+  std::string etrecord;
   // Called once per stage with a one-line description (no newline); may be empty.
   std::function<void(std::string_view)> progress;
 };
@@ -67,6 +70,7 @@ struct LowerOptions {
 struct LowerTimings {
   double read_pt2 = 0, to_edge = 0, partition = 0, emit = 0, write = 0, total = 0;
   double debug_map = 0;  // after total: writing X.debug.json
+  double etrecord = 0;   // after total: writing the ETRecord
 };
 
 struct LowerResult {
@@ -76,6 +80,7 @@ struct LowerResult {
   std::string pte_path;
   std::string metadata_path;
   std::string debug_map_path;  // empty when LowerOptions::debug_map is off
+  std::string etrecord_path;   // empty unless LowerOptions::etrecord is set
   uint64_t pte_size = 0;  // bytes
   std::string pte_sha256;  // of the .pte as written (its metadata records it: the two belong together)
   passes::LoweringStats lowering;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "kiln/runtime/backend.h"
+#include "kiln/runtime/debug_outputs.h"
 #include "kiln/runtime/evalue.h"
 #include "kiln/runtime/kernel.h"
 #include "kiln/runtime/pte_file.h"
@@ -100,6 +101,11 @@ class Method {
   // Fills up to out.size() of delegate d's steps (kiln/runtime/backend.h); returns how many it has (0: none).
   size_t delegate_steps(size_t d, std::span<BackendStepProfile> out) const;
 
+  // Intermediate outputs (kiln/runtime/debug_outputs.h): while `log` is set, every instruction's
+  // outputs are copied into it (a delegate call: all its arguments, as ExecuTorch's runtime logs them).
+  // The caller clears it between runs; nullptr turns logging off. Allocates here, not in execute().
+  void enable_debug_outputs(DebugOutputLog* log);
+
   // Bytes of planned memory this method allocated.
   uint64_t planned_bytes() const { return planned_bytes_; }
 
@@ -139,6 +145,9 @@ class Method {
   std::vector<DelegateHandle> delegates_;
   std::vector<InstructionProfile> profile_;
   bool profiling_ = false;
+  DebugOutputLog* debug_log_ = nullptr;
+  std::vector<uint8_t> debug_outs_;  // per kernel instruction: trailing out arguments to log (0: the last one)
+  void log_debug_outputs(size_t pc, const Instruction& in, std::span<EValue*> args);
 };
 
 class Program {

@@ -1,0 +1,66 @@
+// Intermediate outputs of a run, as ExecuTorch's runtime logs them into an
+// ETDump's debug buffer: after each instruction, its output tensors (a kernel
+// call's out arguments; a delegate call's arguments, inputs then outputs, as
+// ExecuTorch logs them). (Inside delegates nothing is logged yet: a delegate
+// call is one entry per argument, as in ExecuTorch's runtime.)
+//
+//   rt::DebugOutputLog log(64 << 20, 1 << 16);   // bytes and entries: fixed, allocated here
+//   method.enable_debug_outputs(&log);          // nullptr turns it off (the default)
+//   method.execute();                           // copies each output into the log, allocates nothing
+//   for (const rt::DebugOutput& e : log.entries()) ... log.data() + e.offset ...
+//
+// Bounded: a tensor that does not fit in what is left is not logged and the log
+// says it overflowed. Off (no log), execute() tests one pointer per instruction.
+#pragma once
+
+#include "kiln/core/dtype.h"
+#include "kiln/runtime/tensor.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace kiln::rt {
+
+struct DebugOutput {
+  uint32_t instruction = 0;
+  int32_t delegate_node = -1;  // -1: an instruction's own tensor (a node inside a delegate: not logged yet)
+  ScalarType dtype = ScalarType::Float;
+  int32_t dim = 0;
+  int64_t sizes[kMaxDims] = {};
+  uint64_t offset = 0;         // into data(), 64-byte aligned
+  uint64_t nbytes = 0;
+};
+
+class DebugOutputLog {
+ public:
+  // Holds at most `bytes` of tensor data and `max_entries` tensors.
+  DebugOutputLog(size_t bytes, size_t max_entries);
+  DebugOutputLog(const DebugOutputLog&) = delete;
+  DebugOutputLog& operator=(const DebugOutputLog&) = delete;
+
+  // Forgets what was logged (the next run starts from an empty log).
+  void clear() {
+    used_ = 0;
+    count_ = 0;
+    overflowed_ = false;
+  }
+  // Copies `t` (row-major contiguous) into the log; false (and overflowed()) when it does not fit.
+  bool log(uint32_t instruction, int32_t delegate_node, const Tensor& t);
+
+  std::span<const DebugOutput> entries() const { return {entries_.get(), count_}; }
+  const std::byte* data() const { return data_.get(); }
+  size_t bytes_used() const { return used_; }
+  bool overflowed() const { return overflowed_; }
+
+ private:
+  DebugOutput* reserve(uint32_t instruction, int32_t node, ScalarType dtype, std::span<const int64_t> sizes,
+                       uint64_t nbytes);
+  std::unique_ptr<std::byte[]> data_;
+  std::unique_ptr<DebugOutput[]> entries_;
+  size_t capacity_ = 0, max_entries_ = 0, used_ = 0, count_ = 0;
+  bool overflowed_ = false;
+};
+
+}  // namespace kiln::rt

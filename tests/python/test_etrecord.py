@@ -1,0 +1,217 @@
+"""ETRecord (`kiln lower --etrecord`) and intermediate outputs (`kiln profile --etdump --debug-outputs`) in
+ExecuTorch's devtools (docs/PROFILING.md).
+
+Oracles: ExecuTorch's own ETRecord for its lowering of the same .pt2 (the module hierarchy and stack traces
+Inspector's rows carry), PyTorch running the .pt2's program (what Inspector.calculate_numeric_gap compares
+each instruction's output with), ExecuTorch's runtime writing the ETDump for kiln's .pte, and a weight the
+test perturbs (the gap must appear first at the operator that reads it).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_kiln, spec_of
+
+warnings.filterwarnings("ignore")
+
+
+def _lower(spec: Path, backend: str, out_dir: Path, name: str = "k") -> tuple[Path, Path]:
+    pte, etr = out_dir / f"{name}_{backend}.pte", out_dir / f"{name}_{backend}.etrecord"
+    run_kiln("lower", "--spec", spec, "--backend", backend, "--out", pte, "--etrecord", etr, "-q")
+    return pte, etr
+
+
+def _profile(pte: Path, inputs: list[Path], out: Path, debug_outputs: bool = True) -> Path:
+    args = ["profile", pte, "--iters", 1, "--warmup", 0, "--etdump", out, "--json"]
+    for i in inputs:
+        args += ["--input", i]
+    if debug_outputs:
+        args.append("--debug-outputs")
+    prof = json.loads(run_kiln(*args).stdout)
+    if debug_outputs:
+        assert prof["debug_outputs"]["tensors"] > 0 and not prof["debug_outputs"]["overflowed"]
+    return out
+
+
+def _inspector(etdp: Path, etr: Path, buf: Path | None = None):
+    from executorch.devtools import Inspector
+
+    return Inspector(etdump_path=str(etdp), etrecord=str(etr), debug_buffer_path=str(buf) if buf else None)
+
+
+def _row_sets(ins):
+    """(innermost module path -> its nn_module_stack, stack traces, operator names) over every row."""
+    mods, traces, ops = {}, set(), set()
+    for b in ins.event_blocks:
+        for e in b.events:
+            for stack in e.module_hierarchy.values():
+                if stack:
+                    mods[list(stack.values())[-1][0]] = tuple(stack.values())
+            traces.update(t for t in e.stack_traces.values() if t)
+            ops.update(e.op_types)
+    return mods, traces, ops
+
+
+def _executorch_pair(spec: Path, backend: str, out_dir: Path):
+    """ExecuTorch's lowering of the .pt2 with its ETRecord, and its runtime's ETDump for the reference input."""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    s = spec_of(spec)
+    ep = torch.export.load(str(spec.parent / s["exported_program"]))
+    part = None
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        part = [XnnpackPartitioner()]
+    et = to_edge_transform_and_lower(ep, partitioner=part, generate_etrecord=True).to_executorch()
+    etr = out_dir / f"et_{backend}.etrecord"
+    et.get_etrecord().save(str(etr))
+    pte = out_dir / f"et_{backend}.pte"
+    pte.write_bytes(et.buffer)
+    etdp = _et_runtime_etdump(pte, [spec.parent / i["reference"] for i in s["inputs"]], out_dir / f"et_{backend}")
+    return etdp, etr
+
+
+def _et_runtime_etdump(pte: Path, inputs: list[Path], stem: Path) -> Path:
+    import torch
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    m = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=16 << 20)
+    m.forward(tuple(torch.from_numpy(np.load(i)) for i in inputs))
+    m.write_etdump_result_to_file(str(stem) + ".etdp", str(stem) + ".bin")
+    return Path(str(stem) + ".etdp")
+
+
+def _edge_is_edge_dialect(etr: Path):
+    from executorch.devtools.etrecord import parse_etrecord
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+    r = parse_etrecord(str(etr))
+    calls = [n for n in r.edge_dialect_program.graph.nodes if n.op == "call_function" and n.target.__name__ != "getitem"]
+    assert calls and all(isinstance(n.target, EdgeOpOverload) for n in calls), [
+        n.target for n in calls if not isinstance(n.target, EdgeOpOverload)][:5]
+    assert all("debug_handle" in n.meta and "from_node" in n.meta for n in calls)
+    return r
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_inspector_rows_match_executorch_etrecord(tiny_gpt2, backend, tmp_path):
+    pte, etr = _lower(tiny_gpt2, backend, tmp_path)
+    _edge_is_edge_dialect(etr)
+    ref_in = [tiny_gpt2.parent / i["reference"] for i in spec_of(tiny_gpt2)["inputs"]]
+    kmods, ktraces, kops = _row_sets(_inspector(_profile(pte, ref_in, tmp_path / "k.etdp", False), etr))
+    emods, etraces, eops = _row_sets(_inspector(*_executorch_pair(tiny_gpt2, backend, tmp_path)))
+    # every module and source line kiln's rows name, ExecuTorch's rows name too, with the same module stack
+    assert kmods and set(kmods) <= set(emods), sorted(set(kmods) - set(emods))
+    for path, stack in kmods.items():
+        assert stack == emods[path], path
+    assert ktraces and ktraces <= etraces
+    # what ExecuTorch's rows have beyond kiln's: modules whose every node kiln computed ahead of time or
+    # removed (position ids, masks, dropout): none of kiln's edge nodes belongs to them
+    dmap = json.loads(pte.with_suffix(".debug.json").read_text())
+    running = {n["module_path"] for n in dmap["nodes"] if n["instruction"] is not None}
+    assert running - {""} <= set(kmods), sorted(running - set(kmods))
+    for path in set(emods) - set(kmods):
+        assert path not in running, path
+    # operator names: the edge operators of the instructions' nodes
+    want = {n["target"] for n in dmap["nodes"]}
+    assert kops and kops <= want and (kops & eops), (sorted(kops - want), sorted(kops & eops))
+
+
+def _gap_rows(ins):
+    df = ins.calculate_numeric_gap("MSE")
+    return [(list(r.aot_ops), list(r.runtime_ops), float(r.gap[0])) for r in df.itertuples()]
+
+
+def test_numeric_gap_portable_and_perturbed_weight(tiny_gpt2, tmp_path):
+    import torch
+
+    s = spec_of(tiny_gpt2)
+    ref_in = [tiny_gpt2.parent / i["reference"] for i in s["inputs"]]
+    pte, etr = _lower(tiny_gpt2, "portable", tmp_path)
+    rows = _gap_rows(_inspector(_profile(pte, ref_in, tmp_path / "k.etdp"), etr, tmp_path / "k.debug.bin"))
+    dmap = json.loads(pte.with_suffix(".debug.json").read_text())
+    assert len(rows) >= len(dmap["instructions"]) // 2, (len(rows), len(dmap["instructions"]))
+    for aot, rt, gap in rows:
+        assert math.isfinite(gap) and gap < 1e-8, (aot, rt, gap)
+
+    # the same program with one weight changed (h.1's MLP input projection): its product is the first to differ
+    ep = torch.export.load(str(tiny_gpt2.parent / s["exported_program"]))
+    name = next(k for k in ep.state_dict if "h.1.mlp.c_fc.weight" in k)
+    with torch.no_grad():  # (not a constant shift: the layer norm before it makes each row's sum 0)
+        ep.state_dict[name].add_(0.5 * torch.randn(ep.state_dict[name].shape, generator=torch.Generator().manual_seed(0)))
+    pdir = tmp_path / "perturbed"
+    pdir.mkdir()
+    torch.export.save(ep, str(pdir / s["exported_program"]))
+    for i in s["inputs"] + s["outputs"]:
+        (pdir / i["reference"]).write_bytes((tiny_gpt2.parent / i["reference"]).read_bytes())
+    (pdir / "model_spec.json").write_text(json.dumps(s))
+    ppte = tmp_path / "perturbed.pte"
+    run_kiln("lower", "--spec", pdir / "model_spec.json", "--backend", "portable", "--out", ppte, "-q")
+    prows = _gap_rows(_inspector(_profile(ppte, ref_in, tmp_path / "p.etdp"), etr, tmp_path / "p.debug.bin"))
+    first = next(r for r in prows if r[2] > 1e-6)
+    aten = {n.name: n for n in ep.graph.nodes}
+    stack = aten[first[0][-1]].meta.get("nn_module_stack") or {}
+    assert list(stack.values())[-1][0].endswith("h.1.mlp.c_fc"), first
+    assert all(math.isfinite(g) for _, _, g in prows)
+
+
+def test_executorch_runtime_etdump_with_kiln_etrecord(tiny_gpt2, tmp_path):
+    s = spec_of(tiny_gpt2)
+    ref_in = [tiny_gpt2.parent / i["reference"] for i in s["inputs"]]
+    for backend in ("portable", "xnnpack"):
+        pte, etr = _lower(tiny_gpt2, backend, tmp_path)
+        stem = tmp_path / f"et_on_kiln_{backend}"
+        etdp = _et_runtime_etdump(pte, ref_in, stem)
+        ins = _inspector(etdp, etr, Path(str(stem) + ".bin"))
+        mods, traces, ops = _row_sets(ins)
+        assert mods and traces and ops
+        rows = _gap_rows(ins)
+        assert rows and all(math.isfinite(g) and g < 1e-8 for _, _, g in rows), rows[:5]
+        if backend == "portable":
+            assert len(rows) >= 40
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    """A tiny Llama LLM program (static KV cache) with reference inputs (one token at position 0)."""
+    out = tmp_path_factory.mktemp("llm_etrecord")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", "32",
+           "--seed", "0", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    np.save(out / "tokens.npy", np.array([[5]], dtype=np.int64))
+    np.save(out / "pos.npy", np.array([0], dtype=np.int64))
+    s = json.loads((out / "model_spec.json").read_text())
+    s["inputs"][0]["reference"], s["inputs"][1]["reference"] = "tokens.npy", "pos.npy"
+    (out / "spec_ref.json").write_text(json.dumps(s))
+    return out / "spec_ref.json"
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_llm_program_rows_and_numeric_gap(tiny_llm, backend, tmp_path):
+    pte, etr = _lower(tiny_llm, backend, tmp_path)
+    r = _edge_is_edge_dialect(etr)
+    ins = _inspector(_profile(pte, [tiny_llm.parent / "tokens.npy", tiny_llm.parent / "pos.npy"], tmp_path / "l.etdp"),
+                     etr, tmp_path / "l.debug.bin")
+    mods, traces, ops = _row_sets(ins)
+    assert any(".self_attn" in m for m in mods) and any(".mlp" in m for m in mods)
+    assert any("index_put" in o for o in ops) or backend == "xnnpack"
+    rows = _gap_rows(ins)
+    assert rows and all(math.isfinite(g) and g < 1e-8 for _, _, g in rows), [x for x in rows if not x[2] < 1e-8][:3]
+    # the KV cache writes are compared too (portable: the cache after index_put_)
+    if backend == "portable":
+        assert len(rows) > 50
+    assert r.exported_program is not None
