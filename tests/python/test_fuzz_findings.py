@@ -4,6 +4,7 @@ build (build-asan/kiln: ASan + UBSan + LeakSanitizer report what a plain run wou
 with exit status 1, exactly one stderr line "kiln: error: ..." naming the reason, and no file written."""
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
@@ -61,4 +62,24 @@ def test_refused_archive_leaks_nothing(kiln, tmp_path):
     before = listing(tmp_path)
     proc = run(kiln, "inspect", pt2)
     assert_refused(proc, "archive entry 'm/archive_version' is stored uncompressed but declares 65281 bytes and holds 1")
+    assert listing(tmp_path) == before
+
+
+# fuzz_model_spec: an input or output entry whose "name" or "dtype" is not a string threw nlohmann's
+# type_error out of the spec reader (one line from the CLI, but "a JSON input is not of the form kiln
+# reads", naming neither the file nor the field; an uncaught exception for a library caller); a dim of
+# 2^64 - 1 read as -1.
+@pytest.mark.parametrize("entry,needle", [
+    ({"name": 5}, "'inputs' field 'name' of an entry must be a string"),
+    ({"name": "x", "dtype": ["float32"]}, "'inputs' field 'dtype' of an entry must be a string"),
+    ({"name": "x", "shape": [1, 18446744073709551615]}, "'inputs' shape of 'x' has a dim that is not a non-negative integer"),
+    ({"name": "x", "shape": [-4]}, "'inputs' shape of 'x' has a dim that is not a non-negative integer"),
+])
+@pytest.mark.parametrize("command", ["inspect", "lower"])
+def test_spec_entry_of_the_wrong_type(kiln, tmp_path, entry, needle, command):
+    spec = tmp_path / "model_spec.json"
+    spec.write_text(json.dumps({"name": "m", "exported_program": "m.pt2", "inputs": [entry]}))
+    before = listing(tmp_path)
+    proc = run(kiln, "inspect", spec) if command == "inspect" else run(kiln, "lower", "--spec", spec)
+    assert_refused(proc, f"{spec}: {needle}")
     assert listing(tmp_path) == before
