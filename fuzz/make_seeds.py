@@ -35,7 +35,11 @@ def write(out: Path, target: str, name: str, data: bytes | str) -> None:
 
 
 def export_modules(work: Path) -> list[Path]:
+    import warnings
+
     import torch
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch.export's deprecation notes, once per save
 
     class Mlp(torch.nn.Module):
         def __init__(self):
