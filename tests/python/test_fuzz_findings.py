@@ -83,3 +83,19 @@ def test_spec_entry_of_the_wrong_type(kiln, tmp_path, entry, needle, command):
     proc = run(kiln, "inspect", spec) if command == "inspect" else run(kiln, "lower", "--spec", spec)
     assert_refused(proc, f"{spec}: {needle}")
     assert listing(tmp_path) == before
+
+
+# fuzz_pt2_graph: a models/<name>.json that is JSON but not an object ("0", "[]") threw nlohmann's
+# type_error out of read_pt2 (the CLI's line named neither the archive nor the entry).
+@pytest.mark.parametrize("graph", ["0", "[]", '"text"'])
+def test_graph_json_that_is_not_an_object(kiln, tmp_path, graph):
+    pt2 = tmp_path / "g.pt2"
+    with zipfile.ZipFile(pt2, "w") as z:
+        z.writestr("m/archive_format", "pt2")
+        z.writestr("m/byteorder", "little")
+        z.writestr("m/models/model.json", graph)
+    before = listing(tmp_path)
+    proc = run(kiln, "inspect", pt2)
+    assert_refused(proc, f"{pt2}: m/models/model.json")
+    assert "expected a JSON object" in proc.stderr
+    assert listing(tmp_path) == before
