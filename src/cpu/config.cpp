@@ -30,8 +30,19 @@ bool cpu_has(Isa isa) {
   switch (isa) {
     case Isa::Generic: return true;
 #ifdef KILN_CPU_X86
+#if defined(__clang__) && __clang_major__ < 18  // no level names before clang 18: the levels' features it knows
+    case Isa::Avx2:
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+             __builtin_cpu_supports("bmi2");
+    case Isa::Avx512:
+      return cpu_has(Isa::Avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#else
     case Isa::Avx2: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v3");
     case Isa::Avx512: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v4");
+#endif
 #endif
 #ifdef KILN_CPU_ARM64
     // the kernel's view of the CPU (what qemu-user's -cpu models too); each level includes the one below

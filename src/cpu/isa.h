@@ -17,3 +17,15 @@
 #if defined(__aarch64__) && defined(__GNUC__)
 #define KILN_CPU_ARM64 1
 #endif
+
+// The rest of a file built for one ISA: KILN_CPU_TARGET_BEGIN("arch=x86-64-v4") ... KILN_CPU_TARGET_END
+// (GCC's `#pragma GCC target`, which clang ignores; clang's attribute pragma does the same there).
+#define KILN_CPU_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define KILN_CPU_TARGET_BEGIN(isa) \
+  KILN_CPU_PRAGMA(clang attribute push(__attribute__((target(isa))), apply_to = function))
+#define KILN_CPU_TARGET_END KILN_CPU_PRAGMA(clang attribute pop)
+#else
+#define KILN_CPU_TARGET_BEGIN(isa) KILN_CPU_PRAGMA(GCC target(isa))
+#define KILN_CPU_TARGET_END
+#endif

@@ -56,44 +56,52 @@ Pt2Archive::Pt2Archive(const std::string& path) : path_(path) {
     zip_error_fini(&ze);
     fail("{}: not a readable .pt2 archive: {}", path, msg);
   }
-  std::error_code ec;
-  const uint64_t archive_size = std::filesystem::file_size(path, ec);
-  if (ec) fail("{}: not a readable .pt2 archive: {}", path, ec.message());
-  uint64_t total_cap = 0;
-  if (__builtin_mul_overflow(archive_size, kMaxCompressionRatio, &total_cap) ||
-      __builtin_add_overflow(total_cap, kTotalSlackBytes, &total_cap))
-    total_cap = UINT64_MAX;
-  zip_int64_t n = zip_get_num_entries(zip_, 0);
-  entries_.reserve(static_cast<size_t>(std::max<zip_int64_t>(n, 0)));
-  std::set<std::string> seen;
-  uint64_t total = 0;
-  for (zip_int64_t i = 0; i < n; ++i) {
-    zip_stat_t st;
-    zip_stat_init(&st);
-    if (zip_stat_index(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW, &st) != 0 || !(st.valid & ZIP_STAT_NAME) ||
-        !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD))
-      fail("{}: not a readable .pt2 archive: entry {} cannot be read", path, i);
-    // The name as the directory stores it (libzip cuts it at a NUL: such names then collide as duplicates).
-    const std::string name = st.name;
-    if (name.size() > kMaxNameBytes || traversal_name(name))
-      fail("{}: archive entry {} has a name kiln refuses (absolute, '..', backslash or too long)", path, i);
-    if (!seen.insert(name).second) fail("{}: archive holds two entries named '{}'", path, name);
-    if (st.comp_method == ZIP_CM_STORE) {
-      if (st.size != st.comp_size)
-        fail("{}: archive entry '{}' is stored uncompressed but declares {} bytes and holds {}", path, name, st.size,
-             st.comp_size);
-    } else if (st.size > kRatioFreeBytes &&
-               (st.comp_size == 0 || st.size / st.comp_size >= kMaxCompressionRatio)) {
-      fail("{}: archive entry '{}' would inflate {} bytes to {} (more than {}x: a zip bomb?)", path, name,
-           st.comp_size, st.size, kMaxCompressionRatio);
+  // A refused archive throws from here on: the handle is closed first (a constructor that throws runs no
+  // destructor; a caller such as kiln::lower as a library must not leak one per refused file).
+  try {
+    std::error_code ec;
+    const uint64_t archive_size = std::filesystem::file_size(path, ec);
+    if (ec) fail("{}: not a readable .pt2 archive: {}", path, ec.message());
+    uint64_t total_cap = 0;
+    if (__builtin_mul_overflow(archive_size, kMaxCompressionRatio, &total_cap) ||
+        __builtin_add_overflow(total_cap, kTotalSlackBytes, &total_cap))
+      total_cap = UINT64_MAX;
+    zip_int64_t n = zip_get_num_entries(zip_, 0);
+    entries_.reserve(static_cast<size_t>(std::max<zip_int64_t>(n, 0)));
+    std::set<std::string> seen;
+    uint64_t total = 0;
+    for (zip_int64_t i = 0; i < n; ++i) {
+      zip_stat_t st;
+      zip_stat_init(&st);
+      if (zip_stat_index(zip_, static_cast<zip_uint64_t>(i), ZIP_FL_ENC_RAW, &st) != 0 || !(st.valid & ZIP_STAT_NAME) ||
+          !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || !(st.valid & ZIP_STAT_COMP_METHOD))
+        fail("{}: not a readable .pt2 archive: entry {} cannot be read", path, i);
+      // The name as the directory stores it (libzip cuts it at a NUL: such names then collide as duplicates).
+      const std::string name = st.name;
+      if (name.size() > kMaxNameBytes || traversal_name(name))
+        fail("{}: archive entry {} has a name kiln refuses (absolute, '..', backslash or too long)", path, i);
+      if (!seen.insert(name).second) fail("{}: archive holds two entries named '{}'", path, name);
+      if (st.comp_method == ZIP_CM_STORE) {
+        if (st.size != st.comp_size)
+          fail("{}: archive entry '{}' is stored uncompressed but declares {} bytes and holds {}", path, name, st.size,
+               st.comp_size);
+      } else if (st.size > kRatioFreeBytes &&
+                 (st.comp_size == 0 || st.size / st.comp_size >= kMaxCompressionRatio)) {
+        fail("{}: archive entry '{}' would inflate {} bytes to {} (more than {}x: a zip bomb?)", path, name,
+             st.comp_size, st.size, kMaxCompressionRatio);
+      }
+      if (st.comp_size > archive_size)
+        fail("{}: archive entry '{}' declares {} compressed bytes in a {}-byte file", path, name, st.comp_size,
+             archive_size);
+      if (__builtin_add_overflow(total, st.size, &total) || total > total_cap)
+        fail("{}: archive entries inflate to more than {} bytes ({}x the {}-byte archive plus {} MiB): a zip bomb?",
+             path, total_cap, kMaxCompressionRatio, archive_size, kTotalSlackBytes >> 20);
+      entries_.push_back(name);
     }
-    if (st.comp_size > archive_size)
-      fail("{}: archive entry '{}' declares {} compressed bytes in a {}-byte file", path, name, st.comp_size,
-           archive_size);
-    if (__builtin_add_overflow(total, st.size, &total) || total > total_cap)
-      fail("{}: archive entries inflate to more than {} bytes ({}x the {}-byte archive plus {} MiB): a zip bomb?",
-           path, total_cap, kMaxCompressionRatio, archive_size, kTotalSlackBytes >> 20);
-    entries_.push_back(name);
+  } catch (...) {
+    zip_discard(zip_);
+    zip_ = nullptr;
+    throw;
   }
 }
 

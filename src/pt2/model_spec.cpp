@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -27,13 +28,21 @@ std::vector<SpecTensor> tensors(const json& doc, const char* key, const fs::path
   check(it->is_array(), "{}: '{}' is not a list", file, key);
   for (const auto& t : *it) {
     check(t.is_object(), "{}: entries of '{}' must be objects", file, key);
+    auto text = [&](const char* field) -> std::string {
+      auto f = t.find(field);
+      if (f == t.end() || f->is_null()) return {};
+      check(f->is_string(), "{}: '{}' field '{}' of an entry must be a string", file, key, field);
+      return f->get<std::string>();
+    };
     SpecTensor st;
-    st.name = t.value("name", "");
-    st.dtype = t.value("dtype", "");
+    st.name = text("name");
+    st.dtype = text("dtype");
     if (auto s = t.find("shape"); s != t.end()) {
       check(s->is_array(), "{}: '{}' shape of '{}' is not a list", file, key, st.name);
       for (const auto& d : *s) {
-        check(d.is_number_integer(), "{}: '{}' shape of '{}' has a non-integer dim", file, key, st.name);
+        const bool dim = d.is_number_integer() &&
+                         (d.is_number_unsigned() ? d.get<uint64_t>() <= uint64_t{INT64_MAX} : d.get<int64_t>() >= 0);
+        check(dim, "{}: '{}' shape of '{}' has a dim that is not a non-negative integer", file, key, st.name);
         st.shape.push_back(d.get<int64_t>());
       }
     }

@@ -275,6 +275,7 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) 
   } catch (const json::exception& e) {
     r.bad(model_entry, fmt::format("invalid JSON ({})", e.what()));
   }
+  if (!doc.is_object()) r.bad(model_entry, "expected a JSON object");
 
   if (auto it = doc.find("torch_version"); it != doc.end() && it->is_string()) ep.torch_version = *it;
   if (auto it = doc.find("schema_version"); it != doc.end() && it->is_object())

@@ -680,8 +680,8 @@ std::vector<Piece> split(const std::string& src) {
     if (end == std::string::npos) error(fmt::format("unterminated '{{{}' tag", kind));
     std::string inner = src.substr(open + 2, end - open - 2);
     const bool dash_left = !inner.empty() && inner[0] == '-';
-    const bool dash_right = !inner.empty() && inner.back() == '-';
     if (dash_left) inner.erase(0, 1);
+    const bool dash_right = !inner.empty() && inner.back() == '-';  // after the left one: "{%-%}" has one dash
     if (dash_right) inner.pop_back();
     if (dash_left) {
       size_t k = text.find_last_not_of(" \t\r\n");

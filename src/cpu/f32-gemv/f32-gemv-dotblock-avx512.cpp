@@ -15,7 +15,7 @@
 #include "../ukernels.h"  // (before the target pragma: declarations only)
 
 #ifdef KILN_CPU_X86
-#pragma GCC target("arch=x86-64-v4")
+KILN_CPU_TARGET_BEGIN("arch=x86-64-v4")
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12: _mm512_undefined_* (see qd8-gemm-avx512.h)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -126,4 +126,5 @@ void f32_gemv_dot_block__avx512(const float* __restrict a, int64_t lda, int64_t 
 }
 
 }  // namespace kiln::cpu
+KILN_CPU_TARGET_END
 #endif

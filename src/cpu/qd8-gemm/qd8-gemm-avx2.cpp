@@ -3,7 +3,7 @@
 // The whole file is compiled for the ISA (its helpers have internal linkage).
 #include "../isa.h"
 #ifdef KILN_CPU_X86
-#pragma GCC target("arch=x86-64-v3")
+KILN_CPU_TARGET_BEGIN("arch=x86-64-v3")
 #include "kiln/cpu/quant.h"
 
 #include <immintrin.h>
@@ -246,4 +246,5 @@ void qd8_qb4w_panels__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPan
 }
 
 }  // namespace kiln::cpu
+KILN_CPU_TARGET_END
 #endif

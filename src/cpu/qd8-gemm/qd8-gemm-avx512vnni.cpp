@@ -2,7 +2,7 @@
 // The whole file is compiled for the ISA (its helpers have internal linkage).
 #include "../isa.h"
 #ifdef KILN_CPU_X86
-#pragma GCC target("arch=x86-64-v4,avx512vnni")
+KILN_CPU_TARGET_BEGIN("arch=x86-64-v4,avx512vnni")
 #include "qd8-gemm-avx512.h"
 
 namespace kiln::cpu {
@@ -23,4 +23,5 @@ void qd8_qb4w_panels__avx512vnni(const Qd8Rows& a, int64_t m, int64_t k, const Q
 }
 
 }  // namespace kiln::cpu
+KILN_CPU_TARGET_END
 #endif

@@ -16,7 +16,7 @@
 #include <cfloat>
 
 #ifdef KILN_CPU_X86
-#pragma GCC target("arch=x86-64-v4")
+KILN_CPU_TARGET_BEGIN("arch=x86-64-v4")
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12: _mm512_undefined_* (see qd8-gemm-avx512.h)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -68,4 +68,5 @@ void qd8_quantize_row__avx512(const float* x, int64_t k, bool signed_rows, uint8
 }
 
 }  // namespace kiln::cpu
+KILN_CPU_TARGET_END
 #endif

@@ -3,7 +3,7 @@
 // planned memory, kernels, delegates) and one execution with zero inputs.
 // Every input must end in a clean error or a clean run; a crash, a sanitizer
 // report or a hang is a bug. Built only with -DKILN_FUZZ=ON and clang
-// (scripts/fuzz, which also seeds the corpus with real programs). Not a CI test.
+// (scripts/fuzz, which also seeds the corpus with real programs: fuzz/make_seeds.py).
 //
 // PteFile::open takes a path, so each input is written to a memfd and opened
 // through /proc/self/fd. The harness bounds what a well-formed program may
