@@ -71,6 +71,7 @@ struct Group {
   size_t row_site = 0;   // Rows: the site whose weight rows produce one factor of the root's product
   std::vector<double> abs_sum, sq_sum;
   int64_t rows = 0;
+  std::vector<float> s;  // the chosen scales (1 when alpha is 0)
 };
 
 struct Graph {
@@ -145,15 +146,17 @@ std::vector<float> dequantize(const backends::xnnpack::QuantizedWeights& q, int6
     const auto* bytes = reinterpret_cast<const uint8_t*>(q.data.data());
     const int64_t groups = k / s.group;
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < k; ++c) {
+      for (int64_t b = 0; b < groups; ++b) {
         uint16_t b16;
-        std::memcpy(&b16, q.scales.data() + static_cast<size_t>(r * groups + c / s.group) * 2, 2);
+        std::memcpy(&b16, q.scales.data() + static_cast<size_t>(r * groups + b) * 2, 2);
         const uint32_t u = static_cast<uint32_t>(b16) << 16;
         float scale;
         std::memcpy(&scale, &u, 4);
-        const uint8_t byte = bytes[r * (k / 2) + c / 2];
-        const int nib = (c & 1) ? byte >> 4 : byte & 15;
-        w[static_cast<size_t>(r * k + c)] = static_cast<float>(nib - 8) * scale;
+        for (int64_t c = b * s.group; c < (b + 1) * s.group; c += 2) {  // the even input in the low nibble
+          const uint8_t byte = bytes[r * (k / 2) + c / 2];
+          w[static_cast<size_t>(r * k + c)] = static_cast<float>((byte & 15) - 8) * scale;
+          w[static_cast<size_t>(r * k + c + 1)] = static_cast<float>((byte >> 4) - 8) * scale;
+        }
       }
   } else {
     const auto* codes = reinterpret_cast<const int8_t*>(q.data.data());
@@ -164,6 +167,71 @@ std::vector<float> dequantize(const backends::xnnpack::QuantizedWeights& q, int6
     }
   }
   return w;
+}
+
+float bf16_round(float f) {  // to bf16 (nearest even), back to fp32
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The output-aware int4 groups: per group of `group` inputs, the bf16 scale s and codes q = clamp(round(v / s))
+// minimising sum_i m_i (v_i - s q_i)^2 (m: the input's mean x_i^2, what each column's error costs at the output),
+// searched over clipping ratios with weighted least-squares refits, written back as the grid values s q. Only
+// codes that reach 7 or -8 are taken: the lowering's mse rule then finds that grid exactly again (its ratio 0.875
+// or 1 candidate lands on s, and the refit of exact grid values is s itself), so the file holds this choice. A
+// group keeps its values when no candidate beats the plain rule's codes `plain` (the weighted error never grows).
+std::vector<bool> output_aware_groups(std::vector<float>& w, const std::vector<float>& plain, int64_t n, int64_t k,
+                                      int64_t group, const std::vector<double>& m) {
+  std::vector<bool> written(static_cast<size_t>(n * (k / group)), false);
+  std::vector<float> q(static_cast<size_t>(group)), bq(static_cast<size_t>(group));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t b = 0; b < k / group; ++b) {
+      float* v = w.data() + r * k + b * group;
+      const float* p = plain.data() + r * k + b * group;
+      const double* mi = m.data() + b * group;
+      float amax = 0;
+      double base = 0;
+      for (int64_t i = 0; i < group; ++i) {
+        amax = std::max(amax, std::fabs(v[i]));
+        base += mi[i] * (static_cast<double>(v[i]) - p[i]) * (static_cast<double>(v[i]) - p[i]);
+      }
+      if (!(amax > 1e-30f) || !std::isfinite(amax)) continue;
+      double best = base;
+      float best_s = 0;
+      auto codes = [&](float inv) {
+        int top = 0;
+        for (int64_t i = 0; i < group; ++i) {
+          q[i] = std::nearbyint(std::clamp(v[i] * inv, -8.0f, 7.0f));
+          top = std::max(top, static_cast<int>(std::fabs(q[i])));
+        }
+        return top;
+      };
+      auto try_scale = [&](float inv) {
+        codes(inv);
+        double vq = 0, qq = 0;
+        for (int64_t i = 0; i < group; ++i) vq += mi[i] * v[i] * q[i], qq += mi[i] * q[i] * q[i];
+        if (!(qq > 0) || !(vq > 0)) return;
+        const float sc = bf16_round(static_cast<float>(vq / qq));
+        if (!(sc > 0) || codes(1.0f / sc) < 7) return;
+        double e = 0;
+        for (int64_t i = 0; i < group; ++i) {
+          const double d = static_cast<double>(v[i]) - static_cast<double>(sc) * q[i];
+          e += mi[i] * d * d;
+        }
+        if (e < best) best = e, best_s = sc, bq = q;
+      };
+      for (int c = 0; c <= 14; ++c) try_scale((0.7f + 0.05f * static_cast<float>(c)) * 8.0f / amax);
+      if (best_s > 0) try_scale(1.0f / best_s);
+      if (best_s > 0) {
+        for (int64_t i = 0; i < group; ++i) v[i] = best_s * bq[i];
+        written[static_cast<size_t>(r * (k / group) + b)] = true;
+      }
+    }
+  return written;
 }
 
 // the scales of `alpha` from mean |x| (AWQ's: clamped below, normalised by sqrt(max * min))
@@ -400,6 +468,8 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     return it->second;
   };
   static constexpr int kGrid = 10;
+  const bool output_aware =
+      scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == backends::xnnpack::ScaleRule::Mse;
   for (Group& gr : groups) {
     const size_t k = static_cast<size_t>(gr.k);
     std::vector<double> mean_abs(k), mean_sq(k);
@@ -442,19 +512,21 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
       for (size_t si : gr.sites)
         if (!rescaled.contains(sites[si].weight)) current.erase(sites[si].weight);
     };
-    if (best == 0) {
+    if (best == 0 && !output_aware) {
       drop_unscaled();
       continue;
     }
     const std::vector<float> s = awq_scales(mean_abs, best / static_cast<double>(kGrid));
+    gr.s = s;
     for (size_t si : gr.sites) {
       std::vector<float>& w = weight(sites[si].weight);
       for (int64_t r = 0; r < sites[si].n; ++r)
         for (size_t c = 0; c < k; ++c) w[r * k + c] *= s[c];
       rescaled.insert(sites[si].weight);
-      ++result.layers_scaled;
+      if (best > 0) ++result.layers_scaled;
     }
-    if (gr.fold == Group::Fold::Norm) {
+    if (best == 0) {
+    } else if (gr.fold == Group::Fold::Norm) {
       std::vector<float> gamma = floats(edge, gr.norm);
       for (size_t c = 0; c < k; ++c) gamma[c] /= s[c];
       set_floats(edge, gr.norm, gamma);
@@ -465,7 +537,34 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
         for (int64_t c = 0; c < up.k; ++c) w[r * static_cast<size_t>(up.k) + static_cast<size_t>(c)] /= s[r];
       rescaled.insert(up.weight);
     }
-    ++result.inputs_scaled;
+    if (best > 0) ++result.inputs_scaled;
+  }
+  // the output-aware groups last, once every fold is in (down's 1/s is in up's rows)
+  if (output_aware) {
+    if (progress) progress("calibrating: output-aware int4 groups");
+    for (const Group& gr : groups) {
+      for (size_t si : gr.sites) {
+        const Site& st = sites[si];
+        if (!st.quantized) continue;
+        std::vector<float>& w = weight(st.weight);
+        std::vector<double> m(static_cast<size_t>(st.k));  // x' = x / s: mean x'^2 per column
+        for (size_t c = 0; c < m.size(); ++c) m[c] = gr.sq_sum[c] / static_cast<double>(gr.rows) / (gr.s[c] * gr.s[c]);
+        const std::vector<float> plain =
+            dequantize(backends::xnnpack::quantize_weights(w.data(), st.n, st.k, scheme), st.n, st.k, scheme);
+        const std::vector<bool> written = output_aware_groups(w, plain, st.n, st.k, scheme.group, m);
+        rescaled.insert(st.weight);
+        // what the payload's quantizer will store for these values: the grid found, group by group?
+        const std::vector<float> again =
+            dequantize(backends::xnnpack::quantize_weights(w.data(), st.n, st.k, scheme), st.n, st.k, scheme);
+        for (size_t at = 0; at < w.size(); at += static_cast<size_t>(scheme.group)) {
+          if (!written[at / static_cast<size_t>(scheme.group)]) continue;
+          ++result.groups;
+          result.groups_kept += !std::equal(w.begin() + static_cast<std::ptrdiff_t>(at),
+                                            w.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(scheme.group)),
+                                            again.begin() + static_cast<std::ptrdiff_t>(at));
+        }
+      }
+    }
   }
   for (auto& [w, f] : current)
     if (rescaled.contains(w)) {

@@ -71,6 +71,7 @@ std::string metadata(const LowerResult& r) {
                            {"inputs_scaled", c.inputs_scaled}, {"layers_scaled", c.layers_scaled},
                            {"proxy_before", c.proxy_before}, {"proxy_after", c.proxy_after},
                            {"run_seconds", c.run_seconds},   {"search_seconds", c.search_seconds},
+                           {"int4_groups", c.groups}, {"int4_groups_not_reproduced", c.groups_kept},
                            {"choices", c.choices}};
   }
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},

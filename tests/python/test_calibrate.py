@@ -108,6 +108,8 @@ def test_calibration_cuts_the_error_of_outlier_channels(tiny, tmp_path):
     c = meta["calibration"]
     # both norms fold (gate+up behind norm1, the head behind norm2) and the up rows fold for down
     assert c["inputs_found"] == 3 and c["inputs_scaled"] >= 2 and c["tokens"] > 0, c
+    # the output-aware int4 groups are what the file stores (the payload's quantizer re-finds each grid)
+    assert c["int4_groups"] > (D * H * 2 + H * D + D * V) // 32 // 2 and c["int4_groups_not_reproduced"] == 0, c
     assert meta["delegation"]["quantized_nodes"] == plain["delegation"]["quantized_nodes"] == 4
     assert (tmp_path / "cal.pte").stat().st_size == pytest.approx((tmp_path / "plain.pte").stat().st_size, abs=64)
     e_plain, e_cal = _error(tmp_path / "plain.pte", windows, refs), _error(tmp_path / "cal.pte", windows, refs)

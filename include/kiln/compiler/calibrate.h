@@ -30,6 +30,10 @@ struct CalibrationResult {
   int64_t inputs_found = 0;     // inputs with a foldable producer
   int64_t layers_scaled = 0;    // linear layers whose weight columns were rescaled
   double proxy_before = 0, proxy_after = 0;  // the error proxy summed over the inputs, alpha 0 and chosen
+  // 8da4w with mse scales: int4 groups given output-aware codes (calibrate.cpp; the others keep the plain rule's,
+  // which were as good), and how many of them the payload's quantizer does not store exactly as found (0
+  // expected: the written grid is re-found exactly)
+  int64_t groups = 0, groups_kept = 0;
   double run_seconds = 0, search_seconds = 0;
   std::vector<std::string> choices;  // one line per input: the producer, the layers, alpha, the proxy's change
 };
