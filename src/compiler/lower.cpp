@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <malloc.h>
 #include <optional>
 #include <regex>
@@ -64,6 +65,15 @@ std::string metadata(const LowerResult& r) {
                           {"prequantized_nodes", d.prequantized_nodes},
                           {"kept_fp32_nodes", d.kept_fp32_nodes},
                           {"untied_weights", r.untied_weights}};
+  }
+  if (r.calibration) {
+    const auto& c = *r.calibration;
+    meta["calibration"] = {{"tokens", c.tokens},           {"inputs_found", c.inputs_found},
+                           {"inputs_scaled", c.inputs_scaled}, {"layers_scaled", c.layers_scaled},
+                           {"proxy_before", c.proxy_before}, {"proxy_after", c.proxy_after},
+                           {"run_seconds", c.run_seconds},   {"search_seconds", c.search_seconds},
+                           {"int4_groups", c.groups}, {"int4_groups_not_reproduced", c.groups_kept},
+                           {"choices", c.choices}};
   }
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
                                     {"quantized_embeddings", r.quantized_embeddings}};
@@ -116,6 +126,26 @@ void verify(const pte::Program& program, const std::string& staged, const std::s
 
 }  // namespace
 
+namespace {
+
+// --calibrate: the tokenizer beside the spec (tokenizer.json, else tokenizer.model; or in a tokenizer/ folder)
+compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::ModelSpec& spec, const LowerOptions& o,
+                                      const backends::xnnpack::QuantScheme& quant,
+                                      const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+  std::string tokenizer;
+  std::error_code ec;
+  for (const fs::path& d : {fs::path(spec.directory), fs::path(spec.directory) / "tokenizer"})
+    for (const char* name : {"tokenizer.json", "tokenizer.model"})
+      if (tokenizer.empty() && fs::is_regular_file(d / name, ec)) tokenizer = (d / name).string();
+  int64_t max_positions = 0;
+  for (const auto& cm : spec.constant_methods)
+    if (cm.name == "get_max_seq_len" && cm.values.size() == 1 && std::holds_alternative<int64_t>(cm.values[0]))
+      max_positions = std::get<int64_t>(cm.values[0]);
+  return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress);
+}
+
+}  // namespace
+
 std::string_view lower_backend_name(LowerBackend b) { return b == LowerBackend::Xnnpack ? "xnnpack" : "portable"; }
 
 LowerResult lower(const std::string& spec_path, const LowerOptions& options) {
@@ -144,6 +174,13 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     auto rule = backends::xnnpack::parse_scale_rule(o.quantize_scales, &why);
     check(rule.has_value(), "{}", why);
     quant.scales = *rule;
+  }
+  if (!o.calibrate.empty()) {
+    using QK = backends::xnnpack::QuantScheme::Kind;
+    check(quant.kind == QK::Int4Groups || quant.kind == QK::Int8Channels,
+          "--calibrate {}: --calibrate needs --quantize 8da4w or 8da8w", o.calibrate);
+    std::ifstream probe(o.calibrate, std::ios::binary);  // before any work: a missing text fails at once
+    check(static_cast<bool>(probe), "{}: cannot open the calibration text", o.calibrate);
   }
   std::optional<std::regex> skip;
   if (!o.quantize_skip.empty()) {
@@ -228,6 +265,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         partition_options.transformed_constants.insert(untied.copies.begin(), untied.copies.end());
         r.untied_weights = static_cast<int64_t>(untied.copies.size());
         kept_tied = untied.kept_fp32;
+        if (!o.calibrate.empty()) r.calibration = calibrate(edge, spec, o, quant, keep_fp32);
       }
     }
     delegation = backends::xnnpack::delegate_to_xnnpack(edge, partition_options, payload_options);

@@ -16,6 +16,7 @@
 // progress goes to the optional callback.
 #pragma once
 
+#include "kiln/compiler/calibrate.h"
 #include "kiln/emit/emitter.h"
 #include "kiln/backends/xnnpack/partitioner.h"
 #include "kiln/passes/edge_program.h"
@@ -56,6 +57,9 @@ struct LowerOptions {
   // "lm_head", "model.layers.0.mlp.down_proj"), node name or weight name the
   // regex (ECMAScript, searched) matches stay fp32. Matching none is a warning.
   std::string quantize_skip;
+  // With `quantize`: a text file the fp32 program runs over (kiln's runtime) before quantizing; its linear
+  // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
+  std::string calibrate;
   bool verify = true;   // load the written program back before it takes its name
   // Write the debug map beside the .pte (X.pte -> X.debug.json, docs/PROFILING.md).
   bool debug_map = true;
@@ -88,6 +92,7 @@ struct LowerResult {
   std::optional<backends::xnnpack::DelegationSummary> delegation;  // XNNPACK lowerings
   std::string embedding_quantization = "none";  // --quantize-embedding ("4:32", "8")
   int64_t quantized_embeddings = 0;              // embedding lookups rewritten to quantized tables
+  std::optional<compiler::CalibrationResult> calibration;  // with LowerOptions::calibrate
   int64_t untied_weights = 0;  // tied weights given a copy of their own for their quantized linear products
   // Verification: whether it ran, and the delegate backends kiln's runtime
   // lacked (then only the loader checked the file, the method was not prepared).

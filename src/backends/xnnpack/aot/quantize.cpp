@@ -24,18 +24,45 @@ uint16_t to_bf16(float f) {  // round to nearest even, as torch's .to(bfloat16)
   return static_cast<uint16_t>(u >> 16);
 }
 
+// Everything from here to quantize_rows is compiled twice (quantize_rows_impl's callers below): for the build's
+// baseline and, on x86-64, for AVX2 (without FMA: no fused multiply-adds, so both give the same bits). The vector
+// arithmetic is written on 8 floats (GCC's and Clang's vector extension: two SSE or one AVX register on x86-64, two
+// NEON registers on AArch64) in the order of the sums the scale search depends on, so every build and both x86-64
+// forms write the same file.
+#define KILN_QUANT_INLINE [[gnu::always_inline]] inline
+
+typedef float F32x4 __attribute__((vector_size(16)));
+typedef float F32x8 __attribute__((vector_size(32)));
+typedef int32_t I32x8 __attribute__((vector_size(32)));
+
+KILN_QUANT_INLINE F32x4 load4(const float* p) {
+  F32x4 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
 // the reference symmetric scale of values v[0..n): max(|min(v,0)|, max(v,0)) / half_range, at least FLT_MIN
-float symmetric_scale(const float* v, int64_t n, float half_range) {
+// (min and max are exact, so the lanes' order does not matter; a NaN is skipped as std::min/max skip it here)
+KILN_QUANT_INLINE float symmetric_scale(const float* v, int64_t n, float half_range) {
+  F32x8 lo8 = {}, hi8 = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    F32x8 x;
+    std::memcpy(&x, v + i, sizeof x);
+    lo8 = x < lo8 ? x : lo8;
+    hi8 = x > hi8 ? x : hi8;
+  }
   float lo = 0.0f, hi = 0.0f;
-  for (int64_t i = 0; i < n; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]);
+  for (int l = 0; l < 8; ++l) lo = std::min(lo, lo8[l]), hi = std::max(hi, hi8[l]);
+  for (; i < n; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]);
   return std::max(std::max(-lo, hi) / half_range, FLT_MIN);
 }
 
-int quantize(float w, float inv, int qmin, int qmax) {
+KILN_QUANT_INLINE int quantize(float w, float inv, int qmin, int qmax) {
   return static_cast<int>(std::clamp(std::nearbyint(w * inv), static_cast<float>(qmin), static_cast<float>(qmax)));
 }
 
-float from_bf16(uint16_t b) {
+KILN_QUANT_INLINE float from_bf16(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
   std::memcpy(&f, &u, sizeof f);
@@ -52,33 +79,25 @@ struct GridSums {
   float wq = 0.0f, qq = 0.0f;  // sum v*q, sum q*q over the values, q = clamp(round(v * inv), qmin, qmax)
 };
 
-// four floats in a register (GCC's and Clang's vector extension: SSE on x86-64, NEON on AArch64)
-typedef float F32x4 __attribute__((vector_size(16)));
-
-F32x4 load4(const float* p) {
-  F32x4 x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-
-GridSums grid_sums(const float* v, int64_t n, float inv, float qmin, float qmax) {
-  const F32x4 vinv = {inv, inv, inv, inv}, lo = {qmin, qmin, qmin, qmin}, hi = {qmax, qmax, qmax, qmax},
-              rounder = {kRounder, kRounder, kRounder, kRounder};
-  F32x4 wq0 = {}, wq1 = {}, qq0 = {}, qq1 = {};  // two of each: independent chains
-  auto step = [&](F32x4 x, F32x4& wq, F32x4& qq) {
-    F32x4 t = x * vinv;
+// The sums go to 8 partial sums (lane l: the values at l, l + 8, l + 16, ... in order), then lanes l and l + 4 are
+// added, then the four in pairs, then any tail after n rounded down to 8, one value at a time.
+KILN_QUANT_INLINE GridSums grid_sums(const float* v, int64_t n, float inv, float qmin, float qmax) {
+  const F32x8 vinv = inv - F32x8{}, lo = qmin - F32x8{}, hi = qmax - F32x8{}, rounder = kRounder - F32x8{};
+  F32x8 wq = {}, qq = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    F32x8 x;
+    std::memcpy(&x, v + i, sizeof x);
+    F32x8 t = x * vinv;
     t = t < lo ? lo : t;
     t = t > hi ? hi : t;
-    const F32x4 q = (t + rounder) - rounder;
+    const F32x8 q = (t + rounder) - rounder;
     wq += x * q;
     qq += q * q;
-  };
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) step(load4(v + i), wq0, qq0), step(load4(v + i + 4), wq1, qq1);
+  }
   GridSums s;
-  const F32x4 wq = wq0 + wq1, qq = qq0 + qq1;
-  s.wq = (wq[0] + wq[1]) + (wq[2] + wq[3]);
-  s.qq = (qq[0] + qq[1]) + (qq[2] + qq[3]);
+  s.wq = ((wq[0] + wq[4]) + (wq[1] + wq[5])) + ((wq[2] + wq[6]) + (wq[3] + wq[7]));
+  s.qq = ((qq[0] + qq[4]) + (qq[1] + qq[5])) + ((qq[2] + qq[6]) + (qq[3] + qq[7]));
   for (; i < n; ++i) {
     const float q = (std::min(std::max(v[i] * inv, qmin), qmax) + kRounder) - kRounder;
     s.wq += v[i] * q;
@@ -96,7 +115,7 @@ GridSums grid_sums(const float* v, int64_t n, float inv, float qmin, float qmax)
 // nearest the refit is the best stored value for those q), and the minmax rule's own scale and q are a
 // candidate: the result's error is never above minmax's. `minmax` is the minmax rule's fp32 scale. On
 // SmolLM2's weights the error is within 0.5% of the best bf16 scale found exhaustively, at 8 passes per group.
-float mse_scale(const float* v, int64_t n, float qmin, float qmax, bool bf16_scales, float minmax) {
+KILN_QUANT_INLINE float mse_scale(const float* v, int64_t n, float qmin, float qmax, bool bf16_scales, float minmax) {
   static constexpr float kRatios[] = {0.875f, 1.0f, 1.0625f, 1.125f, 1.25f, 1.375f};
   F32x4 amax4 = {}, vv4 = {};
   int64_t i = 0;
@@ -110,23 +129,142 @@ float mse_scale(const float* v, int64_t n, float qmin, float qmax, bool bf16_sca
   for (; i < n; ++i) amax = std::max(amax, std::fabs(v[i])), vv += static_cast<double>(v[i]) * v[i];
   // nothing to search (all zero), or values whose inverse scale would overflow or that are not finite
   if (!(amax > 1e-30f) || !std::isfinite(amax) || !std::isfinite(vv)) return minmax;
-  auto stored = [&](float s) { return bf16_scales ? from_bf16(to_bf16(s)) : s; };
-  auto error = [&](float s, const GridSums& g) {  // sum (v - s q)^2 for the q behind g
+  auto stored = [&](float s) __attribute__((always_inline)) { return bf16_scales ? from_bf16(to_bf16(s)) : s; };
+  auto error = [&](float s, const GridSums& g) __attribute__((always_inline)) {  // sum (v - s q)^2 for the q behind g
     return vv - 2.0 * s * g.wq + static_cast<double>(s) * s * g.qq;
   };
   float best = stored(minmax);
+  const float half = qmax + 1.0f;
+  if (n % 8 == 0 && static_cast<double>(n) * qmin * qmin <= 16777216.0) {
+    // the first seven candidates (minmax's, then the six ratios) at once, one per lane (the eighth lane repeats the
+    // last ratio and is not read), each lane's sums in grid_sums' order: partial sums over the values at l, l + 8,
+    // l + 16, ... for l = 0..7, then combined as grid_sums combines its lanes
+    F32x8 inv = {1.0f / minmax};
+    for (int c = 1; c < 8; ++c) inv[c] = kRatios[std::min(c, 6) - 1] * half / amax;
+    const F32x8 lo = qmin - F32x8{}, hi = qmax - F32x8{}, rounder = kRounder - F32x8{};
+    // (sum q*q is a sum of integers below 2^24 here (the condition above), exact in any order: one accumulator)
+    F32x8 wq[8] = {}, qq = {};
+    for (int64_t e = 0; e < n; e += 8)
+#pragma GCC unroll 8
+      for (int l = 0; l < 8; ++l) {
+        const F32x8 x = v[e + l] - F32x8{};
+        F32x8 t = x * inv;
+        t = t < lo ? lo : t;
+        t = t > hi ? hi : t;
+        const F32x8 q = (t + rounder) - rounder;
+        wq[l] += x * q;
+        qq += q * q;
+      }
+    const F32x8 W = ((wq[0] + wq[4]) + (wq[1] + wq[5])) + ((wq[2] + wq[6]) + (wq[3] + wq[7])), Q = qq;
+    double best_error = error(best, GridSums{W[0], Q[0]});
+    for (int c = 1; c < 7; ++c) {  // try_refit's rule, lane by lane in the candidates' order
+      if (!(Q[c] > 0.0f) || !(W[c] > 0.0f)) continue;
+      const float sc = stored(W[c] / Q[c]);
+      const double e = error(sc, GridSums{W[c], Q[c]});
+      if (sc > 0.0f && e < best_error) best = sc, best_error = e;
+    }
+    const GridSums g = grid_sums(v, n, 1.0f / best, qmin, qmax);  // the last refit, from the best
+    if (!(g.qq > 0.0f) || !(g.wq > 0.0f)) return best;
+    const float sc = stored(g.wq / g.qq);
+    if (sc > 0.0f && error(sc, g) < best_error) best = sc;
+    return best;
+  }
   double best_error = error(best, grid_sums(v, n, 1.0f / minmax, qmin, qmax));
-  auto try_refit = [&](float inv) {  // the refit scale of the q that inv gives, if it is the new best
+  auto try_refit = [&](float inv) __attribute__((always_inline)) {  // the refit scale of the q that inv gives, if it is the new best
     const GridSums g = grid_sums(v, n, inv, qmin, qmax);
     if (!(g.qq > 0.0f) || !(g.wq > 0.0f)) return;
     const float s = stored(g.wq / g.qq);
     const double e = error(s, g);
     if (s > 0.0f && e < best_error) best = s, best_error = e;
   };
-  const float half = qmax + 1.0f;
   for (float r : kRatios) try_refit(r * half / amax);
   try_refit(1.0f / best);
   return best;
+}
+
+// q = clamp(round(v * inv), qmin, qmax) for 8 values (rounding after the clamp gives the same integers: the bounds
+// are integers), as int32 lanes
+KILN_QUANT_INLINE void quantize8(const float* v, float inv, float qmin, float qmax, int32_t* out) {
+  F32x8 x;
+  std::memcpy(&x, v, sizeof x);
+  const F32x8 lo = qmin - F32x8{}, hi = qmax - F32x8{}, rounder = kRounder - F32x8{};
+  F32x8 t = x * (inv - F32x8{});
+  t = t < lo ? lo : t;
+  t = t > hi ? hi : t;
+  const I32x8 q = __builtin_convertvector((t + rounder) - rounder, I32x8);
+  std::memcpy(out, &q, sizeof q);
+}
+
+// rows [r0, r1) of quantize_weights' output (allocated, zeroed for int4)
+KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
+                                          QuantizedWeights& q) {
+  const bool mse = scheme.scales == ScaleRule::Mse;
+  if (scheme.kind == QuantScheme::Kind::Int4Groups) {
+    const int64_t g = scheme.group, groups = k / g;
+    auto* bytes = reinterpret_cast<uint8_t*>(q.data.data());
+    int32_t codes[8];
+    for (int64_t j = r0; j < r1; ++j)
+      for (int64_t b = 0; b < groups; ++b) {
+        const float* v = w + j * k + b * g;
+        float scale = symmetric_scale(v, g, 7.5f);
+        // minmax: q from the fp32 scale, the bf16 scale stored (torchao's); mse: q from the stored bf16 scale
+        if (mse) scale = mse_scale(v, g, -8.0f, 7.0f, true, scale);
+        const float inv = 1.0f / scale;
+        const uint16_t s16 = to_bf16(scale);
+        std::memcpy(q.scales.data() + static_cast<size_t>(j * groups + b) * 2, &s16, 2);
+        uint8_t* out = bytes + j * (k / 2) + b * g / 2;  // g is even (32 to 256): the group starts on a byte
+        int64_t i = 0;
+        for (; i + 8 <= g; i += 8) {
+          quantize8(v + i, inv, -8.0f, 7.0f, codes);
+          for (int p = 0; p < 4; ++p)  // the even input in the low nibble, as q + 8
+            out[(i >> 1) + p] = static_cast<uint8_t>((codes[2 * p] + 8) | (codes[2 * p + 1] + 8) << 4);
+        }
+        for (; i < g; ++i) {
+          const auto u = static_cast<uint8_t>(quantize(v[i], inv, -8, 7) + 8);
+          out[i / 2] |= static_cast<uint8_t>((i & 1) ? u << 4 : u);
+        }
+      }
+    return;
+  }
+  auto* out = reinterpret_cast<int8_t*>(q.data.data());
+  int32_t codes[8];
+  for (int64_t j = r0; j < r1; ++j) {
+    const float* v = w + j * k;
+    float scale = symmetric_scale(v, k, 127.5f);
+    if (mse) scale = mse_scale(v, k, -128.0f, 127.0f, false, scale);
+    const float inv = 1.0f / scale;
+    std::memcpy(q.scales.data() + static_cast<size_t>(j) * 4, &scale, 4);
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+      quantize8(v + i, inv, -128.0f, 127.0f, codes);
+      for (int l = 0; l < 8; ++l) out[j * k + i + l] = static_cast<int8_t>(codes[l]);
+    }
+    for (; i < k; ++i) out[j * k + i] = static_cast<int8_t>(quantize(v[i], inv, -128, 127));
+  }
+}
+
+void quantize_rows_baseline(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
+                            QuantizedWeights& q) {
+  quantize_rows_impl(w, r0, r1, k, scheme, q);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void quantize_rows_avx2(const float* w, int64_t r0, int64_t r1, int64_t k,
+                                                         const QuantScheme& scheme, QuantizedWeights& q) {
+  quantize_rows_impl(w, r0, r1, k, scheme, q);
+}
+#endif
+
+// rows [r0, r1) of quantize_weights' output, in the widest form this CPU runs
+void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme, QuantizedWeights& q) {
+#if defined(__x86_64__)
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+  }();
+  if (avx2) return quantize_rows_avx2(w, r0, r1, k, scheme, q);
+#endif
+  quantize_rows_baseline(w, r0, r1, k, scheme, q);
 }
 
 // a node's tensor argument `name`, if it has one
@@ -196,43 +334,6 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string
   *error = fmt::format("unknown quantization scheme '{}' (8da4w[:32|64|128|256], 8da8w or int8w)", text);
   return std::nullopt;
 }
-
-namespace {
-
-// rows [r0, r1) of quantize_weights' output (allocated, zeroed for int4)
-void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme, QuantizedWeights& q) {
-  const bool mse = scheme.scales == ScaleRule::Mse;
-  if (scheme.kind == QuantScheme::Kind::Int4Groups) {
-    const int64_t g = scheme.group, groups = k / g;
-    auto* bytes = reinterpret_cast<uint8_t*>(q.data.data());
-    for (int64_t j = r0; j < r1; ++j)
-      for (int64_t b = 0; b < groups; ++b) {
-        const float* v = w + j * k + b * g;
-        float scale = symmetric_scale(v, g, 7.5f);
-        // minmax: q from the fp32 scale, the bf16 scale stored (torchao's); mse: q from the stored bf16 scale
-        if (mse) scale = mse_scale(v, g, -8.0f, 7.0f, true, scale);
-        const float inv = 1.0f / scale;
-        const uint16_t s16 = to_bf16(scale);
-        std::memcpy(q.scales.data() + static_cast<size_t>(j * groups + b) * 2, &s16, 2);
-        for (int64_t i = 0; i < g; ++i) {
-          const int64_t col = b * g + i;
-          const auto u = static_cast<uint8_t>(quantize(v[i], inv, -8, 7) + 8);
-          bytes[j * (k / 2) + col / 2] |= static_cast<uint8_t>((col & 1) ? u << 4 : u);
-        }
-      }
-    return;
-  }
-  auto* out = reinterpret_cast<int8_t*>(q.data.data());
-  for (int64_t j = r0; j < r1; ++j) {
-    float scale = symmetric_scale(w + j * k, k, 127.5f);
-    if (mse) scale = mse_scale(w + j * k, k, -128.0f, 127.0f, false, scale);
-    const float inv = 1.0f / scale;
-    std::memcpy(q.scales.data() + static_cast<size_t>(j) * 4, &scale, 4);
-    for (int64_t i = 0; i < k; ++i) out[j * k + i] = static_cast<int8_t>(quantize(w[j * k + i], inv, -128, 127));
-  }
-}
-
-}  // namespace
 
 QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme) {
   QuantizedWeights q;

@@ -1,0 +1,54 @@
+// Activation-aware weight scaling from a calibration text (kiln lower --calibrate FILE; issue 39).
+//
+// kiln runs the fp32 program in its own runtime over the tokenized text and collects, for every input that linear
+// layers read (a norm's output feeding q/k/v, the gated product feeding down_proj, ...), per input channel i the
+// mean |x_i| and mean x_i^2. Per such input it then picks s_i = mean|x_i|^alpha (normalised by sqrt(max s * min s);
+// alpha on a grid 0, 0.1, ..., 1, the AWQ rule) minimising the quantized layers' output error proxy
+//   sum_layers sum_rows sum_i (W[r,i] - Q(W diag(s))[r,i] / s_i)^2 * mean x_i^2
+// (Q: the lowering's own quantizer and scale rule; alpha 0 is today's weights, so the proxy never gets worse),
+// multiplies the weights' columns by s and folds 1/s into what produces the input: the RMSNorm's weight (a
+// constant 1-D multiplier whose output only these layers read) or the rows of the linear layer whose output is
+// one factor of the gated product. Then, for 8da4w with mse scales, each int4 group of the scaled weights gets the
+// bf16 scale and codes minimising its error weighted by the input's mean x^2 (calibrate.cpp), written back as the
+// grid values s q, which the payload's mse rule finds again exactly (counted: int4_groups_not_reproduced). Same
+// graph, same format: only constants change. An input with neither producer is left alone. The weights changed
+// are held in memory as fp32 until the payload quantizes them (the peak: ~1.2 GB for SmolLM2-135M).
+#pragma once
+
+#include "kiln/backends/xnnpack/quantize.h"
+#include "kiln/graph/graph.h"
+#include "kiln/passes/edge_program.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln::compiler {
+
+struct CalibrationResult {
+  int64_t tokens = 0;           // calibration tokens run
+  int64_t inputs_scaled = 0;    // inputs whose channels were rescaled (alpha > 0)
+  int64_t inputs_found = 0;     // inputs with a foldable producer
+  int64_t layers_scaled = 0;    // linear layers whose weight columns were rescaled
+  double proxy_before = 0, proxy_after = 0;  // the error proxy summed over the inputs, alpha 0 and chosen
+  // 8da4w with mse scales: int4 groups given output-aware codes (calibrate.cpp; the others keep the plain rule's,
+  // which were as good), and how many of them the payload's quantizer does not store exactly as found (0
+  // expected: the written grid is re-found exactly)
+  int64_t groups = 0, groups_kept = 0;
+  double run_seconds = 0, search_seconds = 0;
+  std::vector<std::string> choices;  // one line per input: the producer, the layers, alpha, the proxy's change
+};
+
+// `scheme` is the lowering's (8da4w or 8da8w); `keep_fp32` the --quantize-skip test (layers it keeps count no
+// error, their weights are still rescaled so the product is unchanged); `max_positions` the KV cache's length
+// (texts are cut into windows of that many tokens, each from position 0). Throws kiln::Error with one line on
+// bad input (an unreadable text, no tokenizer, a program that is not forward(tokens, input_pos)).
+CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& text_path,
+                                const std::string& tokenizer_path, int64_t max_positions,
+                                const backends::xnnpack::QuantScheme& scheme,
+                                const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
+                                const std::function<void(std::string_view)>& progress);
+
+}  // namespace kiln::compiler
