@@ -28,7 +28,7 @@
 
 #include "kiln/core/output_file.h"
 #include "kiln/emit/emitter.h"
-#include "kiln/partition/xnnpack_partitioner.h"
+#include "kiln/backends/xnnpack/partitioner.h"
 #include "kiln/passes/edge_program.h"
 #include "kiln/pt2/model_spec.h"
 #include "kiln/pt2/pt2_reader.h"
@@ -38,7 +38,7 @@ namespace kiln {
 struct EtrecordInput {
   const pt2::ExportedProgram* exported = nullptr;             // the .pt2 as read
   const passes::EdgeProgram* edge = nullptr;
-  const partition::XnnpackDelegation* delegation = nullptr;  // null for a portable lowering
+  const backends::xnnpack::XnnpackDelegation* delegation = nullptr;  // null for a portable lowering
   const emit::EmitReport* report = nullptr;                    // instruction_node / instruction_region
   const pt2::ModelSpec* spec = nullptr;                        // reference inputs and outputs
 };
