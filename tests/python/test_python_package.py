@@ -35,6 +35,7 @@ def _without(meta: dict, *keys: str) -> dict:
 
 # ---- lowering ----
 
+@pytest.mark.parametrize("gpt2_small", ["default"], indirect=True)  # one IR flavor: the test costs ~20 s in CI
 def test_lower_exported_program_is_kiln_lower(gpt2_small, tmp_path):
     """kiln.lower(ep) of GPT-2 small (the ExportedProgram torch.export.load gives for the front end's .pt2,
     serialized in memory by kiln.lower) is the .pte `kiln lower` writes for the .pt2; ExecuTorch's runtime
