@@ -80,6 +80,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "include/kiln/compiler/": FRONT + ("kiln/passes/", "kiln/pte/", "kiln/emit/", "kiln/partition/", "kiln/compiler/",
                                        "kiln/backends/xnnpack/partitioner.h"),
     "src/cli/": ("kiln/",),  # the front end may use every library's public headers
+    "src/python/": ("kiln/",),  # the Python package's extension module, a front end like the CLI
     # the graph view (kiln view): reads .pt2 and .pte files (the runtime's verified loader,
     # the generated program and XNNPACK payload schemas, the operator table for out arguments)
     "src/view/": FRONT + ("kiln/view/", "kiln/runtime/pte_file.h", "kiln/runtime/status.h", "kiln/format/",

@@ -387,4 +387,46 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   return r;
 }
 
+LowerResult write_lowered(const LowerResult& r, const std::string& out) {
+  check(fs::path(out).extension() == ".pte", "{}: the output must end in .pte", out);
+  LowerResult w = r;
+  w.pte_path = out;
+  w.metadata_path = fs::path(out).replace_extension(".json").string();
+  const std::string map_path = fs::path(out).replace_extension(".debug.json").string();
+  StagedFile pte_file(out);
+  {
+    std::ifstream in(r.pte_path, std::ios::binary);
+    check(in.good(), "{}: cannot read the lowered program", r.pte_path);
+    std::vector<char> buf(1 << 20);
+    while (in) {
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      if (in.gcount() > 0) pte_file.write(buf.data(), static_cast<size_t>(in.gcount()));
+    }
+    check(in.eof(), "{}: cannot read the lowered program", r.pte_path);
+  }
+  pte_file.close();
+  check(pte_file.written() == r.pte_size, "{}: the lowered program changed size since it was written", r.pte_path);
+  std::optional<StagedFile> map_file;
+  if (!r.debug_map_path.empty()) {  // the map names its .pte's file name
+    std::ifstream in(r.debug_map_path);
+    check(in.good(), "{}: cannot read the debug map", r.debug_map_path);
+    json map = json::parse(in);
+    map["pte"] = fs::path(out).filename().string();
+    w.debug_map_path = map_path;
+    map_file.emplace(map_path);
+    map_file->write(map.dump(1) + "\n");
+  }
+  w.metadata_json = metadata(w);
+  StagedFile meta_file(w.metadata_path);
+  meta_file.write(w.metadata_json);
+  std::vector<StagedFile*> set;
+  if (map_file) set.push_back(&*map_file);
+  set.push_back(&meta_file);
+  set.push_back(&pte_file);
+  std::vector<std::string> stale;
+  if (!map_file) stale.push_back(map_path);
+  publish_together(set, stale);
+  return w;
+}
+
 }  // namespace kiln

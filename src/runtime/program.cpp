@@ -74,6 +74,8 @@ Method& Method::operator=(Method&& o) noexcept {
   outputs_ = std::move(o.outputs_);
   input_planned_ = std::move(o.input_planned_);
   input_dynamic_ = std::move(o.input_dynamic_);
+  input_home_ = std::move(o.input_home_);
+  input_private_ = std::move(o.input_private_);
   int_refresh_ = std::move(o.int_refresh_);
   buffers_ = std::move(o.buffers_);
   planned_bytes_ = o.planned_bytes_;
@@ -210,6 +212,44 @@ Status Method::set_input(size_t i, const void* data, size_t bytes, std::span<con
                      t.capacity_bytes);
   }
   return set_input(i, data, bytes, error);
+}
+
+Status Method::share_input(size_t i, void* data, size_t bytes, std::span<const int64_t> shape, bool* shared,
+                           ErrorMessage* error) {
+  *shared = false;
+  if (i >= inputs_.size())
+    return failure(error, Status::OutOfRange, "input %zu: the method has %zu inputs", i, inputs_.size());
+  if (input_home_.size() != inputs_.size()) {
+    input_home_.assign(inputs_.size(), nullptr);
+    input_private_.assign(inputs_.size(), -1);
+  }
+  Tensor& t = *values_[static_cast<size_t>(inputs_[i])].scalar.t;
+  if (input_planned_[i] && input_private_[i] < 0) {  // once: does any other tensor lie in its planned memory?
+    const auto* lo = static_cast<const std::byte*>(t.data);
+    const std::byte* hi = lo + std::max(t.capacity_bytes, t.nbytes());
+    bool alone = lo != nullptr;
+    for (const Tensor& o : tensors_) {
+      if (&o == &t || o.data == nullptr) continue;
+      const auto* olo = static_cast<const std::byte*>(o.data);
+      const std::byte* ohi = olo + std::max<size_t>(std::max(o.capacity_bytes, o.nbytes()), 1);
+      if (olo < hi && lo < ohi) alone = false;
+    }
+    input_private_[i] = alone ? 1 : 0;
+    input_home_[i] = t.data;
+  }
+  if (input_planned_[i] && input_private_[i] == 0) return set_input(i, data, bytes, shape, error);
+  // set_input's checks (shape, size), then its unplanned path: the input points at `data`
+  const bool planned = input_planned_[i];
+  input_planned_[i] = false;
+  const Status s = set_input(i, data, bytes, shape, error);
+  input_planned_[i] = planned;
+  *shared = s == Status::Ok;
+  return s;
+}
+
+void Method::unshare_inputs() {
+  for (size_t i = 0; i < input_home_.size(); ++i)
+    if (input_planned_[i] && input_home_[i] != nullptr) values_[static_cast<size_t>(inputs_[i])].scalar.t->data = input_home_[i];
 }
 
 Status Method::execute(ErrorMessage* error) {

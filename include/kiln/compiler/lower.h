@@ -103,6 +103,12 @@ struct LowerResult {
   std::string metadata_json;  // what was written to metadata_path
 };
 
+// Publishes a finished lowering's files again under another name (the Python package's
+// LoweredProgram.write): the .pte's bytes from r.pte_path to `out`, its metadata JSON (as kiln::lower
+// writes it, naming `out`) and debug map beside it, staged and published as one set as kiln::lower
+// does. Returns the result with the new paths. Throws kiln::Error; leaves no partial file.
+LowerResult write_lowered(const LowerResult& r, const std::string& out);
+
 // Lowers the program `spec_path` (a model_spec.json) names. Throws kiln::Error.
 LowerResult lower(const std::string& spec_path, const LowerOptions& options);
 // The same for a spec already read (pt2::read_model_spec).

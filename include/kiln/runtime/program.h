@@ -77,6 +77,15 @@ class Method {
   // only its own. Kernels then compute every output's shape from it.
   Status set_input(size_t i, const void* data, size_t bytes, std::span<const int64_t> shape,
                    ErrorMessage* error = nullptr);
+  // As set_input, but without a copy where that is safe: input i is pointed at `data` (the caller's
+  // memory, which must stay valid through execute(); a program that mutates the input writes it
+  // there) when the program did not plan it, or when no other tensor of the method lies in its
+  // planned memory (kiln's programs keep each input's memory to themselves for the whole call:
+  // no view, in-place result or later value shares it). Otherwise it copies, as set_input.
+  // *shared says which happened. unshare_inputs() points the inputs back at their planned memory.
+  Status share_input(size_t i, void* data, size_t bytes, std::span<const int64_t> shape, bool* shared,
+                     ErrorMessage* error = nullptr);
+  void unshare_inputs();
   // True when input i is DYNAMIC_BOUND (its shape may change per call).
   bool input_is_dynamic(size_t i) const { return input_dynamic_[i]; }
 
@@ -137,6 +146,8 @@ class Method {
   std::vector<int32_t> inputs_, outputs_;
   std::vector<bool> input_planned_;
   std::vector<bool> input_dynamic_;
+  std::vector<void*> input_home_;      // share_input: each input's planned memory (null: unplanned)
+  std::vector<int8_t> input_private_;  // share_input: -1 not yet known, 1 no other tensor in its memory, 0 shared
   // Int list items computed at run time (sym_size, executorch_prim): after the
   // instruction that writes the Int value, its copy in int_arena_ is updated.
   std::vector<std::pair<uint32_t, int32_t>> int_refresh_;  // (int_arena_ slot, value index)
