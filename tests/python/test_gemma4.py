@@ -242,3 +242,96 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
         print(f"8da4w {cache}, {what}: worst {rel[worst]:.3g} of max|logit| at position {worst}")
         agree = np.mean([int(g.argmax()) == int(w.argmax()) for g, w in zip(rows, want[:-1])])
         assert agree >= 0.9, f"8da4w {cache}, {what}: argmax agrees at {agree:.0%} of positions"
+
+
+def _outside_the_window(layers, p: int):
+    """Per cache layer, the slots a decode step at position p must not read: on a sliding layer's ring of R
+    slots (slot s then holds position p - ((p - s) mod R)), those more than the window behind p; on a global
+    layer, the positions after p. Also the slot the step writes (its row is written before it is read)."""
+    out = []
+    for c in layers:
+        slots = np.arange(c["positions"])
+        if c["kind"] == "sliding":
+            hide = (p - slots) % c["positions"] >= WINDOW
+            hide[p % c["positions"]] = True
+        else:
+            hide = slots >= p
+        out.append(hide)
+    return out
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+def test_decode_reads_only_the_window(reference, tmp_path_factory, tmp_path, dynamic):
+    """A decode step of kiln's XNNPACK backend reads, of a sliding-window layer's ring, only the window's live
+    positions (the dynamic form's ring of 15 holds 7 positions outside the window of 8, on either side of the
+    window when it wraps), and of a global layer only the positions written so far. Shown as in
+    test_llm_programs' live-positions test: every decode step at a position >= 2 x window, from the caches a
+    correct run left, with NaN in K and V at every slot it must not read (and at the slot it writes). ExecuTorch's
+    runtime on the same program and inputs reads them (NaN logits); kiln's gives transformers' logits."""
+    _, tokens, ref_logits = reference
+    spec = _exported(tmp_path_factory, "external", dynamic)
+    s = json.loads(spec.read_text())
+    layers = s["llm"]["cache_layers"]
+    pte = tmp_path / "gemma4_xnnpack.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    calls = _calls(tokens, dynamic)
+    ncache = 2 * len(layers)
+    _kiln_calls(pte, calls, ncache, tmp_path / "kiln")  # the caches each call returns: kiln/c{call}_{cache}.npy
+    work = tmp_path / "nan"
+    work.mkdir()
+    steps, args, poisoned = [], [], []
+    for k, (t, p) in enumerate(calls):
+        if p < 2 * WINDOW:
+            continue
+        assert len(t) == 1 and k > 0
+        hide = _outside_the_window(layers, p)
+        caches = []
+        for j in range(ncache):
+            c = np.load(tmp_path / "kiln" / f"c{k - 1}_{j}.npy")
+            c[:, :, hide[j // 2]] = np.nan
+            np.save(work / f"c{k}_{j}.npy", c)
+            caches.append(c)
+        if dynamic and not poisoned:  # the ring holds positions outside the window
+            assert any(h.sum() > 1 for h, c in zip(hide, layers) if c["kind"] == "sliding")
+        np.save(work / f"t{k}.npy", np.array([t], dtype=np.int64))
+        np.save(work / f"p{k}.npy", np.array([p], dtype=np.int64))
+        args += ["-i", work / f"t{k}.npy", "-i", work / f"p{k}.npy"] + [x for j in range(ncache)
+                                                                         for x in ("-i", work / f"c{k}_{j}.npy")]
+        args += [x for j in range(ncache) for x in ("-o", work / f"out{k}_{j}.npy")] + ["-o", work / f"o{k}.npy"]
+        steps.append((k, p))
+        poisoned.append(caches)
+    assert len(steps) == len(tokens) - 1 - 2 * WINDOW
+    run_kiln("run", pte, "--steps", len(steps), *args)
+
+    import torch
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    for (k, p), caches in zip(steps, poisoned, strict=True):
+        got = np.load(work / f"o{k}.npy")
+        assert np.isfinite(got).all(), f"position {p}: kiln read a slot outside the window"
+        assert_close(got[0, 0], ref_logits[p], f"position {p}, NaN outside the window")
+        et = method.execute([torch.tensor([calls[k][0]]), torch.tensor([p]), *map(torch.from_numpy, caches)])
+        assert np.isnan(et[-1].numpy()).any(), f"position {p}: ExecuTorch's runtime should read the NaN slots"
+
+
+def test_profile_shows_the_window(tmp_path_factory, tmp_path):
+    """`kiln profile --tokens 1` of the buffers form at position 17 (>= 2 x window; the warmup steps fill
+    positions 0-16) reports the positions each layer's attention read: the window (8) of the sliding layers'
+    ring of 15 (layers 0, 1 and the KV-shared 3), the 18 positions written so far of the global layers' 48
+    (2 and the KV-shared 4)."""
+    spec = _exported(tmp_path_factory, "buffers", True)
+    pte = tmp_path / "gemma4_xnnpack.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    p = 2 * WINDOW + 1
+    cmd = ("profile", pte, "--tokens", "1", "--warmup", p, "--iters", "1")
+    prof = json.loads(run_kiln(*cmd, "--json").stdout)
+    assert prof["phase"] == "decode" and prof["step_positions"] == [p]
+    read: dict = {}
+    for r in prof["rows"]:
+        if "positions_read" in r:
+            read.setdefault(r["module"], set()).add((r["positions_read"], r["cache_positions"]))
+    sliding, full = {(WINDOW, 2 * WINDOW - 1)}, {(p + 1, MAX_SEQ)}
+    assert read == {f"model.model.layers.{i}.self_attn": sliding if i in (0, 1, 3) else full for i in range(5)}, read
+    text = run_kiln(*cmd).stdout
+    assert f"{WINDOW:>6} of {2 * WINDOW - 1:<6} model.model.layers.0.self_attn" in text, text
