@@ -186,10 +186,11 @@ int run_profile(const ProfileOptions& o) {
     const rt::EValue& v = kv->output_value(0);
     llm = v.tag == rt::EValue::Tag::Bool && v.scalar.b;
   }
-  int64_t max_seq_len = 0;
-  if (auto ms = program->load_method("get_max_seq_len", &err); ms.ok() && ms->num_outputs() == 1 &&
-                                                              ms->output_value(0).tag == rt::EValue::Tag::Int)
-    max_seq_len = ms->output_value(0).scalar.i;
+  int64_t max_seq_len = 0;  // the cache's positions: get_max_context_len, else get_max_seq_len (llm::Metadata)
+  for (const char* name : {"get_max_seq_len", "get_max_context_len"})
+    if (auto ms = program->load_method(name, &err); ms.ok() && ms->num_outputs() == 1 &&
+                                                    ms->output_value(0).tag == rt::EValue::Tag::Int)
+      max_seq_len = ms->output_value(0).scalar.i;
 
   std::vector<std::vector<std::byte>> inputs;
   std::vector<std::vector<int64_t>> input_shapes;  // of the --input files (empty: the planned shapes)

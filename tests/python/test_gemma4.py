@@ -13,6 +13,10 @@ forward over the whole sequence (its own causal and sliding-window masks), row b
 logits (DESIGN's fp32 tolerance). 8da4w: the same model quantized by torchao in eager, one forward over the
 whole sequence (its int8 activations are per token, so rows do not depend on how the calls are cut).
 
+Decode attention reads only the sliding window's live positions (NaN everywhere else in the caches never reaches
+the logits; `kiln profile` reports the positions each layer read). `kiln generate` with a Gemma-style
+tokenizer.json and a Gemma-4-style chat template gives transformers' greedy tokens in every form.
+
 The llm export writes core-ATen functional IR (run_decompositions({})), so Gemma 4's in-place `mul_`
 (`hidden_states *= self.layer_scalar`) arrives as a functional mul: nothing here waits for kiln's own
 functionalization.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_close, run_kiln
+from conftest import REPO, assert_close, greedy_chat_reference, run_kiln
 
 MAX_SEQ = 48
 WINDOW = 8  # the tiny configuration's sliding window (asserted below)
@@ -335,3 +340,181 @@ def test_profile_shows_the_window(tmp_path_factory, tmp_path):
     assert read == {f"model.model.layers.{i}.self_attn": sliding if i in (0, 1, 3) else full for i in range(5)}, read
     text = run_kiln(*cmd).stdout
     assert f"{WINDOW:>6} of {2 * WINDOW - 1:<6} model.model.layers.0.self_attn" in text, text
+
+
+# ---- kiln generate: a Gemma-style tokenizer.json trained here by the tokenizers package (SentencePiece-style:
+# "▁" for spaces, BPE with byte fallback, Gemma's <pad> <eos> <bos> <unk> ids, its turn markers as special tokens,
+# <unused…> tokens to the model's vocabulary) and a Gemma-4-style chat template (a system turn, assistant turns
+# as "model" with their thinking dropped, the empty thought channel after the generation prompt). Oracles:
+# transformers' apply_chat_template (jinja2) for the prompt's ids, transformers' greedy `generate` for the new
+# tokens, the tokenizers package for their bytes and text, ExecuTorch's TextLLMRunner on the buffers forms.
+
+VOCAB = 512  # the tiny configuration's
+CHAT_NEW = 32
+QUESTION = "Hello there!"  # a chat prompt of 13 tokens
+
+# Gemma 4's chat format: <bos><|turn>system\n...<turn|>\n<|turn>user\n...<turn|>\n<|turn>model\n
+GEMMA4_TEMPLATE = """{{- bos_token -}}
+{%- set ns = namespace(system='', first=0) -%}
+{%- if messages and messages[0]['role'] in ['system', 'developer'] -%}
+    {%- set ns.system = messages[0]['content'] | trim -%}
+    {%- set ns.first = 1 -%}
+{%- endif -%}
+{%- set thinking = enable_thinking | default(false) -%}
+{%- if thinking or ns.system -%}
+    {{- '<|turn>system\\n' -}}
+    {%- if thinking -%}{{- '<|think|>' -}}{%- endif -%}
+    {{- ns.system -}}
+    {{- '<turn|>\\n' -}}
+{%- endif -%}
+{%- for message in messages[ns.first:] -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') -}}
+    {%- endif -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {%- set content = message['content'] -%}
+    {%- if role == 'model' and '<channel|>' in content -%}
+        {%- set content = content.split('<channel|>') | last -%}
+    {%- endif -%}
+    {{- '<|turn>' + role + '\\n' + content | trim + '<turn|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|turn>model\\n' -}}
+    {%- if not thinking -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}
+{%- endif -%}
+"""
+
+SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"]
+CORPUS = (["<|turn>user\nHello there! What is the capital of France?<turn|>\n<|turn>model\n<|channel>thought\n"
+           "<channel|>Paris is the capital of France.<turn|>\n",
+           "<|turn>system\nBe brief.<turn|>\n<|turn>user\nWrite a haiku about the sea.<turn|>\n<|turn>model\n"] * 40
+          + ["the quick brown fox jumps over the lazy dog", "hello world, hello tokens, hello again",
+             "naïve café — déjà vu", "  indented   lines\nand new lines\n"] * 10)
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer(tmp_path_factory):
+    """(folder with tokenizer.json, tokenizer_config.json and chat_template.jinja, transformers' tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    out = tmp_path_factory.mktemp("gemma_tokenizer")
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    # trained on the text between the special tokens, as the encoder sees it (it takes them out first)
+    pieces = [p for line in CORPUS for p in re.split("|".join(map(re.escape, SPECIAL)), line) if p]
+    tok.train_from_iterator(pieces, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL + byte_tokens,
+                                                        show_progress=False))
+    # the rest of the model's vocabulary: Gemma's <unused…> special tokens
+    tok.add_special_tokens([f"<unused{k}>" for k in range(VOCAB - tok.get_vocab_size())])
+    assert tok.get_vocab_size() == VOCAB
+    j = json.loads(tok.to_str())
+    j["added_tokens"] = [t for t in j["added_tokens"] if t["content"] not in byte_tokens]  # vocabulary entries
+    (out / "trained.json").write_text(json.dumps(j))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(out / "trained.json"), bos_token="<bos>", eos_token="<eos>",
+                                 pad_token="<pad>", unk_token="<unk>")
+    hf.chat_template = GEMMA4_TEMPLATE
+    hf.save_pretrained(out)
+    assert [hf.convert_tokens_to_ids(t) for t in SPECIAL[:4]] == [0, 1, 2, 3]  # Gemma's pad, eos, bos, unk
+    return out, hf
+
+
+def test_chat_prompt_ids_match_transformers(gemma_tokenizer, reference, tmp_path):
+    """kiln's chat template engine and tokenizer give transformers' prompt ids (a user turn, and a conversation
+    with a system turn and an assistant turn whose thinking the template drops); the prompt is longer than the
+    sliding window (the dynamic forms prefill it in two calls) and leaves the 32 new tokens room in the cache."""
+    folder, hf = gemma_tokenizer
+    model, _, _ = reference
+    assert len(hf) == model.config.vocab_size == VOCAB
+    chats = [[{"role": "user", "content": QUESTION}],
+             [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hello there!"},
+              {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Hi. How can I help?"},
+              {"role": "user", "content": "Write a haiku\nabout the sea?"}]]
+    for chat in chats:
+        ref = hf.apply_chat_template(chat, add_generation_prompt=True)
+        ref = list(ref["input_ids"] if hasattr(ref, "keys") else ref)
+        (tmp_path / "m.json").write_text(json.dumps(chat))
+        got = json.loads(run_kiln("tokenize", "--tokenizer", folder / "tokenizer.json", "--messages",
+                                  tmp_path / "m.json", "--json").stdout)["ids"]
+        assert got == ref, (hf.decode(got), hf.decode(ref))
+    first = hf.apply_chat_template(chats[0], add_generation_prompt=True)
+    first = list(first["input_ids"] if hasattr(first, "keys") else first)
+    assert WINDOW < len(first) <= MAX_SEQ - CHAT_NEW, len(first)
+
+
+def _token_bytes(hf, ids) -> bytes:
+    """The bytes of the tokens as the tokenizer's vocabulary has them: "<0xAB>" one byte, "▁" a space; special
+    tokens none."""
+    out = b""
+    for i in ids:
+        piece = hf.convert_ids_to_tokens(i)
+        if piece in SPECIAL or piece.startswith("<unused"):
+            continue
+        m = re.fullmatch(r"<0x([0-9A-F]{2})>", piece)
+        out += bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode()
+    return out
+
+
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_generate_gives_transformers_greedy_tokens(gemma_tokenizer, reference, kiln_bin, tmp_path_factory, tmp_path,
+                                                   form):
+    """`kiln generate --chat` (greedy, 32 new tokens past any end of turn) gives transformers' greedy tokens; it
+    streams each token's bytes (the random model's tokens include byte-fallback ones that form no UTF-8: the
+    bytes the tokenizers package's vocabulary gives them), and `kiln tokenize --decode` of them is the tokenizers
+    package's text (its ByteFallback decoder turns such runs into U+FFFD). It reads the cache's size from get_max_context_len (the dynamic
+    forms' get_max_seq_len is the prefill chunk, ExecuTorch's runner convention) and refuses a 33rd token past
+    it. ExecuTorch's TextLLMRunner on the buffers forms: the same text up to its first end of sequence."""
+    cache, dynamic = form
+    folder, hf = gemma_tokenizer
+    model, _, _ = reference
+    spec = _exported(tmp_path_factory, cache, dynamic)
+    methods = json.loads(spec.read_text())["constant_methods"]
+    assert methods["get_max_context_len"] == MAX_SEQ
+    assert methods["get_max_seq_len"] == (WINDOW if dynamic else MAX_SEQ)
+    pte = tmp_path / "gemma4.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    chat = [{"role": "user", "content": QUESTION}]
+    prompt, ref = greedy_chat_reference(model, hf, chat, CHAT_NEW)
+    got = json.loads(run_kiln("generate", pte, "--tokenizer", folder / "tokenizer.json", "--chat", "--prompt",
+                              QUESTION, "--max-new-tokens", CHAT_NEW, "--ignore-eos", "--json").stdout)
+    assert got["prompt_tokens"] == len(prompt)
+    assert got["tokens"] == ref, (got["tokens"], ref)
+    args = ["generate", pte, "--tokenizer", folder / "tokenizer.json", "--chat", "--prompt", QUESTION,
+            "--max-new-tokens", CHAT_NEW, "--ignore-eos"]
+    streamed = subprocess.run([str(kiln_bin), *map(str, args)], capture_output=True, check=True).stdout
+    assert streamed == _token_bytes(hf, ref) + b"\n"
+    text = json.loads(run_kiln("tokenize", "--tokenizer", folder / "tokenizer.json", "--decode", ",".join(map(str, ref)),
+                               "--no-special", "--json").stdout)["text"]
+    assert text == hf.decode(ref, skip_special_tokens=True)
+    # the context is MAX_SEQ positions, not the prefill chunk: the prompt and 32 tokens fit, and no more
+    room = MAX_SEQ - len(prompt)
+    more = json.loads(run_kiln("generate", pte, "--tokenizer", folder / "tokenizer.json", "--chat", "--prompt",
+                               QUESTION, "--max-new-tokens", room + 5, "--ignore-eos", "--json").stdout)
+    assert len(more["tokens"]) == room + 1 and more["tokens"][:CHAT_NEW] == ref  # the last one needs no cache row
+
+    if cache == "buffers":  # ExecuTorch's own LLM runner (external caches are not its convention)
+        _check_executorch_runner(pte, prompt, ref, model.config.eos_token_id, tmp_path)
+
+
+def _check_executorch_runner(pte, prompt, ref, eos, tmp_path):
+    """ExecuTorch's TextLLMRunner on the same .pte, greedy: the same tokens up to its first end of sequence. Its
+    Python callback takes whole characters and the random model's tokens are mostly byte-fallback pieces, so
+    the runner gets a tokenizer that spells token i as the one character U+4E00 + i (a BPE vocabulary with no
+    merges, written by the tokenizers package): the prompt's ids in, the tokens' ids out."""
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+    from tokenizers import Tokenizer, models
+
+    spell = {chr(0x4E00 + i): i for i in range(VOCAB)}
+    Tokenizer(models.BPE(vocab=spell, merges=[])).save(str(tmp_path / "ids.json"))
+    pieces = []
+    runner = TextLLMRunner(str(pte), str(tmp_path / "ids.json"))
+    runner.generate("".join(chr(0x4E00 + i) for i in prompt), GenerationConfig(echo=False, max_new_tokens=CHAT_NEW,
+                                                                              temperature=0.0),
+                    token_callback=pieces.append)
+    got = [spell[c] for c in "".join(pieces)]
+    end = next((i for i, t in enumerate(ref) if t == eos), None)
+    want = ref[:end + 1] if end is not None else ref
+    # without an end of sequence the runner's count may stop one short
+    assert got == want if end is not None else (got == want[:len(got)] and len(got) >= CHAT_NEW - 1), (got, want)
