@@ -13,6 +13,7 @@ forward over the whole sequence (its own causal and sliding-window masks), row b
 logits (DESIGN's fp32 tolerance). 8da4w: the same model quantized by torchao in eager, one forward over the
 whole sequence (its int8 activations are per token, so rows do not depend on how the calls are cut).
 
+kiln's runtime also runs ExecuTorch's own lowering of the deployed form's .pt2 (portable and XNNPACK).
 Decode attention reads only the sliding window's live positions (NaN everywhere else in the caches never reaches
 the logits; `kiln profile` reports the positions each layer read). `kiln generate` with a Gemma-style
 tokenizer.json and a Gemma-4-style chat template gives transformers' greedy tokens in every form.
@@ -248,6 +249,33 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
         agree = np.mean([int(g.argmax()) == int(w.argmax()) for g, w in zip(rows, want[:-1])])
         assert agree >= 0.9, f"8da4w {cache}, {what}: argmax agrees at {agree:.0%} of positions"
 
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_kiln_runtime_runs_executorchs_lowering(reference, tmp_path_factory, tmp_path, backend):
+    """kiln's runtime on ExecuTorch's own lowering (to_edge_transform_and_lower, XnnpackPartitioner for xnnpack)
+    of the deployed form's .pt2 (external caches, a dynamic token count): the prompt in two calls and 32 decode
+    steps against transformers, as for kiln's own files. (One form: ExecuTorch takes ~30 s of CPU to lower the
+    tiny model, per backend.)"""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    _, tokens, ref_logits = reference
+    spec = _exported(tmp_path_factory, "external", True)
+    s = json.loads(spec.read_text())
+    ep = torch.export.load(str(spec.parent / s["exported_program"]))
+    parts = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        parts = [XnnpackPartitioner()]
+    pte = tmp_path / f"gemma4_{backend}_et.pte"
+    pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=parts, constant_methods=s["constant_methods"])
+                    .to_executorch().buffer)
+    assert (b"XnnpackBackend" in pte.read_bytes()) == (backend == "xnnpack")
+    calls = _calls(tokens, True)
+    _check(_kiln_calls(pte, calls, len(s["inputs"]) - 2, tmp_path / "kiln"), calls, tokens, ref_logits,
+           f"kiln runtime on ExecuTorch's {backend} lowering")
 
 def _outside_the_window(layers, p: int):
     """Per cache layer, the slots a decode step at position p must not read: on a sliding layer's ring of R
