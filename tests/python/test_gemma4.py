@@ -274,8 +274,19 @@ def test_kiln_runtime_runs_executorchs_lowering(reference, tmp_path_factory, tmp
                     .to_executorch().buffer)
     assert (b"XnnpackBackend" in pte.read_bytes()) == (backend == "xnnpack")
     calls = _calls(tokens, True)
-    _check(_kiln_calls(pte, calls, len(s["inputs"]) - 2, tmp_path / "kiln"), calls, tokens, ref_logits,
-           f"kiln runtime on ExecuTorch's {backend} lowering")
+    got = _kiln_calls(pte, calls, len(s["inputs"]) - 2, tmp_path / "kiln")
+    what = f"kiln runtime on ExecuTorch's {backend} lowering"
+    if backend == "portable":
+        _check(got, calls, tokens, ref_logits, what)
+        return
+    # ExecuTorch's XNNPACK lowering is 2e-4 of max|logit| from transformers at position 0 (outside DESIGN's fp32
+    # tolerance, in ExecuTorch's runtime as in kiln's): the oracle is ExecuTorch's runtime on its own file, call
+    # by call, and transformers' greedy tokens
+    for k, (g, e) in enumerate(zip(got, _et_calls(pte, calls, [i["shape"] for i in s["inputs"][2:]]), strict=True)):
+        assert_close(g, e, f"{what}: call {k}, against ExecuTorch's runtime")
+    rows = np.concatenate([g[0] for g in got])
+    greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
+    assert greedy == tokens[len(PROMPT):], f"{what}: greedy tokens {greedy} != transformers {tokens[len(PROMPT):]}"
 
 def _outside_the_window(layers, p: int):
     """Per cache layer, the slots a decode step at position p must not read: on a sliding layer's ring of R
