@@ -32,14 +32,16 @@ def config(name: str):
         # and 1 KV head, partial RoPE (0.25 of 32) on global layers, double-wide MLP on shared layers,
         # per-layer input embeddings of 32 per layer (a torchao int4 group), q/k/v norms, soft-capping, tied
         # embeddings; a window of 8 positions, so a few dozen decode steps go round the ring several times.
+        # A vocabulary of 512: a SentencePiece-style tokenizer with byte fallback (Gemma's) has the 256 byte
+        # tokens, its special tokens and some merges.
         # The soft-capping is at 1.0, not E2B's 30: random weights give logits below 1, where
         # tanh(x / 30) * 30 is x to 1e-4 and a test could not tell whether the capping ran.
-        return Gemma4TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=5,
+        return Gemma4TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=5,
                                 num_attention_heads=4, num_key_value_heads=1, head_dim=16, global_head_dim=32,
                                 layer_types=["sliding_attention", "sliding_attention", "full_attention",
                                              "sliding_attention", "full_attention"],
                                 sliding_window=8, num_kv_shared_layers=2, use_double_wide_mlp=True,
-                                hidden_size_per_layer_input=32, vocab_size_per_layer_input=256,
+                                hidden_size_per_layer_input=32, vocab_size_per_layer_input=512,
                                 final_logit_softcapping=1.0, max_position_embeddings=4096, rms_norm_eps=1e-6,
                                 tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     if name == "e2b":

@@ -324,9 +324,11 @@ def main(argv=None) -> int:
                                   "head_dim": hd} for layer, kind, size, heads, hd in module.plan]}
                if args.arch == "gemma4" else {}),
         },
-        # ExecuTorch's LLM runner conventions (extension/llm/runner): constant methods of the .pte
+        # ExecuTorch's LLM runner conventions (extension/llm/runner): constant methods of the .pte; its
+        # TextLLMRunner prefills in calls of up to get_max_seq_len tokens (with --dynamic: the most one call
+        # takes; Gemma 4: the prefill chunk) and bounds prompt and new tokens by get_max_context_len (the cache)
         "constant_methods": {
-            "get_max_seq_len": args.max_seq_len,
+            "get_max_seq_len": chunk if args.dynamic else args.max_seq_len,
             "get_max_context_len": args.max_seq_len,
             "get_vocab_size": cfg.vocab_size,
             "get_bos_id": cfg.bos_token_id if cfg.bos_token_id is not None else 0,

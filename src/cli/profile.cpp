@@ -63,6 +63,7 @@ struct Item {
   std::string op, module, source;
   int64_t region = -1;
   uint64_t calls = 0, ns = 0;
+  int64_t positions_read = -1, cache_positions = 0;  // attention over a KV cache: its last run's
 };
 
 // The debug map beside the .pte (X.pte -> X.debug.json), if it matches the program.
@@ -192,10 +193,11 @@ int run_profile(const ProfileOptions& o) {
     const rt::EValue& v = kv->output_value(0);
     llm = v.tag == rt::EValue::Tag::Bool && v.scalar.b;
   }
-  int64_t max_seq_len = 0;
-  if (auto ms = program->load_method("get_max_seq_len", &err); ms.ok() && ms->num_outputs() == 1 &&
-                                                              ms->output_value(0).tag == rt::EValue::Tag::Int)
-    max_seq_len = ms->output_value(0).scalar.i;
+  int64_t max_seq_len = 0;  // the cache's positions: get_max_context_len, else get_max_seq_len (llm::Metadata)
+  for (const char* name : {"get_max_seq_len", "get_max_context_len"})
+    if (auto ms = program->load_method(name, &err); ms.ok() && ms->num_outputs() == 1 &&
+                                                    ms->output_value(0).tag == rt::EValue::Tag::Int)
+      max_seq_len = ms->output_value(0).scalar.i;
 
   MethodInputs in = method_inputs(m, o.inputs, o.file);
   auto& inputs = in.data;
@@ -211,6 +213,7 @@ int run_profile(const ProfileOptions& o) {
     phase = step_tokens == 1 ? "decode" : "prefill";
   }
   int64_t pos = 0;
+  std::vector<int64_t> run_positions;  // LLM steps: each profiled run's first position
   auto set_inputs = [&] {
     if (step_tokens > 0) {  // the next positions (wrapping before the cache's end)
       if (max_seq_len > 0 && pos + step_tokens > max_seq_len) pos = 0;
@@ -305,6 +308,7 @@ int run_profile(const ProfileOptions& o) {
   for (int r = 0; r < o.iters; ++r) {
     set_inputs();
     if (debug_log && r == 0) m.enable_debug_outputs(debug_log.get());
+    if (step_tokens > 0) run_positions.push_back(pos - step_tokens);
     const auto a = Clock::now();
     execute();
     const auto b = Clock::now();
@@ -350,6 +354,8 @@ int run_profile(const ProfileOptions& o) {
         Item& st = items[item_of_step[static_cast<size_t>(d)][k]];
         st.calls = steps[static_cast<size_t>(d)][k].calls;
         st.ns = steps[static_cast<size_t>(d)][k].total_ns;
+        st.positions_read = steps[static_cast<size_t>(d)][k].positions_read;
+        st.cache_positions = steps[static_cast<size_t>(d)][k].cache_positions;
         ns -= std::min(ns, st.ns);
       }
     it.ns = ns;
@@ -492,6 +498,10 @@ int run_profile(const ProfileOptions& o) {
                 {"ms_per_run", static_cast<double>(it.ns) * per_run}, {"share", share(it.ns)},
                 {"calls_per_run", static_cast<double>(it.calls) / o.iters}, {"debug_handles", it.debug_handles}};
       if (it.kind == Item::Kind::Step) r["step"] = it.step;
+      if (it.positions_read >= 0) {
+        r["positions_read"] = it.positions_read;
+        r["cache_positions"] = it.cache_positions;
+      }
       if (it.region >= 0) r["region"] = it.region;
       if (map.present) {
         r["module"] = it.module;
@@ -511,6 +521,7 @@ int run_profile(const ProfileOptions& o) {
     if (debug_log)
       j["debug_outputs"] = {{"buffer", debug_buffer_path}, {"tensors", debug_log->entries().size()},
                             {"bytes", debug_log->bytes_used()}, {"overflowed", debug_log->overflowed()}};
+    if (step_tokens > 0) j["step_positions"] = run_positions;
     if (map.present) {
       j["by_module"] = table(by_module, "module");
       j["by_module_pattern"] = table(by_pattern, "module");
@@ -546,6 +557,21 @@ int run_profile(const ProfileOptions& o) {
     fmt::print("    {:>9.3f} ms {:5.1f}%  #{}{}  {}{}{}\n", static_cast<double>(it.ns) * per_run, 100.0 * share(it.ns),
                it.instruction, it.kind == Item::Kind::Step ? fmt::format(".{}", it.step) : std::string(), it.label,
                it.module.empty() ? "" : "  " + it.module, it.source.empty() ? "" : "  (" + it.source + ")");
+  }
+  // Attention over a KV cache: the positions its steps read in the last run, per module (a layer's
+  // scores and its product with V read the same ones)
+  std::vector<std::pair<std::string, const Item*>> attention;
+  for (const Item& it : items) {
+    if (it.positions_read < 0) continue;
+    const std::string where = it.module.empty() ? fmt::format("#{}.{} {}", it.instruction, it.step, it.label) : it.module;
+    auto same = std::find_if(attention.begin(), attention.end(), [&](const auto& a) { return a.first == where; });
+    if (same == attention.end()) attention.emplace_back(where, &it);
+    else if (it.positions_read > same->second->positions_read) same->second = &it;
+  }
+  if (!attention.empty()) {
+    fmt::print("  attention over the KV cache, positions read in the last run:\n");
+    for (const auto& [where, it] : attention)
+      fmt::print("    {:>6} of {:<6} {}\n", it->positions_read, it->cache_positions, where);
   }
   if (!o.trace.empty()) fmt::print("  trace: {} ({} events)\n", o.trace, events.size());
   if (!o.etdump.empty()) fmt::print("  etdump: {}\n", o.etdump);

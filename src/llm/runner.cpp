@@ -64,11 +64,14 @@ std::unique_ptr<Runner> Runner::load(const std::string& pte, const rt::MethodOpt
   const rt::Tensor& logits = f.output(r->logits_output_);
   if (logits.dtype != ScalarType::Float || logits.dim < 2) return not_llm("the output is not float logits");
   r->vocab_ = logits.size(logits.dim - 1);
-  if (auto v = constant(*r->program_, "get_max_seq_len"); v && v->tag == rt::EValue::Tag::Int) r->meta_.max_seq_len = v->to_int();
+  if (auto v = constant(*r->program_, "get_max_context_len"); v && v->tag == rt::EValue::Tag::Int)
+    r->meta_.max_seq_len = v->to_int();
+  else if (auto s = constant(*r->program_, "get_max_seq_len"); s && s->tag == rt::EValue::Tag::Int)
+    r->meta_.max_seq_len = s->to_int();
   if (auto v = constant(*r->program_, "get_vocab_size"); v && v->tag == rt::EValue::Tag::Int) r->meta_.vocab_size = v->to_int();
   if (auto v = constant(*r->program_, "get_bos_id"); v && v->tag == rt::EValue::Tag::Int) r->meta_.bos = v->to_int();
   if (!constant(*r->program_, "get_eos_ids", &r->meta_.eos)) constant(*r->program_, "get_eos_id", &r->meta_.eos);
-  if (r->meta_.max_seq_len <= 0) return not_llm("it has no get_max_seq_len constant method");
+  if (r->meta_.max_seq_len <= 0) return not_llm("it has no get_max_context_len or get_max_seq_len constant method");
   if (r->meta_.vocab_size > 0 && r->meta_.vocab_size != r->vocab_)
     return not_llm(fmt::format("get_vocab_size says {} but the logits have {}", r->meta_.vocab_size, r->vocab_));
   r->tok_buf_.assign(static_cast<size_t>(r->step_tokens_), 0);

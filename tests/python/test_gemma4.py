@@ -13,6 +13,11 @@ forward over the whole sequence (its own causal and sliding-window masks), row b
 logits (DESIGN's fp32 tolerance). 8da4w: the same model quantized by torchao in eager, one forward over the
 whole sequence (its int8 activations are per token, so rows do not depend on how the calls are cut).
 
+kiln's runtime also runs ExecuTorch's own lowering of the deployed form's .pt2 (portable and XNNPACK).
+Decode attention reads only the sliding window's live positions (NaN everywhere else in the caches never reaches
+the logits; `kiln profile` reports the positions each layer read). `kiln generate` with a Gemma-style
+tokenizer.json and a Gemma-4-style chat template gives transformers' greedy tokens in every form.
+
 The llm export writes core-ATen functional IR (run_decompositions({})), so Gemma 4's in-place `mul_`
 (`hidden_states *= self.layer_scalar`) arrives as a functional mul: nothing here waits for kiln's own
 functionalization.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_close, run_kiln
+from conftest import REPO, assert_close, greedy_chat_reference, run_kiln
 
 MAX_SEQ = 48
 WINDOW = 8  # the tiny configuration's sliding window (asserted below)
@@ -242,3 +248,314 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
         print(f"8da4w {cache}, {what}: worst {rel[worst]:.3g} of max|logit| at position {worst}")
         agree = np.mean([int(g.argmax()) == int(w.argmax()) for g, w in zip(rows, want[:-1])])
         assert agree >= 0.9, f"8da4w {cache}, {what}: argmax agrees at {agree:.0%} of positions"
+
+
+
+# CI runs the XNNPACK lowering only (the deployed form; ExecuTorch's lowering is 30-60 s a backend):
+# KILN_FULL_TESTS=1 adds the portable one.
+@pytest.mark.parametrize("backend", ["xnnpack", "portable"] if os.environ.get("KILN_FULL_TESTS") else ["xnnpack"])
+def test_kiln_runtime_runs_executorchs_lowering(reference, tmp_path_factory, tmp_path, backend):
+    """kiln's runtime on ExecuTorch's own lowering (to_edge_transform_and_lower, XnnpackPartitioner for xnnpack)
+    of the deployed form's .pt2 (external caches, a dynamic token count): the prompt in two calls and 32 decode
+    steps against transformers, as for kiln's own files. (One form: ExecuTorch takes ~30 s of CPU to lower the
+    tiny model, per backend.)"""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    _, tokens, ref_logits = reference
+    spec = _exported(tmp_path_factory, "external", True)
+    s = json.loads(spec.read_text())
+    ep = torch.export.load(str(spec.parent / s["exported_program"]))
+    parts = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        parts = [XnnpackPartitioner()]
+    pte = tmp_path / f"gemma4_{backend}_et.pte"
+    pte.write_bytes(to_edge_transform_and_lower(ep, partitioner=parts, constant_methods=s["constant_methods"])
+                    .to_executorch().buffer)
+    assert (b"XnnpackBackend" in pte.read_bytes()) == (backend == "xnnpack")
+    calls = _calls(tokens, True)
+    got = _kiln_calls(pte, calls, len(s["inputs"]) - 2, tmp_path / "kiln")
+    what = f"kiln runtime on ExecuTorch's {backend} lowering"
+    if backend == "portable":
+        _check(got, calls, tokens, ref_logits, what)
+        return
+    # ExecuTorch's XNNPACK lowering is 2e-4 of max|logit| from transformers at position 0 (outside DESIGN's fp32
+    # tolerance, in ExecuTorch's runtime as in kiln's): the oracle is ExecuTorch's runtime on its own file, call
+    # by call, and transformers' greedy tokens
+    for k, (g, e) in enumerate(zip(got, _et_calls(pte, calls, [i["shape"] for i in s["inputs"][2:]]), strict=True)):
+        assert_close(g, e, f"{what}: call {k}, against ExecuTorch's runtime")
+    rows = np.concatenate([g[0] for g in got])
+    greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
+    assert greedy == tokens[len(PROMPT):], f"{what}: greedy tokens {greedy} != transformers {tokens[len(PROMPT):]}"
+
+def _outside_the_window(layers, p: int):
+    """Per cache layer, the slots a decode step at position p must not read: on a sliding layer's ring of R
+    slots (slot s then holds position p - ((p - s) mod R)), those more than the window behind p; on a global
+    layer, the positions after p. Also the slot the step writes (its row is written before it is read)."""
+    out = []
+    for c in layers:
+        slots = np.arange(c["positions"])
+        if c["kind"] == "sliding":
+            hide = (p - slots) % c["positions"] >= WINDOW
+            hide[p % c["positions"]] = True
+        else:
+            hide = slots >= p
+        out.append(hide)
+    return out
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "static"])
+def test_decode_reads_only_the_window(reference, tmp_path_factory, tmp_path, dynamic):
+    """A decode step of kiln's XNNPACK backend reads, of a sliding-window layer's ring, only the window's live
+    positions (the dynamic form's ring of 15 holds 7 positions outside the window of 8, on either side of the
+    window when it wraps), and of a global layer only the positions written so far. Shown as in
+    test_llm_programs' live-positions test: every decode step at a position >= 2 x window, from the caches a
+    correct run left, with NaN in K and V at every slot it must not read (and at the slot it writes). ExecuTorch's
+    runtime on the same program and inputs reads them (NaN logits); kiln's gives transformers' logits."""
+    _, tokens, ref_logits = reference
+    spec = _exported(tmp_path_factory, "external", dynamic)
+    s = json.loads(spec.read_text())
+    layers = s["llm"]["cache_layers"]
+    pte = tmp_path / "gemma4_xnnpack.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    calls = _calls(tokens, dynamic)
+    ncache = 2 * len(layers)
+    _kiln_calls(pte, calls, ncache, tmp_path / "kiln")  # the caches each call returns: kiln/c{call}_{cache}.npy
+    work = tmp_path / "nan"
+    work.mkdir()
+    steps, args, poisoned = [], [], []
+    for k, (t, p) in enumerate(calls):
+        if p < 2 * WINDOW:
+            continue
+        assert len(t) == 1 and k > 0
+        hide = _outside_the_window(layers, p)
+        caches = []
+        for j in range(ncache):
+            c = np.load(tmp_path / "kiln" / f"c{k - 1}_{j}.npy")
+            c[:, :, hide[j // 2]] = np.nan
+            np.save(work / f"c{k}_{j}.npy", c)
+            caches.append(c)
+        if dynamic and not poisoned:  # the ring holds positions outside the window
+            assert any(h.sum() > 1 for h, c in zip(hide, layers) if c["kind"] == "sliding")
+        np.save(work / f"t{k}.npy", np.array([t], dtype=np.int64))
+        np.save(work / f"p{k}.npy", np.array([p], dtype=np.int64))
+        args += ["-i", work / f"t{k}.npy", "-i", work / f"p{k}.npy"] + [x for j in range(ncache)
+                                                                         for x in ("-i", work / f"c{k}_{j}.npy")]
+        args += [x for j in range(ncache) for x in ("-o", work / f"out{k}_{j}.npy")] + ["-o", work / f"o{k}.npy"]
+        steps.append((k, p))
+        poisoned.append(caches)
+    assert len(steps) == len(tokens) - 1 - 2 * WINDOW
+    run_kiln("run", pte, "--steps", len(steps), *args)
+
+    import torch
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    for (k, p), caches in zip(steps, poisoned, strict=True):
+        got = np.load(work / f"o{k}.npy")
+        assert np.isfinite(got).all(), f"position {p}: kiln read a slot outside the window"
+        assert_close(got[0, 0], ref_logits[p], f"position {p}, NaN outside the window")
+        et = method.execute([torch.tensor([calls[k][0]]), torch.tensor([p]), *map(torch.from_numpy, caches)])
+        assert np.isnan(et[-1].numpy()).any(), f"position {p}: ExecuTorch's runtime should read the NaN slots"
+
+
+def test_profile_shows_the_window(tmp_path_factory, tmp_path):
+    """`kiln profile --tokens 1` of the buffers form at position 17 (>= 2 x window; the warmup steps fill
+    positions 0-16) reports the positions each layer's attention read: the window (8) of the sliding layers'
+    ring of 15 (layers 0, 1 and the KV-shared 3), the 18 positions written so far of the global layers' 48
+    (2 and the KV-shared 4)."""
+    spec = _exported(tmp_path_factory, "buffers", True)
+    pte = tmp_path / "gemma4_xnnpack.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    p = 2 * WINDOW + 1
+    cmd = ("profile", pte, "--tokens", "1", "--warmup", p, "--iters", "1")
+    prof = json.loads(run_kiln(*cmd, "--json").stdout)
+    assert prof["phase"] == "decode" and prof["step_positions"] == [p]
+    read: dict = {}
+    for r in prof["rows"]:
+        if "positions_read" in r:
+            read.setdefault(r["module"], set()).add((r["positions_read"], r["cache_positions"]))
+    sliding, full = {(WINDOW, 2 * WINDOW - 1)}, {(p + 1, MAX_SEQ)}
+    assert read == {f"model.model.layers.{i}.self_attn": sliding if i in (0, 1, 3) else full for i in range(5)}, read
+    text = run_kiln(*cmd).stdout
+    assert f"{WINDOW:>6} of {2 * WINDOW - 1:<6} model.model.layers.0.self_attn" in text, text
+
+
+# ---- kiln generate: a Gemma-style tokenizer.json trained here by the tokenizers package (SentencePiece-style:
+# "▁" for spaces, BPE with byte fallback, Gemma's <pad> <eos> <bos> <unk> ids, its turn markers as special tokens,
+# <unused…> tokens to the model's vocabulary) and a Gemma-4-style chat template (a system turn, assistant turns
+# as "model" with their thinking dropped, the empty thought channel after the generation prompt). Oracles:
+# transformers' apply_chat_template (jinja2) for the prompt's ids, transformers' greedy `generate` for the new
+# tokens, the tokenizers package for their bytes and text, ExecuTorch's TextLLMRunner on the buffers forms.
+
+VOCAB = 512  # the tiny configuration's
+CHAT_NEW = 32
+QUESTION = "Hello there!"  # a chat prompt of 13 tokens
+
+# Gemma 4's chat format: <bos><|turn>system\n...<turn|>\n<|turn>user\n...<turn|>\n<|turn>model\n
+GEMMA4_TEMPLATE = """{{- bos_token -}}
+{%- set ns = namespace(system='', first=0) -%}
+{%- if messages and messages[0]['role'] in ['system', 'developer'] -%}
+    {%- set ns.system = messages[0]['content'] | trim -%}
+    {%- set ns.first = 1 -%}
+{%- endif -%}
+{%- set thinking = enable_thinking | default(false) -%}
+{%- if thinking or ns.system -%}
+    {{- '<|turn>system\\n' -}}
+    {%- if thinking -%}{{- '<|think|>' -}}{%- endif -%}
+    {{- ns.system -}}
+    {{- '<turn|>\\n' -}}
+{%- endif -%}
+{%- for message in messages[ns.first:] -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') -}}
+    {%- endif -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {%- set content = message['content'] -%}
+    {%- if role == 'model' and '<channel|>' in content -%}
+        {%- set content = content.split('<channel|>') | last -%}
+    {%- endif -%}
+    {{- '<|turn>' + role + '\\n' + content | trim + '<turn|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|turn>model\\n' -}}
+    {%- if not thinking -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}
+{%- endif -%}
+"""
+
+SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"]
+CORPUS = (["<|turn>user\nHello there! What is the capital of France?<turn|>\n<|turn>model\n<|channel>thought\n"
+           "<channel|>Paris is the capital of France.<turn|>\n",
+           "<|turn>system\nBe brief.<turn|>\n<|turn>user\nWrite a haiku about the sea.<turn|>\n<|turn>model\n"] * 40
+          + ["the quick brown fox jumps over the lazy dog", "hello world, hello tokens, hello again",
+             "naïve café — déjà vu", "  indented   lines\nand new lines\n"] * 10)
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer(tmp_path_factory):
+    """(folder with tokenizer.json, tokenizer_config.json and chat_template.jinja, transformers' tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    out = tmp_path_factory.mktemp("gemma_tokenizer")
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    # trained on the text between the special tokens, as the encoder sees it (it takes them out first)
+    pieces = [p for line in CORPUS for p in re.split("|".join(map(re.escape, SPECIAL)), line) if p]
+    tok.train_from_iterator(pieces, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL + byte_tokens,
+                                                        show_progress=False))
+    # the rest of the model's vocabulary: Gemma's <unused…> special tokens
+    tok.add_special_tokens([f"<unused{k}>" for k in range(VOCAB - tok.get_vocab_size())])
+    assert tok.get_vocab_size() == VOCAB
+    j = json.loads(tok.to_str())
+    j["added_tokens"] = [t for t in j["added_tokens"] if t["content"] not in byte_tokens]  # vocabulary entries
+    (out / "trained.json").write_text(json.dumps(j))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(out / "trained.json"), bos_token="<bos>", eos_token="<eos>",
+                                 pad_token="<pad>", unk_token="<unk>")
+    hf.chat_template = GEMMA4_TEMPLATE
+    hf.save_pretrained(out)
+    assert [hf.convert_tokens_to_ids(t) for t in SPECIAL[:4]] == [0, 1, 2, 3]  # Gemma's pad, eos, bos, unk
+    return out, hf
+
+
+def test_chat_prompt_ids_match_transformers(gemma_tokenizer, reference, tmp_path):
+    """kiln's chat template engine and tokenizer give transformers' prompt ids (a user turn, and a conversation
+    with a system turn and an assistant turn whose thinking the template drops); the prompt is longer than the
+    sliding window (the dynamic forms prefill it in two calls) and leaves the 32 new tokens room in the cache."""
+    folder, hf = gemma_tokenizer
+    model, _, _ = reference
+    assert len(hf) == model.config.vocab_size == VOCAB
+    chats = [[{"role": "user", "content": QUESTION}],
+             [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hello there!"},
+              {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Hi. How can I help?"},
+              {"role": "user", "content": "Write a haiku\nabout the sea?"}]]
+    for chat in chats:
+        ref = hf.apply_chat_template(chat, add_generation_prompt=True)
+        ref = list(ref["input_ids"] if hasattr(ref, "keys") else ref)
+        (tmp_path / "m.json").write_text(json.dumps(chat))
+        got = json.loads(run_kiln("tokenize", "--tokenizer", folder / "tokenizer.json", "--messages",
+                                  tmp_path / "m.json", "--json").stdout)["ids"]
+        assert got == ref, (hf.decode(got), hf.decode(ref))
+    first = hf.apply_chat_template(chats[0], add_generation_prompt=True)
+    first = list(first["input_ids"] if hasattr(first, "keys") else first)
+    assert WINDOW < len(first) <= MAX_SEQ - CHAT_NEW, len(first)
+
+
+def _token_bytes(hf, ids) -> bytes:
+    """The bytes of the tokens as the tokenizer's vocabulary has them: "<0xAB>" one byte, "▁" a space; special
+    tokens none."""
+    out = b""
+    for i in ids:
+        piece = hf.convert_ids_to_tokens(i)
+        if piece in SPECIAL or piece.startswith("<unused"):
+            continue
+        m = re.fullmatch(r"<0x([0-9A-F]{2})>", piece)
+        out += bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode()
+    return out
+
+
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_generate_gives_transformers_greedy_tokens(gemma_tokenizer, reference, kiln_bin, tmp_path_factory, tmp_path,
+                                                   form):
+    """`kiln generate --chat` (greedy, 32 new tokens past any end of turn) gives transformers' greedy tokens; it
+    streams each token's bytes (the random model's tokens include byte-fallback ones that form no UTF-8: the
+    bytes the tokenizers package's vocabulary gives them), and `kiln tokenize --decode` of them is the tokenizers
+    package's text (its ByteFallback decoder turns such runs into U+FFFD). It reads the cache's size from get_max_context_len (the dynamic
+    forms' get_max_seq_len is the prefill chunk, ExecuTorch's runner convention) and refuses a 33rd token past
+    it. ExecuTorch's TextLLMRunner on the buffers forms: the same text up to its first end of sequence."""
+    cache, dynamic = form
+    folder, hf = gemma_tokenizer
+    model, _, _ = reference
+    spec = _exported(tmp_path_factory, cache, dynamic)
+    methods = json.loads(spec.read_text())["constant_methods"]
+    assert methods["get_max_context_len"] == MAX_SEQ
+    assert methods["get_max_seq_len"] == (WINDOW if dynamic else MAX_SEQ)
+    pte = tmp_path / "gemma4.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    chat = [{"role": "user", "content": QUESTION}]
+    prompt, ref = greedy_chat_reference(model, hf, chat, CHAT_NEW)
+    got = json.loads(run_kiln("generate", pte, "--tokenizer", folder / "tokenizer.json", "--chat", "--prompt",
+                              QUESTION, "--max-new-tokens", CHAT_NEW, "--ignore-eos", "--json").stdout)
+    assert got["prompt_tokens"] == len(prompt)
+    assert got["tokens"] == ref, (got["tokens"], ref)
+    args = ["generate", pte, "--tokenizer", folder / "tokenizer.json", "--chat", "--prompt", QUESTION,
+            "--max-new-tokens", CHAT_NEW, "--ignore-eos"]
+    streamed = subprocess.run([str(kiln_bin), *map(str, args)], capture_output=True, check=True).stdout
+    assert streamed == _token_bytes(hf, ref) + b"\n"
+    text = json.loads(run_kiln("tokenize", "--tokenizer", folder / "tokenizer.json", "--decode", ",".join(map(str, ref)),
+                               "--no-special", "--json").stdout)["text"]
+    assert text == hf.decode(ref, skip_special_tokens=True)
+    # the context is MAX_SEQ positions, not the prefill chunk: the prompt and 32 tokens fit, and no more
+    room = MAX_SEQ - len(prompt)
+    more = json.loads(run_kiln("generate", pte, "--tokenizer", folder / "tokenizer.json", "--chat", "--prompt",
+                               QUESTION, "--max-new-tokens", room + 5, "--ignore-eos", "--json").stdout)
+    assert len(more["tokens"]) == room + 1 and more["tokens"][:CHAT_NEW] == ref  # the last one needs no cache row
+
+    if cache == "buffers":  # ExecuTorch's own LLM runner (external caches are not its convention)
+        _check_executorch_runner(pte, prompt, ref, model.config.eos_token_id, tmp_path)
+
+
+def _check_executorch_runner(pte, prompt, ref, eos, tmp_path):
+    """ExecuTorch's TextLLMRunner on the same .pte, greedy: the same tokens up to its first end of sequence. Its
+    Python callback takes whole characters and the random model's tokens are mostly byte-fallback pieces, so
+    the runner gets a tokenizer that spells token i as the one character U+4E00 + i (a BPE vocabulary with no
+    merges, written by the tokenizers package): the prompt's ids in, the tokens' ids out."""
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+    from tokenizers import Tokenizer, models
+
+    spell = {chr(0x4E00 + i): i for i in range(VOCAB)}
+    Tokenizer(models.BPE(vocab=spell, merges=[])).save(str(tmp_path / "ids.json"))
+    pieces = []
+    runner = TextLLMRunner(str(pte), str(tmp_path / "ids.json"))
+    runner.generate("".join(chr(0x4E00 + i) for i in prompt), GenerationConfig(echo=False, max_new_tokens=CHAT_NEW,
+                                                                              temperature=0.0),
+                    token_callback=pieces.append)
+    got = [spell[c] for c in "".join(pieces)]
+    end = next((i for i, t in enumerate(ref) if t == eos), None)
+    want = ref[:end + 1] if end is not None else ref
+    # without an end of sequence the runner's count may stop one short
+    assert got == want if end is not None else (got == want[:len(got)] and len(got) >= CHAT_NEW - 1), (got, want)

@@ -784,7 +784,7 @@ def test_quantized_lowering_never_holds_the_fp32_weights(smollm2, kiln_bin, sche
 class _CacheAttention:
     """softmax(q · Kᵀ · D^-½ + mask) · V over a static cache of N positions, the form of a decode step."""
 
-    H, G, N, D = 2, 3, 40, 16  # kv heads, query rows per kv head (GQA), cache positions, head width
+    H, N, D = 2, 40, 16  # kv heads, cache positions, head width (query rows per kv head: the test's)
 
     @staticmethod
     def module():
@@ -805,12 +805,15 @@ def test_decode_attention_reads_only_the_live_positions(tmp_path, hidden):
     write it): the same result as eager, and it never reads a masked position.
     The latter is shown with NaN in K and V past the live positions: eager on the whole cache gives NaN there
     (0 · NaN), so the oracle is eager on the cache cut to the live positions, which kiln must match exactly
-    in kind (finite) and within fp32 tolerance."""
+    in kind (finite) and within fp32 tolerance. The live positions of a sliding window's ring cache are one
+    band, or two when the window wraps round the ring's end: what lies between them is never read either.
+    Query rows per KV head: 3 (P · V as streaming products) with -inf masks, 12 (as a GEMM) with finfo.min."""
     import torch
 
     A = _CacheAttention
+    G = 3 if hidden == "-inf" else 12
     torch.manual_seed(0)
-    shapes = {"q": (1, A.H, A.G, A.D), "k": (1, A.H, A.N, A.D), "v": (1, A.H, A.N, A.D), "mask": (1, 1, 1, A.N)}
+    shapes = {"q": (1, A.H, G, A.D), "k": (1, A.H, A.N, A.D), "v": (1, A.H, A.N, A.D), "mask": (1, 1, 1, A.N)}
     ex = tuple(torch.randn(s) for s in shapes.values())
     ep = torch.export.export(A.module(), ex)
     torch.export.save(ep, tmp_path / "attn.pt2")
@@ -850,12 +853,26 @@ def test_decode_attention_reads_only_the_live_positions(tmp_path, hidden):
             got = kiln(q, k2, v2, mask)
             assert np.isfinite(got).all(), f"live {live}: kiln read a masked position"
             assert_close(got, cut, f"live {live}, NaN past it")
-    # a band mask (a sliding window: masked positions before the live ones too), and every position hidden
-    # (eager: NaN rows for -inf, uniform weights over all positions for finfo.min; kiln runs all of them then)
-    mask = torch.full(shapes["mask"], fill)
-    mask[..., 5:12] = 0.0
+    # a band mask (a sliding window: masked positions before the live ones too), a window that wraps round
+    # a ring's end (two bands), and every position hidden (eager: NaN rows for -inf, uniform weights over all
+    # positions for finfo.min; kiln runs all of them then)
+    for bands in ([(5, 12)], [(0, 3), (33, A.N)], [(4, 9), (30, 36)]):
+        mask = torch.full(shapes["mask"], fill)
+        live = torch.zeros(A.N, dtype=torch.bool)
+        for lo, hi in bands:
+            mask[..., lo:hi] = 0.0
+            live[lo:hi] = True
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, ~live] = float("nan")
+        v2[:, :, ~live] = float("nan")
+        with torch.no_grad():
+            assert_close(kiln(q, k, v, mask), A.module()(q, k, v, mask).numpy(), f"bands {bands}")
+            assert torch.isnan(A.module()(q, k2, v2, mask)).all()  # eager reads them
+            cut = A.module()(q, k[:, :, live], v[:, :, live], mask[..., live]).numpy()
+        got = kiln(q, k2, v2, mask)
+        assert np.isfinite(got).all(), f"bands {bands}: kiln read a masked position"
+        assert_close(got, cut, f"bands {bands}, NaN outside them")
     with torch.no_grad():
-        assert_close(kiln(q, k, v, mask), A.module()(q, k, v, mask).numpy(), "band")
         allmasked = torch.full(shapes["mask"], fill)
         ref = A.module()(q, k, v, allmasked).numpy()
     got = kiln(q, k, v, allmasked)

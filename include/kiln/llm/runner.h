@@ -18,6 +18,9 @@
 namespace kiln::llm {
 
 struct Metadata {
+  // The positions the KV cache holds (the prompt and the new tokens together): get_max_context_len, as
+  // ExecuTorch's TextLLMRunner reads it, else get_max_seq_len (which that runner reads as the most
+  // tokens one call takes, a dynamic program's prefill chunk; kiln reads that from the input's bound).
   int64_t max_seq_len = 0;
   int64_t vocab_size = 0;          // 0: unknown (the logits' width is used)
   std::optional<int64_t> bos;

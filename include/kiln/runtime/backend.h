@@ -38,7 +38,9 @@ struct BackendProfileEntry {
 // label, the debug handles of the payload nodes it runs (XNNPACK:
 // XNode.debug_handle; kiln's payloads put the edge node's index there, which
 // kiln lower's X.debug.json maps to the .pt2), its totals since profiling was
-// enabled and its last run's start and end (steady clock, ns since its epoch).
+// enabled and its last run's start and end (steady clock, ns since its epoch). A step of attention
+// over a KV cache that reads only some of its positions also says how many its last run read
+// (positions_read, of cache_positions; -1 and 0 for other steps).
 struct BackendStepProfile {
   const char* label = nullptr;
   const uint32_t* debug_handles = nullptr;
@@ -47,6 +49,8 @@ struct BackendStepProfile {
   uint64_t total_ns = 0;
   uint64_t last_start_ns = 0;
   uint64_t last_end_ns = 0;
+  int64_t positions_read = -1;
+  int64_t cache_positions = 0;
 };
 
 // What the caller of Program::load_method asks of the method's delegates

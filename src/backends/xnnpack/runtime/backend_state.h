@@ -145,6 +145,13 @@ struct Operand {
   const float* data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const;
 };
 
+// Positions of a KV cache an attention step reads (live_span): [lo[0], hi[0]) and [lo[1], hi[1]),
+// in order, disjoint, either possibly empty.
+struct LiveSpan {
+  int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+  int64_t count() const { return (hi[0] - lo[0]) + (hi[1] - lo[1]); }
+};
+
 struct Step {
   StepKind kind = StepKind::Copy;
   std::string label;
@@ -171,12 +178,15 @@ struct Step {
   bool trans_b = false;                              // Bmm: B is [.., n, k] (C = A · Bᵀ), a few rows of A
   // Attention over the live positions (Builder::find_live_attention): the scores product
   // (trans_b) has the additive mask the next rows step adds (`period` rows of n floats); per call
-  // it computes only the positions up to the last one any mask row keeps (live_positions), the
-  // rest of its rows 0 (the mask hides them, the softmax makes them 0), and the product with V after the rows
-  // step (live_k) reads only those positions of V.
+  // it computes only the positions some mask row keeps (live_span: a prefix for a cache written from
+  // position 0, the window for a sliding-window ring, which may wrap), the rest of its rows 0 (the
+  // mask hides them, the softmax makes them 0), and the product with V after the rows step (live_k)
+  // reads only those positions of V. last_read: the positions the last call read (a profile's), -1
+  // for other steps.
   Operand live_mask;
   int64_t live_mask_period = 0;
   bool live_k = false;
+  int64_t last_read = -1;
   const float* bias = nullptr;                       // [n] or null
   // QuantizeRows / QFullyConnected (8da4w, 8da8w): the rows' layout, the weights
   const void* qweights = nullptr;                    // int4 [n, ceil(k/2)] or int8 [n, k], from the file
@@ -229,7 +239,7 @@ struct State {
   Exec exec;
   Engine engine = Engine::Kiln;
   bool per_node = false;                  // one XNNPACK subgraph per node (profiling detail)
-  int64_t live_positions = 0;             // this call's, from the last attention scores step
+  LiveSpan live;                          // this call's, from the last attention scores step
   // A delegate whose calls change sizes (rt::BackendInitContext::dynamic_shapes). This plan is the
   // payload's own sizes (its upper bounds); a call whose inputs have other sizes runs a plan made
   // for them (Builder::infer_dims: each node's output sizes from its inputs', as XNNPACK's reshape
@@ -285,16 +295,19 @@ rt::Status execute_state(State& st, std::span<EValue*> args, rt::ErrorMessage* e
 
 // ---------------------------------------------------------------- kiln's steps (steps.cpp)
 
-// live > 0: only the first `live` positions (trans_b: columns of C, the rest set to 0; else: the
-// products' k); 0: all
-void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c, int64_t live = 0);
+// live: only the positions of `live` (trans_b: columns of C, the rest set to 0; else: those of the
+// products' k, A's other columns being 0); null: all
+void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c, const LiveSpan* live = nullptr);
 // A mask value at or below this hides its position: -inf, or transformers' eager masks'
 // finfo(float32).min (score + min rounds to min, and exp(min - rowmax) is 0 in fp32).
 constexpr float kMaskedBelow = -1e30f;
-// The positions an additive attention mask keeps: 1 + the last index any of its `rows` rows of n
-// floats is above kMaskedBelow; n when some row keeps none (eager's NaN rows for -inf masks, or
-// its uniform rows for finfo.min ones, are then reproduced).
-int64_t live_positions(const float* mask, int64_t rows, int64_t n);
+// The positions an additive attention mask keeps (some of its `rows` rows of n floats is above
+// kMaskedBelow, or NaN there), as at most two intervals: every kept position, and of the hidden ones
+// all but those between the intervals' ends outside the longest hidden run among the kept ones.
+// A prefix for a cache written from 0, one interval or two for a ring of a sliding window. All n
+// when some row keeps none (eager's NaN rows for -inf masks, or its uniform rows for finfo.min
+// ones, are then reproduced).
+LiveSpan live_span(const float* mask, int64_t rows, int64_t n);
 void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out);
 void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out);
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);

@@ -177,13 +177,14 @@ Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error) {
       case StepKind::QFullyConnected: run_qfully_connected(st.exec, step, in(0), out); break;
       case StepKind::Rows: run_rows(st.exec, step, st.groups, st.arena, args); break;
       case StepKind::Bmm: {
-        int64_t live = 0;
+        const LiveSpan* live = nullptr;
         if (step.live_mask.group >= 0) {
-          live = live_positions(step.live_mask.data(st.groups, st.arena, args), step.live_mask_period, step.n);
-          st.live_positions = live;
+          st.live = live_span(step.live_mask.data(st.groups, st.arena, args), step.live_mask_period, step.n);
+          live = &st.live;
         } else if (step.live_k) {
-          live = st.live_positions;
+          live = &st.live;
         }
+        if (live != nullptr) step.last_read = live->count();
         run_bmm(st.exec, step, in(0), in(1), out, live);
         break;
       }

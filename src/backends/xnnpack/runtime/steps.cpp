@@ -17,42 +17,80 @@ namespace kiln::backends::xnnpack::detail {
 
 // ---------------------------------------------------------------- kiln's steps
 
-int64_t live_positions(const float* mask, int64_t rows, int64_t n) {
-  int64_t live = 0;
-  for (int64_t r = 0; r < rows; ++r) {
+LiveSpan live_span(const float* mask, int64_t rows, int64_t n) {
+  LiveSpan all;
+  all.hi[0] = all.lo[1] = all.hi[1] = n;
+  auto kept = [](float v) { return !(v <= kMaskedBelow); };  // NaN: kept
+  for (int64_t r = 0; r < rows; ++r) {  // a row that keeps nothing: all n, as eager
     const float* row = mask + r * n;
-    int64_t j = n;
-    while (j > 0 && row[j - 1] <= kMaskedBelow) --j;  // NaN: live
-    if (j == 0) return n;  // a row with no live position: eager's NaN (-inf) or uniform (finfo.min) row
-    live = std::max(live, j);
+    int64_t j = 0;
+    while (j < n && !kept(row[j])) ++j;
+    if (j == n) return all;
   }
-  return live == 0 ? n : live;
+  auto column_kept = [&](int64_t j) {  // by some row (the last rows, a prompt's latest queries, keep the most)
+    for (int64_t r = rows - 1; r >= 0; --r)
+      if (kept(mask[r * n + j])) return true;
+    return false;
+  };
+  int64_t first = -1, last = -1, gap_lo = 0, gap_hi = 0;  // the longest hidden run between kept columns
+  for (int64_t j = 0; j < n; ++j) {
+    if (!column_kept(j)) continue;
+    if (first < 0) {
+      first = j;
+    } else if (j - last - 1 > gap_hi - gap_lo) {
+      gap_lo = last + 1;
+      gap_hi = j;
+    }
+    last = j;
+  }
+  if (first < 0) return all;  // no rows
+  LiveSpan s;
+  s.lo[0] = first;
+  s.hi[1] = last + 1;
+  s.hi[0] = gap_hi > gap_lo ? gap_lo : last + 1;
+  s.lo[1] = gap_hi > gap_lo ? gap_hi : last + 1;
+  return s;
 }
 
-void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c, int64_t live) {
+void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, float* c, const LiveSpan* live) {
+  LiveSpan span;  // the positions computed (all without `live`)
+  if (live != nullptr && live->count() > 0) {
+    span = *live;
+  } else {
+    span.hi[0] = span.lo[1] = span.hi[1] = s.trans_b ? s.n : s.k;
+  }
+  const int64_t len0 = span.hi[0] - span.lo[0], len1 = span.hi[1] - span.lo[1];
   if (s.trans_b) {  // C[i] = A[i] · B[i]ᵀ, B[i] [n, k]; a few rows of A: dot products
     const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
-    const int64_t n = live > 0 && live < s.n ? live : s.n;  // the positions computed
+    const int64_t n = len0 + len1;  // the live positions, the second interval's after the first's
     // one thread: one call per batch (the kernel prefetches ahead within a call; B, a KV cache, comes
     // from memory once per token)
     const int64_t col_blocks = ex.threads <= 1 ? 1 : std::max<int64_t>(1, std::min<int64_t>((n + 63) / 64, 4 * static_cast<int64_t>(ex.threads)));
     const int64_t cols = (n + col_blocks - 1) / col_blocks;
     ex.parallel_for(static_cast<size_t>(s.batch * col_blocks), [&](size_t t) {
-      const int64_t bi = static_cast<int64_t>(t) / col_blocks, j0 = (static_cast<int64_t>(t) % col_blocks) * cols;
-      const int64_t j1 = std::min(n, j0 + cols);
-      if (n < s.n)  // the masked positions: 0 (any finite value gives the same softmax: 0 there)
-        for (int64_t r = 0; r < s.m && j0 == 0; ++r)
-          std::fill(c + (bi * s.m + r) * s.n + n, c + (bi * s.m + r + 1) * s.n, 0.0f);
+      const int64_t bi = static_cast<int64_t>(t) / col_blocks, v0 = (static_cast<int64_t>(t) % col_blocks) * cols;
+      const int64_t v1 = std::min(n, v0 + cols);
       const float* ab = a + bi * s.a_batch_stride;
       const float* bb = b + bi * s.b_batch_stride;
       float* cb = c + bi * s.m * s.n;
-      if (j1 > j0) gemv.dot_block(ab, s.k, s.m, bb + j0 * s.k, s.k, j1 - j0, s.k, cb + j0, s.n);
+      if (n < s.n && v0 == 0)  // the masked positions: 0 (any finite value gives the same softmax: 0 there)
+        for (int64_t r = 0; r < s.m; ++r) {
+          float* row = cb + r * s.n;
+          std::fill(row, row + span.lo[0], 0.0f);
+          std::fill(row + span.hi[0], row + span.lo[1], 0.0f);
+          std::fill(row + span.hi[1], row + s.n, 0.0f);
+        }
+      for (int iv = 0; iv < 2; ++iv) {  // this block's part of each interval
+        const int64_t base = iv == 0 ? 0 : len0, len = iv == 0 ? len0 : len1;
+        const int64_t x0 = std::max(v0, base), x1 = std::min(v1, base + len);
+        const int64_t j = span.lo[iv] + (x0 - base);
+        if (x1 > x0) gemv.dot_block(ab, s.k, s.m, bb + j * s.k, s.k, x1 - x0, s.k, cb + j, s.n);
+      }
     });
     return;
   }
   // C[i] = A[i] · B[i], row-major, batches of A/B broadcast when their stride is 0.
-  // live: A's other columns are 0 (the softmax of masked positions), so the first `live` of k are the product
-  const int64_t k = live > 0 && live < s.k ? live : s.k;
+  // live: A's other columns are 0 (the softmax of masked positions), so the live rows of B give the product
   if (s.m <= 8) {  // a few rows (decode attention's P · V: the query heads of one KV head): stream B once, in
     // place, as one sequential read (the GEMM would pack it first); parallel over batches
     const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
@@ -60,7 +98,10 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
       const int64_t bi = static_cast<int64_t>(t);
       float* cb = c + bi * s.m * s.n;
       std::fill(cb, cb + s.m * s.n, 0.0f);
-      gemv.axpy_rows(a + bi * s.a_batch_stride, s.k, s.m, k, b + bi * s.b_batch_stride, s.n, s.n, cb, s.n);
+      for (int iv = 0; iv < 2; ++iv)
+        if (span.hi[iv] > span.lo[iv])
+          gemv.axpy_rows(a + bi * s.a_batch_stride + span.lo[iv], s.k, s.m, span.hi[iv] - span.lo[iv],
+                         b + bi * s.b_batch_stride + span.lo[iv] * s.n, s.n, s.n, cb, s.n);
     });
     return;
   }
@@ -71,8 +112,14 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
     int64_t bi = static_cast<int64_t>(t) / row_blocks, r0 = (static_cast<int64_t>(t) % row_blocks) * rows;
     int64_t r1 = std::min(s.m, r0 + rows);
     if (r1 <= r0) return;
-    cpu::sgemm(r1 - r0, s.n, k, 1.0f, a + bi * s.a_batch_stride + r0 * s.k, s.k, b + bi * s.b_batch_stride,
-                       s.n, false, c + bi * s.m * s.n + r0 * s.n, s.n);
+    bool accumulate = false;
+    for (int iv = 0; iv < 2; ++iv) {
+      const int64_t lo = span.lo[iv], len = span.hi[iv] - lo;
+      if (len == 0 && (iv == 1 || len1 > 0)) continue;  // (an empty product still writes C once)
+      cpu::sgemm(r1 - r0, s.n, len, 1.0f, a + bi * s.a_batch_stride + r0 * s.k + lo, s.k,
+                 b + bi * s.b_batch_stride + lo * s.n, s.n, accumulate, c + bi * s.m * s.n + r0 * s.n, s.n);
+      accumulate = true;
+    }
   });
 }
 

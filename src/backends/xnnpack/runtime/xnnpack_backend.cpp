@@ -96,7 +96,7 @@ size_t step_profile(const void* opaque, std::span<rt::BackendStepProfile> out) {
   for (size_t k = 0; k < st.steps.size() && k < out.size(); ++k) {
     const Step& s = st.steps[k];
     out[k] = {s.label.c_str(), s.debug_handles.data(), s.debug_handles.size(), s.calls, s.total_ns,
-              s.last_start_ns, s.last_end_ns};
+              s.last_start_ns, s.last_end_ns, s.last_read, s.last_read >= 0 ? (s.trans_b ? s.n : s.k) : 0};
   }
   return st.steps.size();
 }
