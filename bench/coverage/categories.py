@@ -61,17 +61,10 @@ def _inplace_module_class():
 _INPLACE = None
 
 
-def _wrap_inplace(o, s):
+def _slots(leaves):
+    """The module's inputs (each tensor leaf, cloned) and where each leaf comes from: ("i", input index) or ("v", value)."""
     import torch
-    import torch.utils._pytree as pytree
 
-    _describe = _sweep()._describe
-    global _INPLACE
-    if _INPLACE is None:
-        _INPLACE = _inplace_module_class()
-    leaves, spec = pytree.tree_flatten((s.input, tuple(s.args), dict(s.kwargs)))
-    if not leaves or not isinstance(leaves[0], torch.Tensor):
-        raise ValueError("the sample's input is not a tensor")
     inputs, slots = [], []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
@@ -79,12 +72,21 @@ def _wrap_inplace(o, s):
             inputs.append(leaf.detach().clone().contiguous())
         else:
             slots.append(("v", leaf))
-    desc = f"input={_describe(s.input)}"
-    if s.args:
-        desc += f" args={_describe(tuple(s.args))}"
-    if s.kwargs:
-        desc += " kwargs={" + ", ".join(f"{k}={_describe(v)}" for k, v in s.kwargs.items()) + "}"
-    return desc, _INPLACE(o.inplace_variant, spec, slots), tuple(inputs)
+    return inputs, slots
+
+
+def _wrap_inplace(o, s):
+    import torch
+    import torch.utils._pytree as pytree
+
+    global _INPLACE
+    if _INPLACE is None:
+        _INPLACE = _inplace_module_class()
+    leaves, spec = pytree.tree_flatten((s.input, tuple(s.args), dict(s.kwargs)))
+    if not leaves or not isinstance(leaves[0], torch.Tensor):
+        raise ValueError("the sample's input is not a tensor")
+    inputs, slots = _slots(leaves)
+    return _sweep().sample_desc(s), _INPLACE(o.inplace_variant, spec, slots), tuple(inputs)
 
 
 def select_inplace(wanted=None):
@@ -157,13 +159,7 @@ def _wrap_module(m, args, kwargs, desc):
     if _MODULE_CALL is None:
         _MODULE_CALL = _module_wrapper_class()
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    inputs, slots = [], []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            slots.append(("i", len(inputs)))
-            inputs.append(leaf.detach().clone().contiguous())
-        else:
-            slots.append(("v", leaf))
+    inputs, slots = _slots(leaves)
     return desc, _MODULE_CALL(m.eval(), spec, slots), tuple(inputs)
 
 

@@ -244,12 +244,17 @@ def _wrap(key, o, s):
             first = False
         else:
             slots.append(("v", leaf))
+    return sample_desc(s), _OpModule(o.op, spec, slots, consts), tuple(inputs)
+
+
+def sample_desc(s) -> str:
+    """One line naming an OpInfo sample: its input, args and kwargs."""
     desc = f"input={_describe(s.input)}"
     if s.args:
         desc += f" args={_describe(tuple(s.args))}"
     if s.kwargs:
         desc += " kwargs={" + ", ".join(f"{k}={_describe(v)}" for k, v in s.kwargs.items()) + "}"
-    return desc, _OpModule(o.op, spec, slots, consts), tuple(inputs)
+    return desc
 
 
 def _op_module_class():
