@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,26 +21,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct BenchOptions {
-  std::string file;
-  std::string method = "forward";
-  std::vector<std::string> inputs;
-  int iters = 10;
-  int warmup = 1;
-  int threads = 1;
-  std::string engine = "kiln";
+struct BenchOptions : TimedRunOptions {
   bool as_json = false;
   bool profile = false;
 };
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-double peak_rss_mb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
 }
 
 int run_bench(const BenchOptions& o) {
@@ -141,8 +127,8 @@ int run_bench(const BenchOptions& o) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, std::function<int()>& run) {
-  auto opts = std::make_shared<BenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Time a .pte in kiln's runtime: load, first run, median/min latency, peak RSS");
+  auto [cmd, opts] = add_command(app, run, run_bench, "bench",
+      "Time a .pte in kiln's runtime: load, first run, median/min latency, peak RSS");
   cmd->add_option("file", opts->file, "the .pte program")->required()->check(CLI::ExistingFile);
   cmd->add_option("--input,-i", opts->inputs, "input tensors (.npy), one per method input (default: zeros)");
   cmd->add_option("--iters", opts->iters, "measured runs")->capture_default_str();
@@ -155,7 +141,6 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--method", opts->method, "method to run")->capture_default_str();
   cmd->add_flag("--profile", opts->profile, "time every instruction and report time per operator (inside XNNPACK delegates too: their subgraphs are then built per node)");
   cmd->add_flag("--json", opts->as_json, "print JSON (keys: load_ms, first_run_ms, median_ms, min_ms, peak_rss_mb, ...)");
-  cmd->callback([opts, &run] { run = [opts] { return run_bench(*opts); }; });
 }
 
 }  // namespace kiln::cli

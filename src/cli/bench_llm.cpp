@@ -69,8 +69,8 @@ int run_bench_llm(const BenchLlmOptions& o) {
 }  // namespace
 
 void add_bench_llm_command(CLI::App& app, std::function<int()>& run) {
-  auto o = std::make_shared<BenchLlmOptions>();
-  CLI::App* cmd = app.add_subcommand("bench-llm", "Prefill and decode tokens/s of an LLM program (llama-bench style)");
+  auto [cmd, o] = add_command(app, run, run_bench_llm, "bench-llm",
+      "Prefill and decode tokens/s of an LLM program (llama-bench style)");
   cmd->add_option("pte", o->pte, "the LLM .pte (kiln's or ExecuTorch's; forward(tokens, input_pos) -> logits)")->required();
   cmd->add_option("-p,--prompt-tokens", o->prefill, "prefill: tokens fed from position 0 (0: skip)")->capture_default_str();
   cmd->add_option("-n,--gen-tokens", o->decode, "decode: tokens after the prompt, one call each (0: skip)")->capture_default_str();
@@ -78,7 +78,6 @@ void add_bench_llm_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("-r,--reps", o->reps, "repetitions (the median is reported)")->capture_default_str();
   cmd->add_option("--engine", o->engine, "XNNPACK delegates: kiln or xnnpack")->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_flag("--json", o->json, "print one JSON object instead of the table");
-  cmd->callback([o, &run] { run = [o] { return run_bench_llm(*o); }; });
 }
 
 }  // namespace kiln::cli

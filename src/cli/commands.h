@@ -8,8 +8,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string_view>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kiln::cli {
 
@@ -20,6 +23,33 @@ inline constexpr unsigned kMinThreadsCap = 256;
 int max_threads();
 // Throws kiln::Error ("--threads N: thread counts go from 1 to ...") outside that range.
 void check_threads(int64_t threads, std::string_view flag = "--threads");
+
+// Peak resident memory of this process so far, in MB (bench, generate).
+double peak_rss_mb();
+
+// What `kiln bench` and `kiln profile` run and how often: the .pte, its method and inputs (.npy),
+// warm-up and measured runs, the XNNPACK backend's threads and engine.
+struct TimedRunOptions {
+  std::string file;
+  std::string method = "forward";
+  std::vector<std::string> inputs;
+  int iters = 10;
+  int warmup = 1;
+  int threads = 1;
+  std::string engine = "kiln";
+};
+
+// Adds the subcommand `name` whose options fill an `Options` (shared with CLI11's bindings): when it
+// is chosen, `run` is set to `body(options)`. Returns the subcommand (to add options to) and them.
+template <class Options>
+std::pair<CLI::App*, std::shared_ptr<Options>> add_command(CLI::App& app, std::function<int()>& run,
+                                                           int (*body)(const Options&), const std::string& name,
+                                                           const std::string& help) {
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(name, help);
+  cmd->callback([options, body, &run] { run = [options, body] { return body(*options); }; });
+  return {cmd, options};
+}
 
 // Adds `kiln inspect`; `run` is set to the action to take if it is chosen.
 void add_inspect_command(CLI::App& app, std::function<int()>& run);

@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,12 +33,6 @@ struct GenerateOptions {
 };
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-
-double peak_rss_mb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1024.0;
-}
 
 // tokenizer.json (else a SentencePiece tokenizer.model) beside the .pte, or in a tokenizer/ folder there.
 std::string default_tokenizer(const std::string& pte) {
@@ -178,8 +171,8 @@ int run_generate(const GenerateOptions& o) {
 }  // namespace
 
 void add_generate_command(CLI::App& app, std::function<int()>& run) {
-  auto o = std::make_shared<GenerateOptions>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text with an LLM program (streams tokens as they come)");
+  auto [cmd, o] = add_command(app, run, run_generate, "generate",
+      "Generate text with an LLM program (streams tokens as they come)");
   cmd->add_option("pte", o->pte, "the LLM .pte (forward(tokens, input_pos) -> logits, KV cache inside)")->required();
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or SentencePiece tokenizer.model (default: beside the .pte)");
   auto* p = cmd->add_option("--prompt", o->prompt, "the prompt text");
@@ -199,7 +192,6 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--engine", o->engine, "XNNPACK delegates: kiln or xnnpack")->check(CLI::IsMember({"kiln", "xnnpack"}))->capture_default_str();
   cmd->add_flag("--json", o->json, "print one JSON object (text, prompt_tokens, generated_tokens, ttft_ms, "
                 "prefill_tokens_per_s, decode_tokens_per_s, peak_rss_mb) instead of streaming");
-  cmd->callback([o, &run] { run = [o] { return run_generate(*o); }; });
 }
 
 }  // namespace kiln::cli

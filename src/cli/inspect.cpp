@@ -159,14 +159,12 @@ int run_inspect(const InspectOptions& o) {
 }  // namespace
 
 void add_inspect_command(CLI::App& app, std::function<int()>& run) {
-  auto opts = std::make_shared<InspectOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "inspect", "Show what an exported program holds: nodes, operators, inputs, outputs, parameters");
+  auto [cmd, opts] = add_command(app, run, run_inspect, "inspect",
+      "Show what an exported program holds: nodes, operators, inputs, outputs, parameters");
   cmd->add_option("file", opts->file, "a .pt2 archive, or a model_spec.json naming one")->required();
   cmd->add_flag("--json", opts->as_json, "print machine-readable JSON (includes every constant tensor)");
   cmd->add_flag("--constants", opts->list_constants, "list every parameter, buffer and tensor constant");
   cmd->add_flag("--checksums", opts->checksums, "add a CRC-32 of each constant's contents (reads all weights)");
-  cmd->callback([opts, &run] { run = [opts] { return run_inspect(*opts); }; });
 }
 
 }  // namespace kiln::cli

@@ -139,8 +139,8 @@ int run_lower(const LowerOptions& o) {
 }  // namespace
 
 void add_lower_command(CLI::App& app, std::function<int()>& run) {
-  auto opts = std::make_shared<LowerOptions>();
-  CLI::App* cmd = app.add_subcommand("lower", "Lower an exported program (.pt2) to an ExecuTorch program (.pte)");
+  auto [cmd, opts] = add_command(app, run, run_lower, "lower",
+      "Lower an exported program (.pt2) to an ExecuTorch program (.pte)");
   cmd->add_option("--spec", opts->spec, "model_spec.json written by the export front end")->required();
   cmd->add_option("--backend", opts->backend, "portable (core-ATen kernels only) or xnnpack (delegated)")
       ->check(CLI::IsMember({"portable", "xnnpack"}))
@@ -170,7 +170,6 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--etrecord", opts->etrecord,
                   "also write an ETRecord here (ExecuTorch's devtools format: executorch.devtools.Inspector maps an "
                   "ETDump of this program back to the model with it; docs/PROFILING.md)");
-  cmd->callback([opts, &run] { run = [opts] { return run_lower(*opts); }; });
 }
 
 }  // namespace kiln::cli

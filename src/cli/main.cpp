@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -25,6 +27,12 @@ void check_threads(int64_t threads, std::string_view flag) {
   check(threads >= 1 && threads <= max_threads(),
         "{} {}: thread counts go from 1 to {} (the larger of {} and this machine's {} hardware threads)", flag,
         threads, max_threads(), kMinThreadsCap, std::thread::hardware_concurrency());
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
 }
 
 }  // namespace kiln::cli

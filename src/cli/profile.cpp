@@ -32,15 +32,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-struct ProfileOptions {
-  std::string file;
-  std::string method = "forward";
-  std::vector<std::string> inputs;
-  int iters = 10;
-  int warmup = 1;
+struct ProfileOptions : TimedRunOptions {
   int64_t tokens = 0;  // LLM programs with a dynamic token count: tokens per step (0: the maximum)
-  int threads = 1;
-  std::string engine = "kiln";
   std::string trace;
   std::string etdump;
   bool debug_outputs = false;  // log the first profiled run's intermediate outputs into the ETDump
@@ -585,9 +578,8 @@ int run_profile(const ProfileOptions& o) {
 }  // namespace
 
 void add_profile_command(CLI::App& app, std::function<int()>& run) {
-  auto opts = std::make_shared<ProfileOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "profile", "Time every instruction and every step inside kiln's XNNPACK delegates, by operator, module and region");
+  auto [cmd, opts] = add_command(app, run, run_profile, "profile",
+      "Time every instruction and every step inside kiln's XNNPACK delegates, by operator, module and region");
   cmd->add_option("file", opts->file, "the .pte program (its debug map X.debug.json beside it names the model's modules)")
       ->required()->check(CLI::ExistingFile);
   cmd->add_option("--input,-i", opts->inputs, "input tensors (.npy), one per method input (default: zeros; LLM programs: "
@@ -615,7 +607,6 @@ void add_profile_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--top", opts->top, "rows per table")->capture_default_str();
   cmd->add_flag("--json", opts->as_json, "print JSON (rows, by_operator, by_module, by_module_pattern, by_region, "
                                         "measured_ms_per_run, ...)");
-  cmd->callback([opts, &run] { run = [opts] { return run_profile(*opts); }; });
 }
 
 }  // namespace kiln::cli

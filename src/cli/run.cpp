@@ -156,8 +156,7 @@ int run_run(const RunOptions& o) {
 }  // namespace
 
 void add_run_command(CLI::App& app, std::function<int()>& run) {
-  auto opts = std::make_shared<RunOptions>();
-  CLI::App* cmd = app.add_subcommand("run", "Run a .pte with kiln's runtime on .npy inputs");
+  auto [cmd, opts] = add_command(app, run, run_run, "run", "Run a .pte with kiln's runtime on .npy inputs");
   cmd->add_option("file", opts->file, "the .pte program")->required()->check(CLI::ExistingFile);
   cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order");
   cmd->add_option("--output,-o", opts->outputs, "where to write output tensors (.npy), in order");
@@ -174,7 +173,6 @@ void add_run_command(CLI::App& app, std::function<int()>& run) {
                   "the program updates in place, passed as an input")
       ->capture_default_str();
   cmd->add_option("--threads", opts->threads, "threads of the XNNPACK backend's pool")->capture_default_str();
-  cmd->callback([opts, &run] { run = [opts] { return run_run(*opts); }; });
 }
 
 }  // namespace kiln::cli

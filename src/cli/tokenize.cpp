@@ -92,8 +92,8 @@ int run_tokenize(const TokenizeOptions& o) {
 }  // namespace
 
 void add_tokenize_command(CLI::App& app, std::function<int()>& run) {
-  auto o = std::make_shared<TokenizeOptions>();
-  CLI::App* cmd = app.add_subcommand("tokenize", "Token ids of a text (or the text of ids) with a tokenizer.json");
+  auto [cmd, o] = add_command(app, run, run_tokenize, "tokenize",
+      "Token ids of a text (or the text of ids) with a tokenizer.json");
   cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face tokenizer.json (byte-level BPE) or a SentencePiece .model")->required();
   auto* text = cmd->add_option("--text", o->text, "the text to encode");
   auto* file = cmd->add_option("--file", o->file, "a UTF-8 file to encode")->excludes(text);
@@ -106,7 +106,6 @@ void add_tokenize_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--chat-template", o->chat_template,
                   "the template (default: chat_template.jinja or tokenizer_config.json beside the tokenizer)");
   cmd->add_flag("--print-prompt", o->print_prompt, "print the text that would be encoded (after the chat template)");
-  cmd->callback([o, &run] { run = [o] { return run_tokenize(*o); }; });
 }
 
 }  // namespace kiln::cli

@@ -70,15 +70,13 @@ int run_view(const ViewOptions& o) {
 }  // namespace
 
 void add_view_command(CLI::App& app, std::function<int()>& run) {
-  auto opts = std::make_shared<ViewOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "view", "Draw a .pte or .pt2 as a graph in one self-contained HTML page (delegate regions, fallbacks, profile)");
+  auto [cmd, opts] = add_command(app, run, run_view, "view",
+      "Draw a .pte or .pt2 as a graph in one self-contained HTML page (delegate regions, fallbacks, profile)");
   cmd->add_option("file", opts->file, "a .pte program or a .pt2 exported program");
   cmd->add_option("--profile", opts->profile, "a profile to overlay (kiln bench --profile --json or kiln profile --json)");
   cmd->add_option("-o,--out", opts->out, "the HTML page to write (default: beside the file, .html)");
   cmd->add_option("--model-explorer", opts->model_explorer, "also (or only, without -o) write Model Explorer's graph JSON");
   cmd->add_option("--compare", opts->compare, "two programs side by side (A.pte B.pte)")->expected(2);
-  cmd->callback([opts, &run] { run = [opts] { return run_view(*opts); }; });
 }
 
 }  // namespace kiln::cli

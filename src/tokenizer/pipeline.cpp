@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace kiln::tok {
 namespace hf {
@@ -127,20 +128,37 @@ std::string escape_regex(std::string_view literal) {
   return re;
 }
 
+// The type of `p`, a pre-tokenizer, normalizer or decoder (`kind`); a Sequence of them (its list
+// under `list_key`) is handed to `add` item by item, one level deeper, and has none (nullopt).
+template <class Add>
+std::optional<std::string> step_type(const json& p, int depth, const std::string& kind, const char* list_key, Add add) {
+  if (depth > kMaxStepDepth) fail(fmt::format("{} Sequences nested deeper than {} levels", kind, kMaxStepDepth));
+  const std::string type = string_of(member(p, "type", ("a " + kind).c_str()), ("a " + kind + "'s type").c_str());
+  if (type != "Sequence") return type;
+  const std::string seq = "a Sequence " + kind;
+  const json& list = member(p, list_key, seq.c_str());
+  if (!list.is_array()) fail(fmt::format("{}'s '{}' is not a list", seq, list_key));
+  for (const json& q : list) add(q, depth + 1);
+  return std::nullopt;
+}
+
+// The regex of a Split pre-tokenizer's or a Replace normalizer's pattern (`what`): {"Regex": ...}
+// as it is, {"String": ...} escaped.
+std::string pattern_regex(const json& p, const std::string& what) {
+  const json& pat = member(p, "pattern", what.c_str());
+  if (pat.is_object() && pat.contains("Regex")) return string_of(pat.at("Regex"), (what + "'s Regex").c_str());
+  return escape_regex(string_of(member(pat, "String", (what + "'s pattern").c_str()), (what + "'s String").c_str()));
+}
+
 }  // namespace
 }  // namespace hf
 
 using namespace hf;
 
 void Tokenizer::Impl::add_step(const json& p, int depth) {
-  if (depth > kMaxStepDepth) fail(fmt::format("pre-tokenizer Sequences nested deeper than {} levels", kMaxStepDepth));
-  const std::string type = string_of(member(p, "type", "a pre-tokenizer"), "a pre-tokenizer's type");
-  if (type == "Sequence") {
-    const json& list = member(p, "pretokenizers", "a Sequence pre-tokenizer");
-    if (!list.is_array()) fail("a Sequence pre-tokenizer's 'pretokenizers' is not a list");
-    for (const json& q : list) add_step(q, depth + 1);
-    return;
-  }
+  const auto of = step_type(p, depth, "pre-tokenizer", "pretokenizers", [&](const json& q, int d) { add_step(q, d); });
+  if (!of) return;
+  const std::string& type = *of;
   if (type == "ByteLevel") {
     Step s;
     s.kind = Step::Kind::ByteLevel;
@@ -150,10 +168,7 @@ void Tokenizer::Impl::add_step(const json& p, int depth) {
     return;
   }
   if (type == "Split") {
-    const json& pat = member(p, "pattern", "a Split pre-tokenizer");
-    std::string re;
-    if (pat.is_object() && pat.contains("Regex")) re = string_of(pat.at("Regex"), "a Split pre-tokenizer's Regex");
-    else re = escape_regex(string_of(member(pat, "String", "a Split pre-tokenizer's pattern"), "a Split pre-tokenizer's String"));
+    const std::string re = pattern_regex(p, "a Split pre-tokenizer");
     std::string behavior = "Isolated";
     if (p.contains("behavior")) behavior = string_of(p["behavior"], "a Split pre-tokenizer's behavior");
     Step s;
@@ -189,17 +204,11 @@ void Tokenizer::Impl::add_step(const json& p, int depth) {
 }
 
 void Tokenizer::Impl::add_normalizer(const json& p, int depth) {
-  if (depth > kMaxStepDepth) fail(fmt::format("normalizer Sequences nested deeper than {} levels", kMaxStepDepth));
-  const std::string type = string_of(member(p, "type", "a normalizer"), "a normalizer's type");
-  if (type == "Sequence") {
-    const json& list = member(p, "normalizers", "a Sequence normalizer");
-    if (!list.is_array()) fail("a Sequence normalizer's 'normalizers' is not a list");
-    for (const json& q : list) add_normalizer(q, depth + 1);
-  } else if (type == "Replace") {
-    const json& pat = member(p, "pattern", "a Replace normalizer");
-    std::string re;
-    if (pat.is_object() && pat.contains("Regex")) re = string_of(pat.at("Regex"), "a Replace normalizer's Regex");
-    else re = escape_regex(string_of(member(pat, "String", "a Replace normalizer's pattern"), "a Replace normalizer's String"));
+  const auto of = step_type(p, depth, "normalizer", "normalizers", [&](const json& q, int d) { add_normalizer(q, d); });
+  if (!of) return;
+  const std::string& type = *of;
+  if (type == "Replace") {
+    const std::string re = pattern_regex(p, "a Replace normalizer");
     normalizers.push_back({Normalizer::Kind::Replace, std::make_shared<Regex>(re),
                            string_of(member(p, "content", "a Replace normalizer"), "a Replace normalizer's content")});
   } else if (type == "Prepend") {
@@ -211,15 +220,10 @@ void Tokenizer::Impl::add_normalizer(const json& p, int depth) {
 }
 
 void Tokenizer::Impl::add_decoder(const json& p, int depth) {
-  if (depth > kMaxStepDepth) fail(fmt::format("decoder Sequences nested deeper than {} levels", kMaxStepDepth));
-  const std::string type = string_of(member(p, "type", "a decoder"), "a decoder's type");
+  const auto of = step_type(p, depth, "decoder", "decoders", [&](const json& q, int d) { add_decoder(q, d); });
+  if (!of) return;
+  const std::string& type = *of;
   Decoder d;
-  if (type == "Sequence") {
-    const json& list = member(p, "decoders", "a Sequence decoder");
-    if (!list.is_array()) fail("a Sequence decoder's 'decoders' is not a list");
-    for (const json& q : list) add_decoder(q, depth + 1);
-    return;
-  }
   if (type == "ByteLevel") {
     d.kind = Decoder::Kind::ByteLevel;
   } else if (type == "Replace") {
