@@ -95,27 +95,9 @@ class Machine {
           push(global(module->s + "." + name->s));
           break;
         }
-        case 'R': {                                           // REDUCE
-          auto args = pop(), fn = pop();
-          auto v = make(Value::Kind::Call);
-          v->items = {fn, args};
-          push(v);
-          break;
-        }
-        case 0x81: {                                          // NEWOBJ: cls.__new__(cls, *args)
-          auto args = pop(), cls = pop();
-          auto v = make(Value::Kind::Call);
-          v->items = {cls, args};
-          push(v);
-          break;
-        }
-        case 'b': {                                           // BUILD
-          auto state = pop(), obj = pop();
-          auto v = make(Value::Kind::Built);
-          v->items = {obj, state};
-          push(v);
-          break;
-        }
+        case 'R': pair_of(Value::Kind::Call); break;          // REDUCE: fn, args
+        case 0x81: pair_of(Value::Kind::Call); break;         // NEWOBJ: cls.__new__(cls, *args): cls, args
+        case 'b': pair_of(Value::Kind::Built); break;         // BUILD: obj, state
         case 'Q': {                                           // BINPERSID
           auto pid = pop();
           auto v = make(Value::Kind::PersistentId);
@@ -225,6 +207,13 @@ class Machine {
     auto v = make(Value::Kind::Tuple);
     v->items.assign(stack_.end() - static_cast<std::ptrdiff_t>(k), stack_.end());
     stack_.resize(stack_.size() - k);
+    push(v);
+  }
+  // The top two items (the one below first) as a `k` in their place.
+  void pair_of(Value::Kind k) {
+    auto second = pop(), first = pop();
+    auto v = make(k);
+    v->items = {first, second};
     push(v);
   }
   Value* container(Value::Kind k) {
