@@ -65,32 +65,39 @@ bool resize_spatial(KernelContext& ctx, const char* name, const Tensor& in, Tens
 }
 
 // What both upsampling kernels start with: float input and out of rank >= 3, the output size (given, or
-// the input's scaled), out resized; the input's spatial size and its count of [H, W] planes.
+// the input's scaled), out resized; the input's spatial size, its count of [H, W] planes, the source
+// step per output pixel in each direction (scale_of), the data.
 struct Upsample2d {
   int64_t oh, ow, ih, iw, planes;
-  double sh, sw;
+  float fh, fw;
+  const float* x;
+  float* y;
 };
 
 bool upsample_setup(KernelContext& ctx, const char* name, const Tensor& input, std::optional<IntArrayRef> output_size,
-                    std::optional<FloatArrayRef> scale_factors, Tensor& out, Upsample2d* u) {
+                    std::optional<FloatArrayRef> scale_factors, bool align_corners, Tensor& out, Upsample2d* u) {
+  double sh = 0, sw = 0;
   if (!float_io(ctx, name, input, out, 3)) return false;
-  if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &u->oh, &u->ow, &u->sh, &u->sw)) return false;
+  if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &u->oh, &u->ow, &sh, &sw)) return false;
   if (!resize_spatial(ctx, name, input, out, u->oh, u->ow)) return false;
   u->ih = input.sizes[input.dim - 2];
   u->iw = input.sizes[input.dim - 1];
   u->planes = input.numel / std::max<int64_t>(1, u->ih * u->iw);
+  u->fh = scale_of(u->ih, u->oh, sh, align_corners);
+  u->fw = scale_of(u->iw, u->ow, sw, align_corners);
+  u->x = input.data_as<const float>();
+  u->y = out.data_as<float>();
   return true;
 }
 
 void upsample_nearest2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                 std::optional<FloatArrayRef> scale_factors, Tensor& out) {
   Upsample2d u;
-  if (!upsample_setup(ctx, "aten::upsample_nearest2d.vec_out", input, output_size, scale_factors, out, &u)) return;
+  if (!upsample_setup(ctx, "aten::upsample_nearest2d.vec_out", input, output_size, scale_factors, false, out, &u))
+    return;
   const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
-  const double sh = u.sh, sw = u.sw;
-  const float fh = scale_of(ih, oh, sh, false), fw = scale_of(iw, ow, sw, false);
-  const float* x = input.data_as<const float>();
-  float* y = out.data_as<float>();
+  const float fh = u.fh, fw = u.fw, *x = u.x;
+  float* y = u.y;
   for (int64_t c = 0; c < planes; ++c)
     for (int64_t oy = 0; oy < oh; ++oy) {
       const int64_t iy = std::min(static_cast<int64_t>(std::floor(static_cast<float>(oy) * fh)), ih - 1);
@@ -118,12 +125,12 @@ Lerp lerp_of(int64_t o, int64_t in, float scale, bool align_corners) {
 void upsample_bilinear2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                  bool align_corners, std::optional<FloatArrayRef> scale_factors, Tensor& out) {
   Upsample2d u;
-  if (!upsample_setup(ctx, "aten::upsample_bilinear2d.vec_out", input, output_size, scale_factors, out, &u)) return;
+  if (!upsample_setup(ctx, "aten::upsample_bilinear2d.vec_out", input, output_size, scale_factors, align_corners, out,
+                      &u))
+    return;
   const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
-  const double sh = u.sh, sw = u.sw;
-  const float fh = scale_of(ih, oh, sh, align_corners), fw = scale_of(iw, ow, sw, align_corners);
-  const float* x = input.data_as<const float>();
-  float* y = out.data_as<float>();
+  const float fh = u.fh, fw = u.fw, *x = u.x;
+  float* y = u.y;
   for (int64_t c = 0; c < planes; ++c) {
     const float* xp = x + c * ih * iw;
     for (int64_t oy = 0; oy < oh; ++oy) {
