@@ -64,15 +64,16 @@ def config(name: str):
                             eos_token_id=1, bos_token_id=2, **extra)
 
 
-def build(name: str, seed: int, attn_implementation: str, device: str = "cpu"):
-    """Gemma4ForCausalLM with seeded random weights: fp32 for tiny, bf16 for E2B / E4B (their deployed size;
-    device "meta" builds the modules without their storage)."""
+def build(name: str, seed: int, attn_implementation: str, device: str = "cpu", dtype=None):
+    """Gemma4ForCausalLM with seeded random weights, built directly in `dtype` (by default fp32 for tiny, bf16 for
+    E2B / E4B, their deployed size; device "meta" builds the modules without their storage)."""
     import torch
     from transformers import Gemma4ForCausalLM
 
     cfg = config(name)
     cfg._attn_implementation = attn_implementation
-    dtype = torch.float32 if name == "tiny" else torch.bfloat16
+    if dtype is None:
+        dtype = torch.float32 if name == "tiny" else torch.bfloat16
     torch.manual_seed(seed)
     with torch.device(device):
         model = Gemma4ForCausalLM._from_config(cfg, dtype=dtype)
