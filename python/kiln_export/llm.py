@@ -38,6 +38,12 @@ ATTN_IMPLEMENTATION = "eager"
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+def deferred(args) -> bool:
+    """--deferred-weights, by default on for Gemma 4's real configurations."""
+    flag = getattr(args, "deferred_weights", None)
+    return flag if flag is not None else (args.arch == "gemma4" and args.config in ("e2b", "e4b"))
+
+
 def model_dtype(args):
     """--dtype as a torch dtype: by default fp32, but bf16 for Gemma 4's real configurations."""
     import torch
@@ -85,6 +91,10 @@ def parse(argv):
                    help="the weights' and the KV cache's dtype, the model built in it directly (never an fp32 copy "
                    "first): fp32 (the default, but Gemma 4 e2b / e4b: bf16, their deployed size), bf16 or fp16. "
                    "`kiln lower --quantize` quantizes from these weights")
+    p.add_argument("--deferred-weights", action="store_true", default=None,
+                   help="Gemma 4: export with the linear and embedding weights as fake tensors and generate each "
+                   "(seeded) only as the archive is written, one at a time: the model is never whole in memory "
+                   "(the default for --config e2b / e4b)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--name", default=None, help="file stem (default: the arch)")
@@ -151,6 +161,12 @@ def build_model(args):
                                                      attn_implementation=ATTN_IMPLEMENTATION)
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
         return model.eval(), tok, f"gguf:{fname}"
+    if args.arch == "gemma4" and deferred(args):
+        from . import gemma4
+
+        model, args.materialize = gemma4.build_deferred(args.config, args.seed, ATTN_IMPLEMENTATION,
+                                                        dtype=model_dtype(args))
+        return model, None, f"random:gemma4-{args.config}-seed{args.seed}-deferred"
     if args.arch == "gemma4":
         from . import gemma4
 
@@ -271,8 +287,11 @@ def main(argv=None) -> int:
     if args.prefill_chunk is not None and (args.arch != "gemma4" or not args.dynamic or args.prefill_chunk < 1):
         print("kiln_export llm: error: --prefill-chunk N (N >= 1) is for --arch gemma4 with --dynamic", file=sys.stderr)
         return 2
-    import torch
-
+    if deferred(args) and (args.arch != "gemma4" or args.torchao or args.gguf):
+        print("kiln_export llm: error: --deferred-weights is for --arch gemma4 with seeded weights, without --torchao",
+              file=sys.stderr)
+        return 2
+    args.materialize = None
     t0 = time.perf_counter()
     try:
         model, tok, model_id = build_model(args)
@@ -300,7 +319,7 @@ def main(argv=None) -> int:
         tmp = os.path.join(tmpdir, f"{name}.pt2")
         from .pt2_writer import save  # torch.export.save's archive, each tensor written from its own storage
 
-        save(ep, tmp)
+        save(ep, tmp, materialize=args.materialize)
         os.replace(tmp, pt2)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)

@@ -50,29 +50,55 @@ def _write_raw(writer, items: dict, model_name: str, config: dict, directory: st
     return idx
 
 
-def _package_tensors(writer, model_name: str, tensors: dict, directory: str, prefix: str, pickle_protocol: int):
-    """A payload config for `tensors` (fqn -> tensor), the raw ones written from their storage."""
+def _package_tensors(writer, model_name: str, tensors: dict, directory: str, prefix: str, pickle_protocol: int,
+                     materialize=None):
+    """A payload config for `tensors` (fqn -> tensor), the raw ones written from their storage; fake tensors
+    (shapes without storage) are given their values by `materialize(fqn, fake)` one at a time, each written and
+    dropped before the next (a fake tensor named twice, a tied weight, is written once)."""
     import torch
     from torch._export.serde import schema
+    from torch._export.serde.serialize import serialize_tensor_meta
     from torch.export.pt2_archive import _package as pkg
 
     config: dict = {}
     pickled, raw = [], {}
+    idx = writer.count_prefix(os.path.join(directory, prefix))
+    written: dict = {}  # id(fake) -> path_name
     for fqn, t in tensors.items():
+        if not pkg._is_fake_tensor(t):
+            continue
+        if materialize is None:
+            raise ValueError(f"{fqn} is a fake tensor and no values were given for it")
+        if id(t) not in written:
+            real = materialize(fqn, t)
+            if real.shape != t.shape or real.dtype != t.dtype or not real.is_contiguous():
+                raise ValueError(f"{fqn}: materialized as {real.dtype}{list(real.shape)}, the program has "
+                                 f"{t.dtype}{list(t.shape)} (contiguous)")
+            written[id(t)] = f"{prefix}{idx}"
+            storage = real.untyped_storage()
+            writer.archive_file.write_record(os.path.join(directory, written[id(t)]), storage, storage.nbytes())
+            del real, storage
+            idx += 1
+        config[fqn] = schema.PayloadMeta(path_name=written[id(t)], is_param=isinstance(t, torch.nn.Parameter),
+                                         use_pickle=False, tensor_meta=serialize_tensor_meta(t))
+    for fqn, t in tensors.items():
+        if pkg._is_fake_tensor(t):
+            continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fqn}: only tensors are written here, got {type(t).__name__}")
         if pkg._should_use_pickle(t):
             pickled.append((fqn, t))
         else:
             raw[fqn] = (t, pkg.TensorProperties(t))
-    idx = writer.count_prefix(os.path.join(directory, prefix))
     idx = pkg._save_pickled_tensors(pickled, writer, config, directory, prefix, idx, pickle_protocol)
     _write_raw(writer, raw, model_name, config, directory, prefix, idx)
     return schema.PayloadConfig(config=config)
 
 
-def save(ep, path: str, pickle_protocol: int | None = None) -> None:
-    """torch.export.save(ep, path) for a program whose constants are plain tensors, without copying them."""
+def save(ep, path: str, pickle_protocol: int | None = None, materialize=None) -> None:
+    """torch.export.save(ep, path) for a program whose constants are plain tensors, without copying them.
+    `materialize(fqn, fake) -> tensor` gives the values of the program's fake weights (a model exported with
+    fake tensors: kiln_export/gemma4.py's build_deferred), produced and written one at a time."""
     import torch
     from torch._export.serde.serialize import serialize
     from torch.export.pt2_archive import _package as pkg
@@ -89,7 +115,7 @@ def save(ep, path: str, pickle_protocol: int | None = None) -> None:
     name = "model"
     with pkg.PT2ArchiveWriter(os.fspath(path)) as writer:
         weights = _package_tensors(writer, name, dict(ep.state_dict), WEIGHTS_DIR, WEIGHT_FILENAME_PREFIX,
-                                   pickle_protocol)
+                                   pickle_protocol, materialize)
         pkg._package_payload_config(writer, weights, WEIGHTS_CONFIG_FILENAME_FORMAT.format(name))
         constants = _package_tensors(writer, name, dict(ep.constants), CONSTANTS_DIR,
                                      TENSOR_CONSTANT_FILENAME_PREFIX, pickle_protocol)
