@@ -43,6 +43,14 @@ def bf16_llama(tmp_path_factory):
     return spec
 
 
+@pytest.fixture(scope="module")
+def fp16_llama(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp16_llama")
+    spec = _export(out, dtype="fp16")
+    assert json.loads(spec.read_text())["dtype"] == "fp16"
+    return spec
+
+
 def _model(dtype):
     import torch
 
@@ -54,7 +62,7 @@ def _model(dtype):
 
     Args.dtype = dtype
     model, _, _ = llm.build_model(Args)
-    assert model.dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    assert model.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     return model, llm
 
 
@@ -67,12 +75,13 @@ def _torchao(model, scheme):
     return model
 
 
-def _oracle(scheme):
+def _oracle(scheme, dtype="bf16"):
     """The wrapper in fp32 eager with torchao's dynamic int8 activations and the integers and scales torchao
-    computes from the bf16 weights (the int4 scales are bf16 already: what the file stores)."""
+    computes from the bf16 (fp16) weights (the int4 scales are bf16 already: what the file stores; fp16 is
+    tested with 8da8w, whose scales the file keeps in fp32)."""
     import torch
 
-    bf16, llm = _model("bf16")
+    bf16, llm = _model(dtype)
     fp32 = copy.deepcopy(bf16).float()  # bf16 -> fp32 is exact
     q16 = _torchao(copy.deepcopy(bf16), scheme)
     q32 = _torchao(fp32, scheme)
@@ -83,7 +92,7 @@ def _oracle(scheme):
             if not isinstance(m, torch.nn.Linear):
                 continue
             w16, w32 = lin16[n].weight, m.weight
-            assert w16.scale.dtype == torch.bfloat16  # torchao kept the weight's dtype for the scales
+            assert w16.scale.dtype == bf16.dtype  # torchao kept the weight's dtype for the scales
             changed += int((w16.qdata != w32.qdata).sum())
             w32.qdata.copy_(w16.qdata)
             w32.scale.copy_(w16.scale.float())
@@ -109,19 +118,21 @@ def _steps(pte, work, kiln=True):
     return [np.load(work / f"o{i}.npy") for i in range(len(TOKENS))], et
 
 
-@pytest.mark.parametrize("scheme", ["8da4w", "8da8w"])
-def test_bf16_llama_quantized_from_bf16_weights_both_runtimes(bf16_llama, scheme, tmp_path):
+@pytest.mark.parametrize("dtype,scheme", [("bf16", "8da4w"), ("bf16", "8da8w"), ("fp16", "8da8w")])
+def test_bf16_llama_quantized_from_bf16_weights_both_runtimes(request, dtype, scheme, tmp_path):
     import torch
 
-    pte = tmp_path / f"bf16_{scheme}.pte"
-    proc = run_kiln("lower", "--spec", bf16_llama, "--backend", "xnnpack", "--quantize", scheme, "--quantize-scales",
+    spec = request.getfixturevalue(f"{dtype}_llama")
+    name = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    pte = tmp_path / f"{dtype}_{scheme}.pte"
+    proc = run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", scheme, "--quantize-scales",
                     "minmax", "--out", pte)
-    assert "a bfloat16 program, widened to float32" in proc.stdout, proc.stdout
+    assert f"a {name} program, widened to float32" in proc.stdout, proc.stdout
     meta = json.loads(pte.with_suffix(".json").read_text())
-    assert meta["dtype"] == {"program": "bfloat16", "stored": "float32", "widened": True}, meta["dtype"]
+    assert meta["dtype"] == {"program": name, "stored": "float32", "widened": True}, meta["dtype"]
     assert meta["delegation"]["quantized_nodes"] == 2 * 7 + 1, meta["delegation"]
 
-    oracle, changed, bf16_module, fp32_arith = _oracle(scheme)
+    oracle, changed, bf16_module, fp32_arith = _oracle(scheme, dtype)
     # torchao's bf16 arithmetic gives other integers than its fp32 arithmetic on the same (bf16-valued) weights:
     # the oracle is the bf16 one
     assert changed > 0, "torchao's bf16 and fp32 arithmetic agree on every weight: the test could not tell"
