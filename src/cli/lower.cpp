@@ -34,6 +34,7 @@ struct LowerOptions {
   std::string quantize_scales;
   std::string quantize_embedding;
   std::string quantize_skip;
+  std::string dtype;
   std::string calibrate;
 };
 
@@ -94,6 +95,7 @@ int run_lower(const LowerOptions& o) {
   lo.quantize_scales = o.quantize_scales;
   lo.quantize_embedding = o.quantize_embedding;
   lo.quantize_skip = o.quantize_skip;
+  lo.dtype = o.dtype;
   lo.calibrate = o.calibrate;
   lo.verify = o.verify;
   lo.debug_map = o.debug_map;
@@ -116,6 +118,17 @@ int run_lower(const LowerOptions& o) {
   fmt::print("  planned memory {:.2f} MB (naive {:.2f} MB); {} nodes folded ahead of time, {} views shared\n",
              static_cast<double>(report.planned_bytes) / 1e6, static_cast<double>(report.naive_bytes) / 1e6,
              r.lowering.folded_nodes, report.aliased_views);
+  if (r.program_dtype != "float32")
+    fmt::print("  dtype: a {} program, {}\n", r.program_dtype,
+               r.stored_dtype != r.program_dtype
+                   ? fmt::format("widened to float32 (exactly) for XNNPACK's float32 regions{}; --dtype bf16 keeps "
+                                 "bfloat16 for the portable backend (kiln's and ExecuTorch's portable kernels)",
+                                 r.delegation && r.delegation->quantized_nodes > 0
+                                     ? fmt::format(", quantized from its {} weights", r.program_dtype)
+                                     : "")
+                   : fmt::format("kept {} (portable kernels: kiln's runtime and ExecuTorch's compute it; XNNPACK's "
+                                 "regions take float32 only: --dtype fp32 widens it)",
+                                 r.stored_dtype));
   if (r.embedding_quantization != "none")
     fmt::print("  quantized: {} embedding table{} ({})\n", r.quantized_embeddings,
                r.quantized_embeddings == 1 ? "" : "s", r.embedding_quantization);
@@ -160,6 +173,12 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--quantize-skip", opts->quantize_skip,
                   "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
                   "matches (e.g. lm_head)");
+  cmd->add_option("--dtype", opts->dtype,
+                  "fp32 or bf16: what a bfloat16 / float16 program's unquantized values are stored and computed as. "
+                  "fp32 (the default for xnnpack) widens them exactly (XNNPACK regions are float32; --quantize then "
+                  "quantizes from the 16-bit weights); bf16 keeps a bfloat16 program as it is (portable backend: "
+                  "kiln's and ExecuTorch's portable kernels run it). Default for portable: the program's own type")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--calibrate", opts->calibrate,
                   "with --quantize: a text file the fp32 program runs over in kiln's runtime; its activation "
                   "statistics rescale the weights' input channels (AWQ-style, folded into constants)");

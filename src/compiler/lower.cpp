@@ -75,6 +75,7 @@ std::string metadata(const LowerResult& r) {
                            {"int4_groups", c.groups}, {"int4_groups_not_reproduced", c.groups_kept},
                            {"choices", c.choices}};
   }
+  meta["dtype"] = {{"program", r.program_dtype}, {"stored", r.stored_dtype}, {"widened", r.program_dtype != r.stored_dtype}};
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
                                     {"quantized_embeddings", r.quantized_embeddings}};
   meta["program"] = {{"kernel_calls", report.kernel_calls},
@@ -212,6 +213,38 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
 
   progress(fmt::format("reading {}", spec.exported_program));
   pt2::ExportedProgram ep = pt2::read_pt2(spec.exported_program);
+  check(o.dtype.empty() || o.dtype == "fp32" || o.dtype == "bf16", "--dtype {}: kiln stores fp32 or bf16", o.dtype);
+  {
+    // the program's 16-bit float type, if it has one (widen_to_float refuses a mix of two)
+    std::optional<ScalarType> narrow;
+    auto see = [&](ScalarType t) {
+      if ((t == ScalarType::BFloat16 || t == ScalarType::Half) && !narrow) narrow = t;
+    };
+    for (const auto& v : ep.graph.values) see(v.meta.dtype);
+    for (const auto& c : ep.constants) see(c.meta.dtype);
+    if (narrow) r.program_dtype = r.stored_dtype = std::string(dtype_name(*narrow));
+    const std::string want = o.dtype.empty() ? (xnnpack ? "fp32" : "") : o.dtype;
+    if (want == "bf16") {
+      check(narrow == ScalarType::BFloat16,
+            "--dtype bf16: {} is a {} program; kiln keeps a bfloat16 program's values bfloat16 but does not narrow "
+            "another type (export it in bf16: python -m kiln_export llm --dtype bf16)",
+            spec.exported_program, r.program_dtype);
+      check(o.quantize.empty(),
+            "--quantize {} with --dtype bf16: XNNPACK's quantized products take float32 activations; use --dtype "
+            "fp32 (the default for xnnpack: the bfloat16 weights widened exactly, quantized from their bf16 values)",
+            o.quantize);
+      check(!xnnpack,
+            "--backend xnnpack with --dtype bf16: XNNPACK's regions are float32 only and would take no part of a "
+            "bfloat16 program; use --dtype fp32 (the default for xnnpack) or --backend portable");
+    }
+    if (want == "fp32" && narrow) {
+      progress(fmt::format("widening the {} program to float32", r.program_dtype));
+      pt2::widen_to_float(ep);
+      r.stored_dtype = "float32";
+      quant.source = *narrow == ScalarType::BFloat16 ? backends::xnnpack::QuantScheme::Source::BFloat16
+                                                       : backends::xnnpack::QuantScheme::Source::Half;
+    }
+  }
   const double t_read = seconds_since(t0);
 
   progress(fmt::format("lowering {} nodes to edge form", ep.graph.nodes.size()));
@@ -290,6 +323,15 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
       pre += " (quantized in the .pt2)";
       r.delegation->quantization = r.delegation->quantization == "none" ? pre : r.delegation->quantization + ", " + pre;
     }
+    if (quant.kind != QK::None && r.delegation->quantized_nodes == 0)
+      fail("--quantize {}: nothing in {} was quantized: {}", o.quantize, spec.exported_program,
+           r.delegation->kept_fp32_nodes > 0
+               ? fmt::format("--quantize-skip '{}' keeps all {} linear layers fp32", o.quantize_skip,
+                             r.delegation->kept_fp32_nodes)
+               : fmt::format("it has no linear layer (mm, addmm or linear) whose weight is a constant float32 "
+                             "[N, K] matrix{} that XNNPACK's quantized fully connected node takes (the program is {})",
+                             quant.kind == QK::Int4Groups ? fmt::format(" with K a multiple of {}", quant.group) : "",
+                             r.program_dtype));
     if (skip && r.delegation->kept_fp32_nodes == 0)
       r.warnings.push_back(fmt::format("--quantize-skip '{}' matches no linear layer: every layer is quantized",
                                        o.quantize_skip));

@@ -123,6 +123,7 @@ EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats
     Lowered l;
     l.binding = std::move(b);
     l.ep = std::make_unique<pt2::ExportedProgram>(pt2::read_pt2(ep.path, &l.binding));
+    if (ep.widened_from) pt2::widen_to_float(*l.ep);  // read as the program was given (kiln lower --dtype fp32)
     l.edge = to_edge(*l.ep, nullptr, options);
     check_same_structure(base, l.edge, binding_text(l.binding));
     return l;

@@ -131,8 +131,73 @@ const ConstantTensor* ExportedProgram::find_constant(std::string_view name) cons
   return nullptr;
 }
 
+namespace {
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (man << 13);  // inf, nan
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    do {
+      man <<= 1;
+      ++e;
+    } while ((man & 0x400u) == 0);
+    u = sign | (static_cast<uint32_t>(112 - e) << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// 16-bit float elements (bfloat16 or float16) as float32, exactly
+void widen(ScalarType from, const std::byte* in, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    if (from == ScalarType::BFloat16) {
+      const uint32_t u = static_cast<uint32_t>(h) << 16;
+      std::memcpy(out + i, &u, 4);
+    } else {
+      out[i] = half_to_float(h);
+    }
+  }
+}
+
+}  // namespace
+
 void ExportedProgram::stream_constant(const ConstantTensor& c,
                                       const std::function<void(std::span<const std::byte>)>& sink) const {
+  if (c.stored_dtype) {  // read as stored, widened chunk by chunk (a chunk may end inside an element)
+    ConstantTensor stored = c;
+    stored.meta.dtype = *c.stored_dtype;
+    stored.stored_dtype.reset();
+    std::vector<float> wide;
+    std::byte carry{};
+    bool carrying = false;
+    stream_constant(stored, [&](std::span<const std::byte> chunk) {
+      if (carrying && !chunk.empty()) {
+        const std::byte pair[2] = {carry, chunk[0]};
+        float f;
+        widen(*c.stored_dtype, pair, 1, &f);
+        sink(std::as_bytes(std::span<const float>(&f, 1)));
+        chunk = chunk.subspan(1);
+        carrying = false;
+      }
+      const size_t n = chunk.size() / 2;
+      wide.resize(n);
+      widen(*c.stored_dtype, chunk.data(), n, wide.data());
+      if (n) sink(std::as_bytes(std::span<const float>(wide.data(), n)));
+      if (chunk.size() % 2) carry = chunk.back(), carrying = true;
+    });
+    check(!carrying, "'{}': the archive holds a partial element", c.name);
+    return;
+  }
   const auto& m = c.meta;
   const auto esize = static_cast<uint64_t>(element_size(m.dtype));
   if (m.numel() == 0) return;
@@ -178,6 +243,15 @@ void ExportedProgram::read_constant_range(const ConstantTensor& c, uint64_t offs
   const auto nbytes = static_cast<uint64_t>(c.meta.nbytes());
   check(offset <= nbytes && out.size() <= nbytes - offset, "read_constant_range('{}'): {} bytes at {} past its {} bytes",
         c.name, out.size(), offset, nbytes);
+  if (c.stored_dtype && c.meta.is_contiguous()) {  // the stored elements that hold the range, widened
+    const uint64_t first = offset / 4, last = (offset + out.size() + 3) / 4;
+    std::vector<std::byte> stored(static_cast<size_t>((last - first) * 2));
+    archive->read(c.entry, c.entry_offset + (static_cast<uint64_t>(c.meta.storage_offset) + first) * 2, stored);
+    std::vector<float> wide(static_cast<size_t>(last - first));
+    widen(*c.stored_dtype, stored.data(), wide.size(), wide.data());
+    std::memcpy(out.data(), reinterpret_cast<const std::byte*>(wide.data()) + (offset - first * 4), out.size());
+    return;
+  }
   if (c.meta.is_contiguous()) {
     archive->read(c.entry, c.entry_offset + static_cast<uint64_t>(c.meta.storage_offset) * static_cast<uint64_t>(element_size(c.meta.dtype)) + offset, out);
     return;

@@ -57,6 +57,12 @@ struct LowerOptions {
   // "lm_head", "model.layers.0.mlp.down_proj"), node name or weight name the
   // regex (ECMAScript, searched) matches stay fp32. Matching none is a warning.
   std::string quantize_skip;
+  // What a bfloat16 / float16 program's values become: "fp32" (widened exactly as they are read: XNNPACK's
+  // regions, its quantized products among them, compute float32; `quantize` then quantizes from the 16-bit
+  // weights, torchao's arithmetic on them under the minmax rule) or "bf16" (kept as they are: kiln's and
+  // ExecuTorch's portable kernels compute bfloat16; no XNNPACK region takes them, so no `quantize`). Empty:
+  // fp32 for XNNPACK, the program's own type for the portable backend. A float32 program stays float32.
+  std::string dtype;
   // With `quantize`: a text file the fp32 program runs over (kiln's runtime) before quantizing; its linear
   // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
   std::string calibrate;
@@ -93,6 +99,9 @@ struct LowerResult {
   std::string embedding_quantization = "none";  // --quantize-embedding ("4:32", "8")
   int64_t quantized_embeddings = 0;              // embedding lookups rewritten to quantized tables
   std::optional<compiler::CalibrationResult> calibration;  // with LowerOptions::calibrate
+  // The program's floating-point type as read ("float32", "bfloat16", "float16") and what its unquantized values
+  // are stored and computed as in the .pte (the same, or "float32" when widened)
+  std::string program_dtype = "float32", stored_dtype = "float32";
   int64_t untied_weights = 0;  // tied weights given a copy of their own for their quantized linear products
   // Verification: whether it ran, and the delegate backends kiln's runtime
   // lacked (then only the loader checked the file, the method was not prepared).

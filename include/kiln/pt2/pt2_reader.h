@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct ConstantTensor {
   std::string entry;          // archive entry holding the storage bytes
   uint64_t entry_bytes = 0;   // size of that entry (of its nested member, for a tensor subclass's part)
   uint64_t entry_offset = 0;  // where the storage starts in the entry: 0, or a nested member's offset
+  // Set by widen_to_float: the archive holds the elements in this 16-bit float type (bfloat16 or float16) and
+  // meta.dtype is Float; every read widens them (exactly) as it streams.
+  std::optional<ScalarType> stored_dtype{};
 };
 
 std::string_view constant_kind_name(ConstantTensor::Kind kind);
@@ -43,6 +47,8 @@ struct ExportedProgram {
   graph::GraphSignature signature;
   std::vector<ConstantTensor> constants;
   std::shared_ptr<const Pt2Archive> archive;
+  // Set by widen_to_float: the 16-bit float type the program's floating-point values had.
+  std::optional<ScalarType> widened_from{};
 
   const ConstantTensor* find_constant(std::string_view name) const;
 
@@ -71,5 +77,11 @@ struct ExportedProgram {
 // _assert_scalar) are left out: their values are known.
 using SymbolBinding = std::map<std::string, int64_t, std::less<>>;
 ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding = nullptr);
+
+// A bfloat16 or float16 program as float32 (kiln lower --dtype fp32): every value and constant of that type
+// becomes Float and every dtype argument naming it names Float; the constants stay in the archive and are
+// widened (exactly) as they are read. Returns the type widened from, or std::nullopt for a program with no
+// 16-bit float values (left as it is). Throws kiln::Error for a program with both bfloat16 and float16 values.
+std::optional<ScalarType> widen_to_float(ExportedProgram& ep);
 
 }  // namespace kiln::pt2

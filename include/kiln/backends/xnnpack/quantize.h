@@ -54,6 +54,13 @@ struct QuantScheme {
   enum class Kind : uint8_t { None, Int4Groups, Int8Channels, Int8WeightOnly } kind = Kind::None;
   int64_t group = 32;  // Int4Groups
   ScaleRule scales = ScaleRule::Mse;  // how the weight scales are chosen (Int4Groups, Int8Channels, Int8WeightOnly)
+  // The type the weights had in the .pt2 (a bf16 / fp16 program, widened to fp32 exactly, kiln/pt2/pt2_reader.h's
+  // widen_to_float). Under ScaleRule::MinMax the arithmetic is torchao's on weights of that type: its
+  // choose_qparams_affine and quantize_affine compute in the weight's dtype, each operation rounded to it:
+  // scale = max(round(max|w| / 7.5), eps) with eps that type's smallest normal (int8: / 127.5),
+  // q = clamp(round_half_even(round(w * round(1 / scale)))). The int4 scale is stored as bf16 (exact from bf16;
+  // from fp16 rounded, as XNNPACK's int4 blockwise scales are bf16), the int8 one as fp32 (exact).
+  enum class Source : uint8_t { Float, BFloat16, Half } source = Source::Float;
   // "8da4w:32", "8da8w", "int8w", "none"; with " (mse scales)" appended under ScaleRule::Mse
   std::string name() const;
 };

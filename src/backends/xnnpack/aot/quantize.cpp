@@ -195,6 +195,55 @@ KILN_QUANT_INLINE void quantize8(const float* v, float inv, float qmin, float qm
   std::memcpy(out, &q, sizeof q);
 }
 
+// f rounded to the nearest float16 value (ties to even), as a float
+float round_to_half(float f) {
+  const float a = std::fabs(f);
+  if (a != a) return f;
+  if (!(a < 65520.0f)) return std::copysign(HUGE_VALF, f);  // 65520: halfway past the largest float16 (65504)
+  if (a < 0x1p-14f) return std::copysign(std::nearbyint(a * 0x1p24f) * 0x1p-24f, f);  // subnormals: k * 2^-24
+  int e = 0;
+  std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): 11 significant bits are steps of 2^(e - 11)
+  const float ulp = std::ldexp(1.0f, e - 11);
+  return std::copysign(std::nearbyint(a / ulp) * ulp, f);
+}
+
+// rows [r0, r1) under ScaleRule::MinMax with torchao's arithmetic in the weights' 16-bit type (QuantScheme::source)
+void quantize_rows_narrow(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
+                          QuantizedWeights& q) {
+  const bool bf16 = scheme.source == QuantScheme::Source::BFloat16;
+  auto round = [bf16](float f) { return bf16 ? from_bf16(to_bf16(f)) : round_to_half(f); };
+  const float eps = bf16 ? FLT_MIN : 0x1p-14f;  // torch.finfo(dtype).smallest_normal
+  const bool int4 = scheme.kind == QuantScheme::Kind::Int4Groups;
+  const int64_t g = int4 ? scheme.group : k, groups = k / g;
+  const float half_range = int4 ? 7.5f : 127.5f, qmin = int4 ? -8.0f : -128.0f, qmax = int4 ? 7.0f : 127.0f;
+  auto* bytes = reinterpret_cast<uint8_t*>(q.data.data());
+  for (int64_t j = r0; j < r1; ++j)
+    for (int64_t b = 0; b < groups; ++b) {
+      const float* v = w + j * k + b * g;
+      float amax = 0.0f;  // max(-min(v, 0), max(v, 0)): exact in any type
+      for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float scale = std::max(round(amax / half_range), eps);
+      const float inv = round(1.0f / scale);
+      if (int4) {
+        const uint16_t s16 = to_bf16(scale);
+        std::memcpy(q.scales.data() + static_cast<size_t>(j * groups + b) * 2, &s16, 2);
+      } else {
+        std::memcpy(q.scales.data() + static_cast<size_t>(j) * 4, &scale, 4);
+      }
+      for (int64_t i = 0; i < g; ++i) {
+        const float t = std::clamp(std::nearbyint(round(v[i] * inv)), qmin, qmax);
+        const int code = static_cast<int>(t);
+        if (int4) {  // the even input in the low nibble, as q + 8
+          const auto u = static_cast<uint8_t>(code + 8);
+          uint8_t& out = bytes[j * (k / 2) + (b * g + i) / 2];
+          out |= static_cast<uint8_t>((i & 1) ? u << 4 : u);
+        } else {
+          reinterpret_cast<int8_t*>(bytes)[j * k + i] = static_cast<int8_t>(code);
+        }
+      }
+    }
+}
+
 // rows [r0, r1) of quantize_weights' output (allocated, zeroed for int4)
 KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
                                           QuantizedWeights& q) {
@@ -257,6 +306,8 @@ __attribute__((target("avx2"))) void quantize_rows_avx2(const float* w, int64_t 
 
 // rows [r0, r1) of quantize_weights' output, in the widest form this CPU runs
 void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme, QuantizedWeights& q) {
+  if (scheme.source != QuantScheme::Source::Float && scheme.scales == ScaleRule::MinMax)
+    return quantize_rows_narrow(w, r0, r1, k, scheme, q);
 #if defined(__x86_64__)
   static const bool avx2 = [] {
     __builtin_cpu_init();
