@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_close, export_named, greedy_chat_reference, kiln_lower, reference_io, run_kiln, spec_of
+from conftest import (REPO, assert_close, export_named, greedy_chat_reference, kiln_lower, reference_io, run_kiln,
+                      spec_of)
 from test_gemma4 import QUESTION, gemma_tokenizer  # noqa: F401 (a fixture: the Gemma-style tokenizer)
 
 ALL = os.environ.get("KILN_AARCH64_ALL") == "1"
@@ -225,24 +226,23 @@ GEMMA4_NEW = 16
 
 
 @pytest.fixture(scope="module")
-def gemma4_8da4w(tmp_path_factory):
-    """{cache form: the x86 kiln's 8da4w XNNPACK .pte} (`kiln_export llm --arch gemma4 --dynamic --torchao 8da4w`,
-    `kiln lower --backend xnnpack`). The two exports run side by side (about 25 s of CPU each)."""
+def gemma4_exporting(tmp_path_factory):
+    """The two exports (`kiln_export llm --arch gemma4 --dynamic --torchao 8da4w`, about 25 s of CPU each),
+    started side by side: {cache form: (folder, process)}."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    folders = {cache: tmp_path_factory.mktemp(f"arm_gemma4_{cache}") for cache in GEMMA4_FORMS}
-    procs = {cache: subprocess.Popen([sys.executable, "-m", "kiln_export", "llm", "--arch", "gemma4", "--config",
-                                      "tiny", "--max-seq-len", str(GEMMA4_MAX_SEQ), "--seed", "0", "--cache", cache,
-                                      "--dynamic", "--torchao", "8da4w", "--out", str(folder)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-             for cache, folder in folders.items()}
-    out = {}
-    for cache, proc in procs.items():
-        _, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"kiln_export llm --arch gemma4 --cache {cache} failed:\n{err[-3000:]}"
-        pte = folders[cache] / "gemma4_8da4w.pte"
-        run_kiln("lower", "--spec", folders[cache] / "model_spec.json", "--backend", "xnnpack", "--out", pte, "-q")
-        out[cache] = pte
-    return out
+    started = {}
+    for cache in GEMMA4_FORMS:
+        folder = tmp_path_factory.mktemp(f"arm_gemma4_{cache}")
+        with open(folder / "export.log", "w") as log:
+            started[cache] = (folder, subprocess.Popen(
+                [sys.executable, "-m", "kiln_export", "llm", "--arch", "gemma4", "--config", "tiny", "--max-seq-len",
+                 str(GEMMA4_MAX_SEQ), "--seed", "0", "--cache", cache, "--dynamic", "--torchao", "8da4w", "--out",
+                 str(folder)], stdout=log, stderr=subprocess.STDOUT, env=env))
+    yield started
+    for _, proc in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +261,21 @@ def gemma4_torchao_tokens(gemma_tokenizer):
     _, hf = gemma_tokenizer
     return greedy_chat_reference(_torchao_quantize(model, "8da4w"), hf, [{"role": "user", "content": QUESTION}],
                                  GEMMA4_NEW)
+
+
+@pytest.fixture(scope="module")
+def gemma4_8da4w(gemma4_exporting, gemma4_torchao_tokens):
+    """{cache form: the x86 kiln's 8da4w XNNPACK .pte} (`kiln lower --backend xnnpack` of each export; the
+    eager reference is computed while the exports run)."""
+    out = {}
+    for cache, (folder, proc) in gemma4_exporting.items():
+        rc = proc.wait(timeout=900)
+        log = (folder / "export.log").read_text()
+        assert rc == 0, f"kiln_export llm --arch gemma4 --cache {cache} failed:\n{log[-3000:]}"
+        pte = folder / "gemma4_8da4w.pte"
+        run_kiln("lower", "--spec", folder / "model_spec.json", "--backend", "xnnpack", "--out", pte, "-q")
+        out[cache] = pte
+    return out
 
 
 @pytest.mark.parametrize("cache", GEMMA4_FORMS)
