@@ -10,8 +10,10 @@ sliding layers' ring caches five times.
 
 Oracle: transformers itself, with no cache at all: its greedy tokens (`generate`), and the logits of one eager
 forward over the whole sequence (its own causal and sliding-window masks), row by row against each call's
-logits (DESIGN's fp32 tolerance). 8da4w: the same model quantized by torchao in eager, one forward over the
-whole sequence (its int8 activations are per token, so rows do not depend on how the calls are cut).
+logits (DESIGN's fp32 tolerance). 8da4w (`--torchao 8da4w` in the deployed form, kiln's own `--quantize 8da4w`
+in every form; XNNPACK, kiln refuses quantized programs for the portable backend): the same model quantized by
+torchao in eager, its greedy tokens and one forward over them (its int8 activations are per token, so rows do
+not depend on how the calls are cut).
 
 kiln's runtime also runs ExecuTorch's own lowering of the deployed form's .pt2 (portable and XNNPACK).
 Decode attention reads only the sliding window's live positions (NaN everywhere else in the caches never reaches
@@ -206,22 +208,40 @@ def test_prefill_and_32_decode_steps_both_runtimes(reference, tmp_path_factory, 
     _check(_et_calls(pte, calls, shapes), calls, tokens, ref_logits, f"ExecuTorch runtime ({what})")
 
 
-@pytest.mark.parametrize("form", [("external", True)], ids=["external-dynamic"])
-def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_path, form):
-    """`--torchao 8da4w` (int4 weights in groups of 32, int8 dynamic activations), lowered for XNNPACK, in the
-    deployed form (external caches, one program for prefill and decode): both runtimes against the same model
-    quantized by torchao in eager (scales rounded to bf16 as the payload stores them): its greedy tokens (the
-    prompt in two calls and 32 decode steps) and the logits of one forward over them, within the bounds of
-    test_llm_programs' torchao test. (One form: each export takes CPU time; the forms
-    share every operator but the quantized linears, which are the same in all of them.)"""
+@pytest.fixture(scope="module")
+def torchao_reference(reference):
+    """(tokens: PROMPT + torchao eager's greedy tokens, the logits of one forward over them): the tiny model
+    quantized 8da4w by torchao in eager (int4 scales rounded to bf16 as the payload stores them)."""
     import copy
 
     import torch
 
     from test_llm_programs import _torchao_quantize
 
+    model, _, fp32 = reference
+    quantized = _torchao_quantize(copy.deepcopy(model), "8da4w")
+    with torch.no_grad():
+        tokens = quantized.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                    eos_token_id=None)[0].tolist()
+        logits = quantized(torch.tensor([tokens]), use_cache=False).logits[0].numpy()
+    # the quantization moves the logits far outside the tests' 5% bound (~80% of max|logit| on the random tiny
+    # model), and all 32 greedy tokens differ from the fp32 model's
+    n = len(PROMPT)  # the rows both sequences share
+    assert float(np.abs(logits[:n] - fp32[:n]).max()) > 0.1 * float(np.abs(fp32).max()), \
+        "the quantization must be visible"
+    return tokens, logits
+
+
+@pytest.mark.parametrize("form", [("external", True)], ids=["external-dynamic"])
+def test_8da4w_xnnpack_matches_torchao_eager(torchao_reference, tmp_path_factory, tmp_path, form):
+    """`--torchao 8da4w` (int4 weights in groups of 32, int8 dynamic activations), lowered for XNNPACK, in the
+    deployed form (external caches, one program for prefill and decode): both runtimes against the same model
+    quantized by torchao in eager (scales rounded to bf16 as the payload stores them): its greedy tokens (the
+    prompt in two calls and 32 decode steps) and the logits of one forward over them, within the bounds of
+    test_llm_programs' torchao test. (One form exported so: each export takes CPU time; the other forms are
+    quantized by kiln's own --quantize in the next test.)"""
     cache, dynamic = form
-    model, tokens, fp32 = reference
+    tokens, want = torchao_reference
     spec = _exported(tmp_path_factory, cache, dynamic, "--torchao", "8da4w")
     s = json.loads(spec.read_text())
     assert s["torchao_quantization"] == "8da4w"
@@ -229,15 +249,6 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
     run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
     d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
     assert "quantized in the .pt2" in d["quantization"], d
-    quantized = _torchao_quantize(copy.deepcopy(model), "8da4w")
-    with torch.no_grad():
-        # torchao eager's own greedy tokens (its per-token activations: a cached generate gives the rows of one
-        # forward), then one forward over them
-        tokens = quantized.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                                    eos_token_id=None)[0].tolist()
-        want = quantized(torch.tensor([tokens]), use_cache=False).logits[0].numpy()
-    assert float(np.abs(want[:len(fp32)] - fp32).max()) > 1e-3 * float(np.abs(fp32).max()), \
-        "the quantization must be visible"
     calls = _calls(tokens, dynamic)
     shapes = [i["shape"] for i in s["inputs"][2:]]
     for what, got in (("kiln's runtime", _kiln_calls(pte, calls, len(shapes), tmp_path / "kiln")),
@@ -257,6 +268,34 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
         greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
         assert greedy == tokens[len(PROMPT):], f"8da4w {cache}, {what}: greedy {greedy} != torchao eager's"
 
+
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_kiln_8da4w_every_form_matches_torchao_eager(torchao_reference, tmp_path_factory, tmp_path, form):
+    """kiln's own quantizer (`kiln lower --backend xnnpack --quantize 8da4w --quantize-scales minmax`, torchao's
+    rules) on each fp32 form's .pt2 (no export of its own): both runtimes give torchao eager's greedy tokens over
+    the prompt and 32 decode steps, and its logits within the bounds of the --torchao test above."""
+    cache, dynamic = form
+    tokens, want = torchao_reference
+    spec = _exported(tmp_path_factory, cache, dynamic)
+    s = json.loads(spec.read_text())
+    pte = tmp_path / "gemma4_8da4w.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", "8da4w", "--quantize-scales", "minmax",
+             "--out", pte, "-q")
+    d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
+    assert d["quantized_nodes"] > 0, d
+    calls = _calls(tokens, dynamic)
+    shapes = [i["shape"] for i in s["inputs"][2:]]
+    for what, got in (("kiln's runtime", _kiln_calls(pte, calls, len(shapes), tmp_path / "kiln")),
+                      ("ExecuTorch's runtime", _et_calls(pte, calls, shapes))):
+        rows = np.concatenate([g[0] for g in got])
+        assert rows.shape == want[:-1].shape
+        rel = [float(np.abs(g - w).max()) / float(np.abs(w).max()) for g, w in zip(rows, want[:-1])]
+        worst = int(np.argmax(rel))
+        what = f"kiln --quantize 8da4w, {cache}, {'dynamic' if dynamic else 'static'}, {what}"
+        print(f"{what}: worst {rel[worst]:.3g} of max|logit| at position {worst}")  # 5e-7 (both runtimes)
+        assert rel[worst] <= 0.05, f"{what}: {rel[worst]:.3g} of max|logit| at position {worst}"
+        greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
+        assert greedy == tokens[len(PROMPT):], f"{what}: greedy {greedy} != torchao eager's"
 
 
 # CI runs the XNNPACK lowering only (the deployed form; ExecuTorch's lowering is 30-60 s a backend):
