@@ -10,7 +10,10 @@ qemu-user as two CPUs: a Cortex-A76 (the Raspberry Pi 5: NEON, dotprod, no i8mm)
 - `kiln run` of tiny GPT-2 and tiny Llama files lowered by the x86 kiln (portable and xnnpack,
   fp32 and 8da4w) gives the x86 kiln's outputs within the fp32 tolerance, and eager PyTorch's
   for fp32;
-- `kiln generate` greedy on tiny Llama gives the x86 kiln's tokens.
+- `kiln generate` greedy on tiny Llama gives the x86 kiln's tokens;
+- `kiln generate --chat` greedy on the tiny Gemma 4 quantized by torchao 8da4w and lowered for XNNPACK (the
+  second document's form: external KV cache, one program for prefill and decode; and the cache as buffers),
+  with a Gemma-style tokenizer, gives the x86 kiln's tokens, which are torchao eager's.
 
 scripts/test-aarch64 runs the CI set (scripts/test runs it after the cross-build): every case
 above, with kiln_cpu_tests filtered to the selection, qd8 and f32 GEMM tests (its whole binary
@@ -28,7 +31,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_close, export_named, kiln_lower, reference_io, run_kiln, spec_of
+from conftest import (REPO, assert_close, export_named, greedy_chat_reference, kiln_lower, reference_io, run_kiln,
+                      spec_of)
+from test_gemma4 import QUESTION, gemma_tokenizer  # noqa: F401 (a fixture: the Gemma-style tokenizer)
 
 ALL = os.environ.get("KILN_AARCH64_ALL") == "1"
 ARM_BUILD = REPO / "build-aarch64"
@@ -206,3 +211,84 @@ def test_generate_greedy_matches_x86(tiny_llama_llm, backend, quant, cpu):
     arm = json.loads(qemu(cpu, arm_binary("kiln"), *args).stdout)
     assert len(x86["tokens"]) >= 12, x86
     assert arm["tokens"] == x86["tokens"], (cpu, backend, quant, arm["tokens"], x86["tokens"])
+
+
+# -------------------------------------------------------------------- Gemma 4, the second document's form
+
+# The tiny Gemma 4 (sliding window 8, every feature of E2B: tests/python/test_gemma4.py) quantized by torchao
+# 8da4w before export and lowered for XNNPACK, in the document's form (the KV cache external: inputs updated in
+# place; one program for prefill and decode) and with the cache as buffers; a Gemma-style tokenizer.json
+# (SentencePiece-style BPE, byte fallback) and Gemma 4's chat template from test_gemma4. 16 new tokens: the
+# 13-token chat prompt and them go round the sliding layers' ring caches.
+GEMMA4_FORMS = ["external", "buffers"]
+GEMMA4_MAX_SEQ = 32
+GEMMA4_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def gemma4_exporting(tmp_path_factory):
+    """The two exports (`kiln_export llm --arch gemma4 --dynamic --torchao 8da4w`, about 25 s of CPU each),
+    started side by side: {cache form: (folder, process)}."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    started = {}
+    for cache in GEMMA4_FORMS:
+        folder = tmp_path_factory.mktemp(f"arm_gemma4_{cache}")
+        with open(folder / "export.log", "w") as log:
+            started[cache] = (folder, subprocess.Popen(
+                [sys.executable, "-m", "kiln_export", "llm", "--arch", "gemma4", "--config", "tiny", "--max-seq-len",
+                 str(GEMMA4_MAX_SEQ), "--seed", "0", "--cache", cache, "--dynamic", "--torchao", "8da4w", "--out",
+                 str(folder)], stdout=log, stderr=subprocess.STDOUT, env=env))
+    yield started
+    for _, proc in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def gemma4_torchao_tokens(gemma_tokenizer):
+    """(chat prompt ids, torchao eager's greedy tokens): transformers' tiny Gemma 4 with the exporter's seed,
+    quantized by torchao in eager as test_gemma4's 8da4w oracle (int4 group scales rounded to bf16 as the
+    payload stores them)."""
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+    from test_llm_programs import _torchao_quantize
+
+    class Args:
+        arch, config, gguf, seed = "gemma4", "tiny", None, 0
+
+    model, _, _ = llm.build_model(Args)
+    _, hf = gemma_tokenizer
+    return greedy_chat_reference(_torchao_quantize(model, "8da4w"), hf, [{"role": "user", "content": QUESTION}],
+                                 GEMMA4_NEW)
+
+
+@pytest.fixture(scope="module")
+def gemma4_8da4w(gemma4_exporting, gemma4_torchao_tokens):
+    """{cache form: the x86 kiln's 8da4w XNNPACK .pte} (`kiln lower --backend xnnpack` of each export; the
+    eager reference is computed while the exports run)."""
+    out = {}
+    for cache, (folder, proc) in gemma4_exporting.items():
+        rc = proc.wait(timeout=900)
+        log = (folder / "export.log").read_text()
+        assert rc == 0, f"kiln_export llm --arch gemma4 --cache {cache} failed:\n{log[-3000:]}"
+        pte = folder / "gemma4_8da4w.pte"
+        run_kiln("lower", "--spec", folder / "model_spec.json", "--backend", "xnnpack", "--out", pte, "-q")
+        out[cache] = pte
+    return out
+
+
+@pytest.mark.parametrize("cache", GEMMA4_FORMS)
+@pytest.mark.parametrize("cpu", CPUS)
+def test_gemma4_8da4w_generate_matches_x86(gemma4_8da4w, gemma_tokenizer, gemma4_torchao_tokens, cache, cpu):
+    """`kiln generate --chat` greedy on the tiny Gemma 4 8da4w program: the AArch64 kiln under qemu gives the
+    x86 kiln's tokens, and both give torchao eager's."""
+    folder, _ = gemma_tokenizer
+    prompt, want = gemma4_torchao_tokens
+    args = ["generate", gemma4_8da4w[cache], "--tokenizer", folder / "tokenizer.json", "--chat", "--prompt",
+            QUESTION, "--max-new-tokens", GEMMA4_NEW, "--ignore-eos", "--json"]
+    x86 = json.loads(run_kiln(*args).stdout)
+    arm = json.loads(qemu(cpu, arm_binary("kiln"), *args).stdout)
+    assert x86["prompt_tokens"] == arm["prompt_tokens"] == len(prompt)
+    assert x86["tokens"] == want, (cache, x86["tokens"], want)
+    assert arm["tokens"] == x86["tokens"], (cpu, cache, arm["tokens"], x86["tokens"])

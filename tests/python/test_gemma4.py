@@ -10,8 +10,10 @@ sliding layers' ring caches five times.
 
 Oracle: transformers itself, with no cache at all: its greedy tokens (`generate`), and the logits of one eager
 forward over the whole sequence (its own causal and sliding-window masks), row by row against each call's
-logits (DESIGN's fp32 tolerance). 8da4w: the same model quantized by torchao in eager, one forward over the
-whole sequence (its int8 activations are per token, so rows do not depend on how the calls are cut).
+logits (DESIGN's fp32 tolerance). 8da4w (`--torchao 8da4w` in the deployed form, kiln's own `--quantize 8da4w`
+in every form; XNNPACK, kiln refuses quantized programs for the portable backend): the same model quantized by
+torchao in eager, its greedy tokens and one forward over them (its int8 activations are per token, so rows do
+not depend on how the calls are cut).
 
 kiln's runtime also runs ExecuTorch's own lowering of the deployed form's .pt2 (portable and XNNPACK).
 Decode attention reads only the sliding window's live positions (NaN everywhere else in the caches never reaches
@@ -206,21 +208,40 @@ def test_prefill_and_32_decode_steps_both_runtimes(reference, tmp_path_factory, 
     _check(_et_calls(pte, calls, shapes), calls, tokens, ref_logits, f"ExecuTorch runtime ({what})")
 
 
-@pytest.mark.parametrize("form", [("external", True)], ids=["external-dynamic"])
-def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_path, form):
-    """`--torchao 8da4w` (int4 weights in groups of 32, int8 dynamic activations), lowered for XNNPACK, in the
-    deployed form (external caches, one program for prefill and decode): both runtimes against the same model
-    quantized by torchao in eager (scales rounded to bf16 as the payload stores them), one forward over the whole
-    sequence; the bounds of test_llm_programs' torchao test. (One form: each export takes CPU time; the forms
-    share every operator but the quantized linears, which are the same in all of them.)"""
+@pytest.fixture(scope="module")
+def torchao_reference(reference):
+    """(tokens: PROMPT + torchao eager's greedy tokens, the logits of one forward over them): the tiny model
+    quantized 8da4w by torchao in eager (int4 scales rounded to bf16 as the payload stores them)."""
     import copy
 
     import torch
 
     from test_llm_programs import _torchao_quantize
 
+    model, _, fp32 = reference
+    quantized = _torchao_quantize(copy.deepcopy(model), "8da4w")
+    with torch.no_grad():
+        tokens = quantized.generate(torch.tensor([PROMPT]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                    eos_token_id=None)[0].tolist()
+        logits = quantized(torch.tensor([tokens]), use_cache=False).logits[0].numpy()
+    # the quantization moves the logits far outside the tests' 5% bound (~80% of max|logit| on the random tiny
+    # model), and all 32 greedy tokens differ from the fp32 model's
+    n = len(PROMPT)  # the rows both sequences share
+    assert float(np.abs(logits[:n] - fp32[:n]).max()) > 0.1 * float(np.abs(fp32).max()), \
+        "the quantization must be visible"
+    return tokens, logits
+
+
+@pytest.mark.parametrize("form", [("external", True)], ids=["external-dynamic"])
+def test_8da4w_xnnpack_matches_torchao_eager(torchao_reference, tmp_path_factory, tmp_path, form):
+    """`--torchao 8da4w` (int4 weights in groups of 32, int8 dynamic activations), lowered for XNNPACK, in the
+    deployed form (external caches, one program for prefill and decode): both runtimes against the same model
+    quantized by torchao in eager (scales rounded to bf16 as the payload stores them): its greedy tokens (the
+    prompt in two calls and 32 decode steps) and the logits of one forward over them, within the bounds of
+    test_llm_programs' torchao test. (One form exported so: each export takes CPU time; the other forms are
+    quantized by kiln's own --quantize in the next test.)"""
     cache, dynamic = form
-    model, tokens, fp32 = reference
+    tokens, want = torchao_reference
     spec = _exported(tmp_path_factory, cache, dynamic, "--torchao", "8da4w")
     s = json.loads(spec.read_text())
     assert s["torchao_quantization"] == "8da4w"
@@ -228,10 +249,6 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
     run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
     d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
     assert "quantized in the .pt2" in d["quantization"], d
-    quantized = _torchao_quantize(copy.deepcopy(model), "8da4w")
-    with torch.no_grad():
-        want = quantized(torch.tensor([tokens]), use_cache=False).logits[0].numpy()
-    assert float(np.abs(want - fp32).max()) > 1e-3 * float(np.abs(fp32).max()), "the quantization must be visible"
     calls = _calls(tokens, dynamic)
     shapes = [i["shape"] for i in s["inputs"][2:]]
     for what, got in (("kiln's runtime", _kiln_calls(pte, calls, len(shapes), tmp_path / "kiln")),
@@ -239,16 +256,46 @@ def test_8da4w_xnnpack_matches_torchao_eager(reference, tmp_path_factory, tmp_pa
         rows = np.concatenate([g[0] for g in got])
         assert rows.shape == want[:-1].shape
         # per-token int8 activations: a last-bit difference in a norm can move one value by an int8 step, and
-        # the KV cache carries it to later positions: 43 positions here (test_llm_programs: 10, within 1%);
-        # kiln's runtime and ExecuTorch's both reach 1.3% (the same) at position 30; a wrong quantization is far
-        # outside 5%.
+        # the KV cache carries it to later positions: 43 positions here (test_llm_programs: 10, within 1%).
+        # On torchao's own greedy tokens both runtimes are within 5e-7 of max|logit| (on the fp32 model's
+        # tokens one such step reached 1.3% at position 30 in both); a wrong quantization is far outside 5%.
         rel = [float(np.abs(g - w).max()) / float(np.abs(w).max()) for g, w in zip(rows, want[:-1])]
         worst = int(np.argmax(rel))
         assert rel[worst] <= 0.05, f"8da4w {cache}, {what}: {rel[worst]:.3g} of max|logit| at position {worst}"
         print(f"8da4w {cache}, {what}: worst {rel[worst]:.3g} of max|logit| at position {worst}")
         agree = np.mean([int(g.argmax()) == int(w.argmax()) for g, w in zip(rows, want[:-1])])
         assert agree >= 0.9, f"8da4w {cache}, {what}: argmax agrees at {agree:.0%} of positions"
+        greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
+        assert greedy == tokens[len(PROMPT):], f"8da4w {cache}, {what}: greedy {greedy} != torchao eager's"
 
+
+@pytest.mark.parametrize("form", FORMS, ids=FORM_IDS)
+def test_kiln_8da4w_every_form_matches_torchao_eager(torchao_reference, tmp_path_factory, tmp_path, form):
+    """kiln's own quantizer (`kiln lower --backend xnnpack --quantize 8da4w --quantize-scales minmax`, torchao's
+    rules) on each fp32 form's .pt2 (no export of its own): both runtimes give torchao eager's greedy tokens over
+    the prompt and 32 decode steps, and its logits within the bounds of the --torchao test above."""
+    cache, dynamic = form
+    tokens, want = torchao_reference
+    spec = _exported(tmp_path_factory, cache, dynamic)
+    s = json.loads(spec.read_text())
+    pte = tmp_path / "gemma4_8da4w.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize", "8da4w", "--quantize-scales", "minmax",
+             "--out", pte, "-q")
+    d = json.loads(pte.with_suffix(".json").read_text())["delegation"]
+    assert d["quantized_nodes"] > 0, d
+    calls = _calls(tokens, dynamic)
+    shapes = [i["shape"] for i in s["inputs"][2:]]
+    for what, got in (("kiln's runtime", _kiln_calls(pte, calls, len(shapes), tmp_path / "kiln")),
+                      ("ExecuTorch's runtime", _et_calls(pte, calls, shapes))):
+        rows = np.concatenate([g[0] for g in got])
+        assert rows.shape == want[:-1].shape
+        rel = [float(np.abs(g - w).max()) / float(np.abs(w).max()) for g, w in zip(rows, want[:-1])]
+        worst = int(np.argmax(rel))
+        what = f"kiln --quantize 8da4w, {cache}, {'dynamic' if dynamic else 'static'}, {what}"
+        print(f"{what}: worst {rel[worst]:.3g} of max|logit| at position {worst}")  # 5e-7 (both runtimes)
+        assert rel[worst] <= 0.05, f"{what}: {rel[worst]:.3g} of max|logit| at position {worst}"
+        greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
+        assert greedy == tokens[len(PROMPT):], f"{what}: greedy {greedy} != torchao eager's"
 
 
 # CI runs the XNNPACK lowering only (the deployed form; ExecuTorch's lowering is 30-60 s a backend):
@@ -361,15 +408,21 @@ def test_decode_reads_only_the_window(reference, tmp_path_factory, tmp_path, dyn
         assert np.isnan(et[-1].numpy()).any(), f"position {p}: ExecuTorch's runtime should read the NaN slots"
 
 
-def test_profile_shows_the_window(tmp_path_factory, tmp_path):
-    """`kiln profile --tokens 1` of the buffers form at position 17 (>= 2 x window; the warmup steps fill
-    positions 0-16) reports the positions each layer's attention read: the window (8) of the sliding layers'
-    ring of 15 (layers 0, 1 and the KV-shared 3), the 18 positions written so far of the global layers' 48
-    (2 and the KV-shared 4)."""
+def test_profile_shows_the_window(reference, tmp_path_factory, tmp_path):
+    """`kiln profile --tokens 1` of the buffers form at position 2 x window + 1 (the warmup steps fill the
+    positions before it) reports the positions each layer's attention read: on the sliding layers (layers 0, 1
+    and the KV-shared 3 of the tiny configuration) the window of transformers' config (8) of their ring of
+    window + chunk - 1 = 15 slots, on the global layers (2 and the KV-shared 4) the p + 1 positions written so far
+    of max_seq_len. Window and layer kinds are read from transformers' config, not from the export."""
+    model, _, _ = reference
+    window = model.config.sliding_window
+    kinds = model.config.layer_types
+    assert window == WINDOW and "sliding_attention" in kinds and "full_attention" in kinds
     spec = _exported(tmp_path_factory, "buffers", True)
+    assert json.loads(spec.read_text())["llm"]["sliding_window"] == window
     pte = tmp_path / "gemma4_xnnpack.pte"
     run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
-    p = 2 * WINDOW + 1
+    p = 2 * window + 1
     cmd = ("profile", pte, "--tokens", "1", "--warmup", p, "--iters", "1")
     prof = json.loads(run_kiln(*cmd, "--json").stdout)
     assert prof["phase"] == "decode" and prof["step_positions"] == [p]
@@ -377,10 +430,13 @@ def test_profile_shows_the_window(tmp_path_factory, tmp_path):
     for r in prof["rows"]:
         if "positions_read" in r:
             read.setdefault(r["module"], set()).add((r["positions_read"], r["cache_positions"]))
-    sliding, full = {(WINDOW, 2 * WINDOW - 1)}, {(p + 1, MAX_SEQ)}
-    assert read == {f"model.model.layers.{i}.self_attn": sliding if i in (0, 1, 3) else full for i in range(5)}, read
+    ring = window + window - 1  # the dynamic form's chunks are up to the window
+    sliding, full = {(window, ring)}, {(p + 1, MAX_SEQ)}
+    want = {f"model.model.layers.{i}.self_attn": sliding if k == "sliding_attention" else full
+            for i, k in enumerate(kinds)}
+    assert read == want, read
     text = run_kiln(*cmd).stdout
-    assert f"{WINDOW:>6} of {2 * WINDOW - 1:<6} model.model.layers.0.self_attn" in text, text
+    assert f"{window:>6} of {ring:<6} model.model.layers.0.self_attn" in text, text
 
 
 # ---- kiln generate: a Gemma-style tokenizer.json trained here by the tokenizers package (SentencePiece-style:
