@@ -438,8 +438,11 @@ int run_profile(const ProfileOptions& o) {
       er[r].name = o.method;
       er[r].events.push_back({"Method::execute", -1, -1, "", runs[r].first - t0, runs[r].second - t0});
     }
+    std::map<std::pair<size_t, uint32_t>, size_t> step_event;  // run 0: (instruction, step's last node) -> event
     for (const Event& e : events) {
       const Item& it = items[e.item];
+      if (e.run == 0 && e.cat == "step" && !it.debug_handles.empty())
+        step_event.emplace(std::make_pair(it.instruction, it.debug_handles.back()), er[0].events.size());
       EtdumpEvent x;
       x.instruction_id = static_cast<int32_t>(it.instruction);
       x.start_ns = e.start_ns - std::min(e.start_ns, t0);
@@ -462,9 +465,17 @@ int run_profile(const ProfileOptions& o) {
       std::vector<size_t> first(m.num_instructions(), er[0].events.size());
       for (size_t k = er[0].events.size(); k-- > 1;)
         if (er[0].events[k].instruction_id >= 0) first[static_cast<size_t>(er[0].events[k].instruction_id)] = k;
-      for (const rt::DebugOutput& d : debug_log->entries())
-        er[0].debug.push_back({first[d.instruction], {static_cast<int32_t>(d.instruction), d.dtype,
-                                                      std::vector<int64_t>(d.sizes, d.sizes + d.dim), d.offset}});
+      for (const rt::DebugOutput& d : debug_log->entries()) {
+        size_t at = first[d.instruction];
+        std::string id;  // a node inside a delegate (its step's output): the step's identifier, before its event
+        if (d.delegate_node >= 0) {
+          const auto f = step_event.find({d.instruction, static_cast<uint32_t>(d.delegate_node)});
+          if (f != step_event.end()) at = f->second;
+          id = f != step_event.end() ? er[0].events[at].delegate_id_str : fmt::format("<{}>", d.delegate_node);
+        }
+        er[0].debug.push_back({at, {static_cast<int32_t>(d.instruction), d.dtype,
+                                    std::vector<int64_t>(d.sizes, d.sizes + d.dim), d.offset, std::move(id)}});
+      }
       std::stable_sort(er[0].debug.begin(), er[0].debug.end(),
                        [](const auto& a, const auto& b) { return a.first < b.first; });
       debug_file = std::make_unique<StagedFile>(debug_buffer_path);

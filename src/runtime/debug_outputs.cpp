@@ -40,4 +40,15 @@ bool DebugOutputLog::log(uint32_t instruction, int32_t delegate_node, const Tens
   return true;
 }
 
+bool DebugOutputLog::log(uint32_t instruction, int32_t delegate_node, ScalarType dtype, std::span<const int64_t> sizes,
+                         const void* data) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const uint64_t n = data ? static_cast<uint64_t>(numel) * static_cast<uint64_t>(element_size(dtype)) : 0;
+  DebugOutput* e = reserve(instruction, delegate_node, dtype, sizes, n);
+  if (!e) return false;
+  if (n) std::memcpy(data_.get() + e->offset, data, n);
+  return true;
+}
+
 }  // namespace kiln::rt
