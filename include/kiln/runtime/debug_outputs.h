@@ -33,6 +33,12 @@ struct DebugOutput {
   int64_t sizes[kMaxDims] = {};
   uint64_t offset = 0;         // into data(), 64-byte aligned
   uint64_t nbytes = 0;
+  // A delegate's node whose output later nodes only view (reshapes sharing its bytes, which run no step):
+  // the last such view's node and sizes (-1: none), so a reader can name the tensor by the view instead.
+  static constexpr int kMaxViewDims = 8;  // (XNNPACK's values have at most 6)
+  int32_t view_node = -1;
+  int32_t view_dim = 0;
+  int64_t view_sizes[kMaxViewDims] = {};
 };
 
 class DebugOutputLog {
@@ -52,7 +58,7 @@ class DebugOutputLog {
   bool log(uint32_t instruction, int32_t delegate_node, const Tensor& t);
   // The same for row-major `data` of `sizes` (a delegate's own tensor).
   bool log(uint32_t instruction, int32_t delegate_node, ScalarType dtype, std::span<const int64_t> sizes,
-           const void* data);
+           const void* data, int32_t view_node = -1, std::span<const int64_t> view_sizes = {});
   // The instruction running now (Method::execute sets it before a delegate call): what a delegate
   // logs inside the call belongs to it.
   void set_instruction(uint32_t instruction) { instruction_ = instruction; }

@@ -213,6 +213,8 @@ struct Step {
   int32_t last_node = -1;
   uint32_t debug_value = kInvalidId;
   uint32_t debug_node = 0;
+  uint32_t debug_view_value = kInvalidId;  // the last view of debug_value that follows the step (none: kInvalidId)
+  uint32_t debug_view_node = 0;
 };
 
 inline const float* Operand::data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const {
