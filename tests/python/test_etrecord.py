@@ -294,3 +294,20 @@ def test_llm_program_rows_and_numeric_gap(tiny_llm, backend, tmp_path):
     if backend == "portable":
         assert len(rows) > 50
     assert r.exported_program is not None
+
+
+@pytest.mark.parametrize("tiny_gpt2", ["default"], indirect=True)
+def test_xnnpack_delegate_node_outputs_allocate_nothing(tiny_gpt2, tmp_path):
+    """Logging inside kiln's XNNPACK delegate copies into the log's preallocated buffer: execute() allocates
+    nothing with it on (kiln_alloc_check counts the process's allocations during the call), and every step
+    of tiny GPT-2's delegate logs its output."""
+    alloc_check = REPO / "build" / "kiln_alloc_check"
+    if not alloc_check.is_file():
+        raise RuntimeError(f"{alloc_check} not built")
+    pte, _ = _lower(tiny_gpt2, "xnnpack", tmp_path)
+    proc = subprocess.run([str(alloc_check), str(pte), "--debug-outputs"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["hook_counted"] >= 1 and result["allocations_during_execute"] == 0, result
+    prof = json.loads(run_kiln("profile", pte, "--iters", 1, "--warmup", 0, "--json").stdout)
+    assert result["delegate_node_outputs"] == prof["delegate_steps"] > 20, (result, prof["delegate_steps"])
