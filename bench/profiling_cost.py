@@ -11,8 +11,9 @@ Prints a markdown table (ratio NEW/BASE: 1.00 means profiling off costs nothing 
 this resolution; the spread of BASE's own rounds is printed beside it).
 
 With --debug-outputs, two more cells: the run `kiln profile --etdump --debug-outputs` logs (every
-instruction's outputs copied into the debug buffer) against the same run without the flag, both
-timed by `kiln profile` itself (its first profiled run, after --warmup 2), in NEW.
+instruction's outputs copied into the debug buffer, and inside kiln's XNNPACK delegates every
+step's output) against the same run without the flag, both timed by `kiln profile` itself (its
+first profiled run, after --warmup 2), in NEW; and what that run logged (tensors, MB).
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def bench(binary: str, pte: str, threads: int, iters: int, profile: bool) -> flo
     return float(json.loads(proc.stdout)["median_ms"])
 
 
+LOGGED: dict[str, object] = {}
+
+
 def profile_run(binary: str, pte: str, threads: int, debug_outputs: bool, tmp: str) -> float:
     """The first profiled run's wall time (ms): the one --debug-outputs logs."""
     cmd = [binary, "profile", pte, "--threads", str(threads), "--iters", "1", "--warmup", "2", "--json",
@@ -43,7 +47,10 @@ def profile_run(binary: str, pte: str, threads: int, debug_outputs: bool, tmp: s
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"profiling_cost: {' '.join(cmd)} failed: {proc.stderr.strip()[-300:]}")
-    return float(json.loads(proc.stdout)["times_ms"][0])
+    out = json.loads(proc.stdout)
+    if debug_outputs:
+        LOGGED.update(out["debug_outputs"])
+    return float(out["times_ms"][0])
 
 
 def main() -> None:
@@ -78,6 +85,9 @@ def main() -> None:
     for name, _, _ in cells:
         v = runs[name]
         print(f"| {name} | {statistics.median(v):.4f} | {min(v):.4f}..{max(v):.4f} | {statistics.median(v) / base:.3f} |")
+    if LOGGED:
+        print(f"\n--debug-outputs logged {LOGGED['tensors']} tensors, {int(LOGGED['bytes']) / 1e6:.2f} MB"
+              f"{' (the buffer overflowed)' if LOGGED.get('overflowed') else ''}")
 
 
 if __name__ == "__main__":

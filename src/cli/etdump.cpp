@@ -50,10 +50,13 @@ std::vector<uint8_t> etdump_bytes(const std::vector<EtdumpRun>& runs) {
         fb.AddElement<int8_t>(slot(0), 5, 0);  // ValueType.Tensor
         fb.AddOffset(slot(1), tensor);
         flatbuffers::Offset<void> value(fb.EndTable(v));
+        flatbuffers::Offset<flatbuffers::String> id_str;
+        if (!d.delegate_id_str.empty()) id_str = fb.CreateString(d.delegate_id_str);
         auto de = fb.StartTable();
         fb.AddElement<uint64_t>(slot(0), 0, 1);  // chain_index 0, written
         fb.AddElement<int32_t>(slot(1), d.instruction_id, -1);
         fb.AddOffset(slot(2), value);
+        if (!d.delegate_id_str.empty()) fb.AddOffset(slot(4), id_str);  // a delegate's node, as ExecuTorch's runtime
         flatbuffers::Offset<void> debug(fb.EndTable(de));
         auto ev = fb.StartTable();
         fb.AddOffset(slot(2), debug);

@@ -18,12 +18,14 @@ struct EtdumpEvent {
   uint64_t start_ns = 0, end_ns = 0;
 };
 
-// A debug event: one tensor an instruction logged (its bytes at `offset` in the debug buffer file).
+// A debug event: one tensor an instruction (or a node inside its delegate) logged (its bytes at `offset` in
+// the debug buffer file).
 struct EtdumpDebug {
   int32_t instruction_id = -1;
   ScalarType dtype = ScalarType::Float;
   std::vector<int64_t> sizes;
   uint64_t offset = 0;
+  std::string delegate_id_str;  // a node inside a delegate: its identifier (its step's profile event's); "": none
 };
 
 struct EtdumpRun {

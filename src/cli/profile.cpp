@@ -431,8 +431,26 @@ int run_profile(const ProfileOptions& o) {
       er[r].name = o.method;
       er[r].events.push_back({"Method::execute", -1, -1, "", runs[r].first - t0, runs[r].second - t0});
     }
+    std::map<std::pair<size_t, uint32_t>, size_t> step_event;  // run 0: (instruction, step's last node) -> event
+    // A step whose output later views reshape (no step of their own): when the debug map says the last
+    // view lowers the same .pt2 node as the step's last node (matmul: bmm then view), the step is named
+    // by the view too (its "<k>" last: the ETRecord names the operator by it) and its output has the
+    // view's sizes, the operator's.
+    std::map<std::pair<size_t, uint32_t>, const rt::DebugOutput*> named_by_view;
+    if (debug_log && map.present)
+      for (const rt::DebugOutput& d : debug_log->entries()) {
+        if (d.delegate_node < 0 || d.view_node < 0) continue;
+        const auto a = static_cast<size_t>(d.delegate_node), b = static_cast<size_t>(d.view_node);
+        if (a >= map.nodes.size() || b >= map.nodes.size() || !map.nodes[a].is_object() || !map.nodes[b].is_object())
+          continue;
+        const json& sa = map.nodes[a].value("source_nodes", json::array());
+        if (!sa.empty() && sa == map.nodes[b].value("source_nodes", json::array()))
+          named_by_view.emplace(std::make_pair(static_cast<size_t>(d.instruction), static_cast<uint32_t>(d.delegate_node)), &d);
+      }
     for (const Event& e : events) {
       const Item& it = items[e.item];
+      if (e.run == 0 && e.cat == "step" && !it.debug_handles.empty())
+        step_event.emplace(std::make_pair(it.instruction, it.debug_handles.back()), er[0].events.size());
       EtdumpEvent x;
       x.instruction_id = static_cast<int32_t>(it.instruction);
       x.start_ns = e.start_ns - std::min(e.start_ns, t0);
@@ -442,6 +460,9 @@ int run_profile(const ProfileOptions& o) {
         // then "<k>" per payload node it runs: the keys an ETRecord's delegate map names them by
         std::string keys;
         for (uint32_t h : it.debug_handles) keys += fmt::format("<{}>", h);
+        if (!it.debug_handles.empty())
+          if (auto v = named_by_view.find({it.instruction, it.debug_handles.back()}); v != named_by_view.end())
+            keys += fmt::format("<{}>", v->second->view_node);
         x.delegate_id_str = map.present ? fmt::format("{}: {} (#{}.{}) {}", it.module, it.label, it.instruction, it.step, keys)
                                         : fmt::format("{} (#{}.{}) {}", it.label, it.instruction, it.step, keys);
       } else if (e.cat == "delegate") {
@@ -455,9 +476,20 @@ int run_profile(const ProfileOptions& o) {
       std::vector<size_t> first(m.num_instructions(), er[0].events.size());
       for (size_t k = er[0].events.size(); k-- > 1;)
         if (er[0].events[k].instruction_id >= 0) first[static_cast<size_t>(er[0].events[k].instruction_id)] = k;
-      for (const rt::DebugOutput& d : debug_log->entries())
-        er[0].debug.push_back({first[d.instruction], {static_cast<int32_t>(d.instruction), d.dtype,
-                                                      std::vector<int64_t>(d.sizes, d.sizes + d.dim), d.offset}});
+      for (const rt::DebugOutput& d : debug_log->entries()) {
+        size_t at = first[d.instruction];
+        std::string id;  // a node inside a delegate (its step's output): the step's identifier, before its event
+        if (d.delegate_node >= 0) {
+          const auto f = step_event.find({d.instruction, static_cast<uint32_t>(d.delegate_node)});
+          if (f != step_event.end()) at = f->second;
+          id = f != step_event.end() ? er[0].events[at].delegate_id_str : fmt::format("<{}>", d.delegate_node);
+        }
+        const bool by_view =
+            d.delegate_node >= 0 && named_by_view.count({d.instruction, static_cast<uint32_t>(d.delegate_node)}) > 0;
+        std::vector<int64_t> sizes = by_view ? std::vector<int64_t>(d.view_sizes, d.view_sizes + d.view_dim)
+                                             : std::vector<int64_t>(d.sizes, d.sizes + d.dim);
+        er[0].debug.push_back({at, {static_cast<int32_t>(d.instruction), d.dtype, std::move(sizes), d.offset, std::move(id)}});
+      }
       std::stable_sort(er[0].debug.begin(), er[0].debug.end(),
                        [](const auto& a, const auto& b) { return a.first < b.first; });
       debug_file = std::make_unique<StagedFile>(debug_buffer_path);

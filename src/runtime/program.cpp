@@ -113,6 +113,8 @@ void Method::enable_profiling(bool on) {
 
 void Method::enable_debug_outputs(DebugOutputLog* log) {
   debug_log_ = log;
+  for (auto& d : delegates_)  // the backends that log their own nodes (each step's output)
+    if (d.backend && d.backend->enable_debug_outputs) d.backend->enable_debug_outputs(d.state, log);
   if (log && debug_outs_.size() != instructions_.size()) {  // a kernel call's outs: its operator's schema
     debug_outs_.assign(instructions_.size(), 0);
     for (size_t i = 0; i < instructions_.size(); ++i) {
@@ -282,6 +284,7 @@ Status Method::execute(ErrorMessage* error) {
         break;
       case Instruction::Kind::Delegate: {
         const DelegateHandle& d = delegates_[static_cast<size_t>(in.op_or_delegate)];
+        if (debug_log_) debug_log_->set_instruction(static_cast<uint32_t>(pc));  // what the delegate logs inside
         KILN_TRY(d.backend->execute(d.state, args, error));
         break;
       }

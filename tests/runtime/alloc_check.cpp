@@ -7,7 +7,11 @@
 //   kiln_alloc_check FILE.pte   -> {"allocations_during_execute": 0, "hook_counted": 1}
 //   kiln_alloc_check FILE.pte --profile   the same with profiling on (every instruction
 //                                          and delegate step timed, as kiln profile runs it)
+//   kiln_alloc_check FILE.pte --debug-outputs   the same with intermediate outputs logged (every
+//                                          instruction's, every delegate step's), adding to the
+//                                          line how many were logged inside delegates
 #include "kiln/backends/xnnpack/runtime.h"
+#include "kiln/runtime/debug_outputs.h"
 #include "kiln/runtime/program.h"
 
 #include <atomic>
@@ -57,12 +61,18 @@ int posix_memalign(void** out, size_t a, size_t n) {
 
 // Prints the result line: allocations counted while armed, and whether the hook counts at all
 // (a malloc made armed, after the measured call, must be seen).
+long g_delegate_nodes = -1;  // --debug-outputs: tensors the delegates logged in the measured call
+
 int report(long during) {
   g_armed = true;
   void* volatile probe = std::malloc(16);
   g_armed = false;
   std::free(probe);
-  std::printf("{\"allocations_during_execute\": %ld, \"hook_counted\": %ld}\n", during, g_count.load());
+  if (g_delegate_nodes >= 0)
+    std::printf("{\"allocations_during_execute\": %ld, \"hook_counted\": %ld, \"delegate_node_outputs\": %ld}\n", during,
+                g_count.load(), g_delegate_nodes);
+  else
+    std::printf("{\"allocations_during_execute\": %ld, \"hook_counted\": %ld}\n", during, g_count.load());
   return 0;
 }
 
@@ -71,8 +81,9 @@ int main(int argc, char** argv) {
   // 1-token decode step unarmed, then a decode step at the next position armed (a size seen before)
   const bool profile = argc == 3 && std::strcmp(argv[2], "--profile") == 0;
   const bool llm_steps = argc == 3 && std::strcmp(argv[2], "--llm-steps") == 0;
-  if (argc != 2 && !profile && !llm_steps) {
-    std::fprintf(stderr, "usage: kiln_alloc_check FILE.pte [--profile | --llm-steps]\n");
+  const bool debug_outputs = argc == 3 && std::strcmp(argv[2], "--debug-outputs") == 0;
+  if (argc != 2 && !profile && !llm_steps && !debug_outputs) {
+    std::fprintf(stderr, "usage: kiln_alloc_check FILE.pte [--profile | --llm-steps | --debug-outputs]\n");
     return 2;
   }
   // delegated programs: the XNNPACK backend with a thread pool, as `kiln bench --threads 2` runs them
@@ -88,7 +99,7 @@ int main(int argc, char** argv) {
   }
   kiln::rt::MethodOptions options;
   options.backend.threads = 2;
-  options.backend.profiling_detail = profile;
+  options.backend.profiling_detail = profile || debug_outputs;
   options.profiling = profile;
   auto method = program->load_method("forward", options, &err);
   if (!method.ok()) {
@@ -142,6 +153,8 @@ int main(int argc, char** argv) {
   // Programs may reuse input memory after its last read (ExecuTorch's do):
   // set the inputs again, unarmed, as a caller running it repeatedly would.
   for (size_t i = 0; i < method->num_inputs(); ++i) method->set_input(i, inputs[i].data(), inputs[i].size(), &err);
+  kiln::rt::DebugOutputLog log(64 << 20, 1 << 16);
+  if (debug_outputs) method->enable_debug_outputs(&log);
   g_armed = true;
   kiln::rt::Status s = method->execute(&err);
   g_armed = false;
@@ -149,6 +162,11 @@ int main(int argc, char** argv) {
   if (s != kiln::rt::Status::Ok) {
     std::fprintf(stderr, "execute: %s\n", err.c_str());
     return 1;
+  }
+  if (debug_outputs) {
+    g_delegate_nodes = 0;
+    for (const kiln::rt::DebugOutput& e : log.entries()) g_delegate_nodes += e.delegate_node >= 0;
+    method->enable_debug_outputs(nullptr);
   }
   return report(during);
 }

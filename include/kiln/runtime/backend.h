@@ -13,6 +13,7 @@
 
 namespace kiln::rt {
 
+class DebugOutputLog;
 class ErrorMessage;
 class PteFile;
 
@@ -89,6 +90,10 @@ struct Backend {
   // Optional: every step's profile (BackendStepProfile), up to out.size(); returns how many steps there are.
   // Reads what execute() recorded while profiling; allocates nothing.
   size_t (*step_profile)(const void* state, std::span<BackendStepProfile> out) = nullptr;
+  // Optional: while `log` is set (null: off, the default), execute() copies each of its steps' outputs
+  // into it (kiln/runtime/debug_outputs.h: the call's instruction is log->instruction(), the node its
+  // payload node's debug handle). Method::enable_debug_outputs calls it; execute() allocates nothing.
+  void (*enable_debug_outputs)(void* state, DebugOutputLog* log) = nullptr;
 };
 
 // The backend registered under `id`, or nullptr.

@@ -1,8 +1,10 @@
 // Intermediate outputs of a run, as ExecuTorch's runtime logs them into an
 // ETDump's debug buffer: after each instruction, its output tensors (a kernel
 // call's out arguments; a delegate call's arguments, inputs then outputs, as
-// ExecuTorch logs them). (Inside delegates nothing is logged yet: a delegate
-// call is one entry per argument, as in ExecuTorch's runtime.)
+// ExecuTorch logs them), and, inside a delegate whose backend logs its nodes
+// (rt::Backend::enable_debug_outputs: kiln's XNNPACK backend), each step's
+// output under the debug handle of the payload node that computes it
+// (delegate_node), during the call, before the call's own entries.
 //
 //   rt::DebugOutputLog log(64 << 20, 1 << 16);   // bytes and entries: fixed, allocated here
 //   method.enable_debug_outputs(&log);          // nullptr turns it off (the default)
@@ -25,12 +27,18 @@ namespace kiln::rt {
 
 struct DebugOutput {
   uint32_t instruction = 0;
-  int32_t delegate_node = -1;  // -1: an instruction's own tensor (a node inside a delegate: not logged yet)
+  int32_t delegate_node = -1;  // -1: an instruction's own tensor; else the delegate's node (XNode.debug_handle)
   ScalarType dtype = ScalarType::Float;
   int32_t dim = 0;
   int64_t sizes[kMaxDims] = {};
   uint64_t offset = 0;         // into data(), 64-byte aligned
   uint64_t nbytes = 0;
+  // A delegate's node whose output later nodes only view (reshapes sharing its bytes, which run no step):
+  // the last such view's node and sizes (-1: none), so a reader can name the tensor by the view instead.
+  static constexpr int kMaxViewDims = 8;  // (XNNPACK's values have at most 6)
+  int32_t view_node = -1;
+  int32_t view_dim = 0;
+  int64_t view_sizes[kMaxViewDims] = {};
 };
 
 class DebugOutputLog {
@@ -48,6 +56,13 @@ class DebugOutputLog {
   }
   // Copies `t` (row-major contiguous) into the log; false (and overflowed()) when it does not fit.
   bool log(uint32_t instruction, int32_t delegate_node, const Tensor& t);
+  // The same for row-major `data` of `sizes` (a delegate's own tensor).
+  bool log(uint32_t instruction, int32_t delegate_node, ScalarType dtype, std::span<const int64_t> sizes,
+           const void* data, int32_t view_node = -1, std::span<const int64_t> view_sizes = {});
+  // The instruction running now (Method::execute sets it before a delegate call): what a delegate
+  // logs inside the call belongs to it.
+  void set_instruction(uint32_t instruction) { instruction_ = instruction; }
+  uint32_t instruction() const { return instruction_; }
 
   std::span<const DebugOutput> entries() const { return {entries_.get(), count_}; }
   const std::byte* data() const { return data_.get(); }
@@ -60,6 +75,7 @@ class DebugOutputLog {
   std::unique_ptr<std::byte[]> data_;
   std::unique_ptr<DebugOutput[]> entries_;
   size_t capacity_ = 0, max_entries_ = 0, used_ = 0, count_ = 0;
+  uint32_t instruction_ = 0;
   bool overflowed_ = false;
 };
 

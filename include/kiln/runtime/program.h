@@ -111,8 +111,10 @@ class Method {
   size_t delegate_steps(size_t d, std::span<BackendStepProfile> out) const;
 
   // Intermediate outputs (kiln/runtime/debug_outputs.h): while `log` is set, every instruction's
-  // outputs are copied into it (a delegate call: all its arguments, as ExecuTorch's runtime logs them).
-  // The caller clears it between runs; nullptr turns logging off. Allocates here, not in execute().
+  // outputs are copied into it (a delegate call: all its arguments, as ExecuTorch's runtime logs them),
+  // and, in delegates whose backend logs its own nodes (Backend::enable_debug_outputs), each step's
+  // output during the call. The caller clears it between runs; nullptr turns logging off. Allocates
+  // here, not in execute().
   void enable_debug_outputs(DebugOutputLog* log);
 
   // Bytes of planned memory this method allocated.

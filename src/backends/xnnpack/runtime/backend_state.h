@@ -208,6 +208,13 @@ struct Step {
   uint64_t calls = 0, total_ns = 0;
   uint64_t last_start_ns = 0, last_end_ns = 0;
   std::vector<uint32_t> debug_handles;
+  // intermediate outputs (debug_outputs.cpp): the payload node whose output the step leaves last (-1:
+  // none), and the value a debug log copies after the step (kInvalidId: none), keyed by debug_node
+  int32_t last_node = -1;
+  uint32_t debug_value = kInvalidId;
+  uint32_t debug_node = 0;
+  uint32_t debug_view_value = kInvalidId;  // the last view of debug_value that follows the step (none: kInvalidId)
+  uint32_t debug_view_node = 0;
 };
 
 inline const float* Operand::data(const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) const {
@@ -232,6 +239,7 @@ struct State {
   size_t arena_bytes = 0;
   std::vector<const void*> bound_args;  // argument pointers the subgraphs were set up with
   bool profiling = false;
+  rt::DebugOutputLog* debug_log = nullptr;  // intermediate outputs (debug_outputs.cpp); null: off
   std::vector<std::unique_ptr<float, decltype(&std::free)>> owned;  // weights kiln laid out itself
   std::vector<std::shared_ptr<void>> weight_chunks;                  // (weight_memory) holds those it carved
   // the method's options (rt::BackendOptions), kept from init
@@ -292,6 +300,11 @@ rt::Status copy_to_weight_memory(State& owner, const rt::PteFile* file, std::spa
 rt::Status plan_payload(const rt::PteFile* file, std::span<const std::byte> payload, const rt::BackendOptions& options,
                         State& st, rt::ErrorMessage* error);
 rt::Status execute_state(State& st, std::span<EValue*> args, rt::ErrorMessage* error);
+
+// Intermediate outputs (debug_outputs.cpp): turns logging on (log) or off (null) for `st` and its plans;
+// log_step_output copies a step's output (Step::debug_value) into st.debug_log.
+void enable_debug_outputs(State& st, rt::DebugOutputLog* log);
+void log_step_output(const State& st, const Step& step, std::span<EValue*> args);
 
 // ---------------------------------------------------------------- kiln's steps (steps.cpp)
 

@@ -88,8 +88,14 @@ class Builder {
   // The debug handles of nodes [begin, end) a step runs (not views, not chain members).
   void add_handles(Step& step, size_t begin, size_t end) const {
     for (size_t i = begin; i < end; ++i)
-      if (!skip_[i] && chain_of_[i] < 0) step.debug_handles.push_back(xnode(i)->debug_handle());
+      if (!skip_[i] && chain_of_[i] < 0) {
+        step.debug_handles.push_back(xnode(i)->debug_handle());
+        step.last_node = static_cast<int32_t>(i);
+      }
   }
+  // Each step's debug output (Step::debug_value): its last node's output, where it stays in memory
+  // (debug_outputs.cpp).
+  void plan_debug_outputs(State& st) const;
   template <class ConstantAt>
   Status quant_params(const fbx::XNNQuantizedTensorValue& qv, uint32_t id, Value& val, const ConstantAt& constant_at);
   Status quantized_rows(State& st);

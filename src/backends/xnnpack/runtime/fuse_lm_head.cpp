@@ -24,6 +24,7 @@ Status Builder::fuse_lm_head(State& st) {
     fused.label = "kiln LM head (x · Wᵀ, tiled)";
     fused.in = {mm.in[0], t1.out};  // W [N, K], xt [K, M]
     fused.out = t2.out;
+    fused.last_node = t2.last_node;
     for (const Step* part : {&t1, &mm, &t2})
       fused.debug_handles.insert(fused.debug_handles.end(), part->debug_handles.begin(), part->debug_handles.end());
     fused.m = mm.n;   // sequence rows

@@ -176,6 +176,7 @@ Status Builder::make_steps(State& st) {
         for (size_t j = c.begin; j <= c.last; ++j)
           if (chain_of_[j] == chain_of_[i])
             c.step.debug_handles.push_back(graph_->xnodes()->Get(static_cast<flatbuffers::uoffset_t>(j))->debug_handle());
+        c.step.last_node = static_cast<int32_t>(c.last);
         st.steps.push_back(std::move(c.step));
       }
       continue;
@@ -199,6 +200,7 @@ Status Builder::make_steps(State& st) {
   KILN_TRY(fuse_lm_head(st));
   fuse_transposed_bmm(st);
   find_live_attention(st);
+  plan_debug_outputs(st);
   return Status::Ok;
 }
 

@@ -101,7 +101,12 @@ size_t step_profile(const void* opaque, std::span<rt::BackendStepProfile> out) {
   return st.steps.size();
 }
 
-const rt::Backend kBackend{"XnnpackBackend", init, execute, destroy, enable_profiling, profile, step_profile};
+void enable_debug_outputs(void* opaque, rt::DebugOutputLog* log) {
+  detail::enable_debug_outputs(*static_cast<State*>(opaque), log);
+}
+
+const rt::Backend kBackend{"XnnpackBackend", init, execute, destroy, enable_profiling, profile, step_profile,
+                           enable_debug_outputs};
 
 }  // namespace
 
