@@ -77,6 +77,34 @@ def test_lower_write_is_kiln_lower_out(tiny_gpt2, tmp_path):
         ["mine.pte", "mine.json", "mine.debug.json", "theirs.pte", "theirs.json", "theirs.debug.json"])
 
 
+def test_lower_exported_program_metadata_is_the_clis(tiny_gpt2, tmp_path):
+    """kiln.lower(ExportedProgram).write(path): the metadata and debug map `kiln lower --spec` writes for the
+    saved .pt2, key for key, but "exported_program": the CLI names the .pt2 it read, kiln.lower names what it
+    was handed (the in-memory program), never the private temporary file it serialized the program to."""
+    import torch
+
+    spec = spec_of(tiny_gpt2)
+    ep = torch.export.load(str(tiny_gpt2.parent / spec["exported_program"]))
+    lowered = kiln.lower(ep, backend="xnnpack", name=spec["name"], model_id=spec["model_id"],
+                         seq_len=spec["seq_len"])
+    mine, theirs = tmp_path / "mine.pte", tmp_path / "theirs.pte"
+    meta = lowered.write(mine)
+    run_kiln("lower", "--spec", tiny_gpt2, "--backend", "xnnpack", "--out", theirs, "-q")
+    cli_meta = json.loads(theirs.with_suffix(".json").read_text())
+    assert mine.read_bytes() == theirs.read_bytes()
+    assert Path(cli_meta["exported_program"]).resolve() == (tiny_gpt2.parent / spec["exported_program"]).resolve()
+    label = "<torch.export.ExportedProgram in memory>"
+    assert meta["exported_program"] == lowered.metadata["exported_program"] == label
+    skip = ("pte", "lowering_seconds", "exported_program")
+    assert _without(meta, *skip) == _without(cli_meta, *skip)
+    mine_map = json.loads(mine.with_suffix(".debug.json").read_text())
+    cli_map = json.loads(theirs.with_suffix(".debug.json").read_text())
+    assert mine_map["exported_program"] == label and cli_map["exported_program"] == cli_meta["exported_program"]
+    assert _without(mine_map, "pte", "exported_program") == _without(cli_map, "pte", "exported_program")
+    for text in (mine.with_suffix(".json").read_text(), mine.with_suffix(".debug.json").read_text()):
+        assert "kiln-lower-" not in text  # kiln.lower's private directory appears nowhere
+
+
 def _cli_error(*args) -> str:
     proc = run_kiln(*args, check=False)
     assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: "), proc.stderr
