@@ -17,6 +17,10 @@ from ._kiln import Error
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+# What the metadata JSON and the debug map name as "exported_program" for a program kiln.lower was handed as a
+# torch.export.ExportedProgram object (for a .pt2 or a spec: the .pt2's path, as `kiln lower` writes it).
+EXPORTED_PROGRAM_SOURCE = "<torch.export.ExportedProgram in memory>"
+
 
 @contextlib.contextmanager
 def _one_line() -> Iterator[None]:
@@ -87,7 +91,15 @@ def lower(program: Any, backend: str = "portable", quantize: Optional[str] = Non
           constant_methods: Optional[dict] = None, verify: bool = True, debug_map: bool = True) -> LoweredProgram:
     """Lowers an exported PyTorch program to an ExecuTorch program (.pte) with kiln.
 
-    The lowering is `kiln lower`'s (the same C++ code: the same .pte bytes for the same program and options).
+    The lowering is `kiln lower`'s (the same C++ code: the same .pte bytes for the same program and options),
+    in place of ExecuTorch's to_edge_transform_and_lower(...).to_executorch():
+
+        ep = torch.export.export(model, example_inputs)
+        lowered = kiln.lower(ep, backend="xnnpack")            # or quantize="8da4w"
+        lowered.write("model.pte")                              # + model.json, model.debug.json
+        print(lowered.delegation["fallback_ops"])               # what did not go to XNNPACK, and why:
+        print(lowered.delegation["fallback_reasons"])
+        outputs = kiln.load(lowered).forward(*example_inputs)   # or ExecuTorch's runtime on model.pte
 
     Args:
         program: a torch.export.ExportedProgram (serialized in memory with torch.export.save; no file of
@@ -110,7 +122,10 @@ def lower(program: Any, backend: str = "portable", quantize: Optional[str] = Non
         debug_map: write the debug map (X.debug.json) beside the .pte.
 
     Returns:
-        A LoweredProgram: .pte (bytes), .write(path), .delegation, .metadata.
+        A LoweredProgram: .pte (bytes), .write(path) (the .pte, its metadata JSON and debug map, written
+        as one set), .delegation (None for portable), .metadata, .warnings. The metadata's
+        "exported_program" is the .pt2's path (a spec's: the one it names), or, for an ExportedProgram,
+        "<torch.export.ExportedProgram in memory>".
 
     Raises:
         kiln.Error: with the one-line message `kiln lower` prints after "kiln: error:".
@@ -119,7 +134,7 @@ def lower(program: Any, backend: str = "portable", quantize: Optional[str] = Non
         raise Error(f"backend '{backend}': kiln lowers portable or xnnpack")
     workdir = tempfile.mkdtemp(prefix="kiln-lower-")
     try:
-        spec_path = pt2_path = ""
+        spec_path = pt2_path = source = ""
         if _is_exported_program(program):
             import torch  # the caller's: the program is a torch object
 
@@ -131,6 +146,9 @@ def lower(program: Any, backend: str = "portable", quantize: Optional[str] = Non
             with open(pt2_path, "wb") as f:
                 f.write(buf.getbuffer())
             del buf
+            # the metadata's "exported_program" (a path for a .pt2 or a spec): what the program is, not the
+            # private file it was serialized to for the lowering
+            source = EXPORTED_PROGRAM_SOURCE
         elif isinstance(program, (str, os.PathLike)):
             path = os.fspath(program)
             if path.endswith(".json"):
@@ -144,7 +162,7 @@ def lower(program: Any, backend: str = "portable", quantize: Optional[str] = Non
         with _one_line():
             result = _kiln.lower(spec_path, pt2_path, name or "", model_id, int(seq_len), out, backend, per_op,
                                  quantize or "", quantize_scales or "", quantize_embedding or "", quantize_skip or "",
-                                 verify, debug_map, dict(constant_methods or {}))
+                                 verify, debug_map, dict(constant_methods or {}), source)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

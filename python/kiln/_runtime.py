@@ -121,8 +121,9 @@ def load(program: Any, threads: int = 1, engine: str = "kiln") -> Module:
 
 
 class Tokenizer:
-    """kiln's tokenizer: a Hugging Face tokenizer.json (byte-level BPE, SentencePiece-style BPE) or a
-    SentencePiece tokenizer.model."""
+    """kiln's tokenizer, read from `path`: a Hugging Face tokenizer.json (byte-level BPE, SentencePiece-style
+    BPE) or a SentencePiece tokenizer.model. encode(text) -> ids, decode(ids) -> text, vocab_size, bos_id,
+    eos_id. Raises kiln.Error when the file does not load."""
 
     def __init__(self, path: PathLike):
         with _one_line():
@@ -158,10 +159,21 @@ def generate(program: PathLike, prompt: str, tokenizer: Union[PathLike, Tokenize
     as it streams, one piece per token (a piece can be empty while a character's bytes are incomplete).
 
     Args:
-        program: the .pte path. prompt: the text, tokenized as is (apply a chat template first if needed).
-        tokenizer: a kiln.Tokenizer or its file. temperature: 0 is greedy; otherwise softmax sampling
-            with numpy's generator seeded by `seed`. Stops at an end-of-sequence token, max_new_tokens,
-            or the program's max_seq_len.
+        program: the .pte path.
+        prompt: the text, tokenized as is (apply a chat template first if needed); a SentencePiece
+            tokenizer's BOS token is put in front, as `kiln generate` does.
+        tokenizer: a kiln.Tokenizer or its file (tokenizer.json, tokenizer.model).
+        max_new_tokens: at most this many tokens; generation also stops at an end-of-sequence token (the
+            program's get_eos_ids, else the tokenizer's) or at the program's max_seq_len.
+        temperature: 0 is greedy; otherwise softmax sampling at that temperature, with numpy's generator
+            seeded by `seed`.
+        threads: threads of the XNNPACK delegates. engine: "kiln" or "xnnpack", as kiln.load's.
+
+    Yields:
+        The new text, piece by piece (str).
+
+    Raises:
+        kiln.Error: the program does not load or is not an LLM program, a call fails.
     """
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     with _one_line():

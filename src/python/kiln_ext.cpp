@@ -11,6 +11,8 @@
 #include "kiln/pt2/model_spec.h"
 #include "kiln/runtime/program.h"
 
+#include <nlohmann/json.hpp>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,11 +59,38 @@ kiln::pt2::ModelSpec spec_for_pt2(const std::string& pt2, const std::string& nam
   return spec;
 }
 
+// kiln.lower of a torch.export.ExportedProgram: kiln read it from a private temporary .pt2 that is gone once
+// lowered, so the metadata and the debug map name it by `source` (what the caller's program is) instead of
+// that file's path. Both are kiln.lower's private files (the debug map is re-read by write_lowered, which
+// builds the metadata from r.spec): rewritten in place, in the formats kiln::lower writes them.
+void relabel_exported_program(kiln::LowerResult& r, const std::string& source) {
+  using json = nlohmann::json;
+  r.spec.exported_program = source;
+  json meta = json::parse(r.metadata_json);
+  meta["exported_program"] = source;
+  r.metadata_json = meta.dump(2) + "\n";
+  auto rewrite = [](const std::string& path, const std::string& text) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.close();
+    kiln::check(f.good(), "{}: cannot write", path);
+  };
+  rewrite(r.metadata_path, r.metadata_json);
+  if (!r.debug_map_path.empty()) {
+    std::ifstream in(r.debug_map_path);
+    kiln::check(in.good(), "{}: cannot read the debug map", r.debug_map_path);
+    json map = json::parse(in);
+    in.close();
+    map["exported_program"] = source;
+    rewrite(r.debug_map_path, map.dump(1) + "\n");
+  }
+}
+
 Lowered lower(const std::string& spec_path, const std::string& pt2_path, const std::string& name,
               const std::string& model_id, int64_t seq_len, const std::string& out, const std::string& backend,
               bool per_op, const std::string& quantize, const std::string& quantize_scales,
               const std::string& quantize_embedding, const std::string& quantize_skip, bool verify, bool debug_map,
-              const nb::dict& constant_methods) {
+              const nb::dict& constant_methods, const std::string& source) {
   kiln::check(backend == "portable" || backend == "xnnpack", "backend '{}': kiln lowers portable or xnnpack",
               backend);
   kiln::check(!per_op || backend == "xnnpack", "per_op applies to backend 'xnnpack' only");
@@ -95,7 +125,9 @@ Lowered lower(const std::string& spec_path, const std::string& pt2_path, const s
     spec.constant_methods.push_back(std::move(cm));
   }
   nb::gil_scoped_release unlocked;  // lowering a large model takes seconds: other Python threads run meanwhile
-  return Lowered{kiln::lower(spec, o)};
+  Lowered l{kiln::lower(spec, o)};
+  if (!source.empty()) relabel_exported_program(l.result, source);
+  return l;
 }
 
 // ---- running ----
@@ -313,7 +345,7 @@ NB_MODULE(_kiln, mod) {
   mod.def("lower", &lower, nb::arg("spec_path"), nb::arg("pt2_path"), nb::arg("name"), nb::arg("model_id"),
           nb::arg("seq_len"), nb::arg("out"), nb::arg("backend"), nb::arg("per_op"), nb::arg("quantize"),
           nb::arg("quantize_scales"), nb::arg("quantize_embedding"), nb::arg("quantize_skip"), nb::arg("verify"),
-          nb::arg("debug_map"), nb::arg("constant_methods"));
+          nb::arg("debug_map"), nb::arg("constant_methods"), nb::arg("source"));
 
   nb::class_<Loaded>(mod, "_Program")
       .def("method_names",

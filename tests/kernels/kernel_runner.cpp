@@ -21,6 +21,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 using json = nlohmann::json;
@@ -187,9 +188,49 @@ EValue make_arg(Arena& a, const json& j) {
   throw std::runtime_error("unknown argument kind " + k);
 }
 
+// One request -> its response. Throws std::exception on a malformed request (an argument it cannot build).
+json handle(const json& in) {
+  Arena arena;
+  std::vector<EValue> values;
+  for (const auto& a : in.at("args")) values.push_back(make_arg(arena, a));
+  std::string op = in.at("op"), overload = in.at("overload");
+  KernelFn fn = find_kernel(op, overload);
+  if (fn == nullptr) return {{"ok", false}, {"status", "not found"}, {"message", "no kernel " + op + "." + overload}};
+  std::vector<EValue*> ptrs;
+  for (auto& v : values) ptrs.push_back(&v);
+  KernelContext ctx;
+  fn(ctx, ptrs);
+  if (!ctx.ok()) return {{"ok", false}, {"status", status_name(ctx.status())}, {"message", ctx.message()}};
+  json out = {{"ok", true}, {"outs", json::array()}};
+  for (int i : in.value("outs", std::vector<int>{})) {
+    const EValue& v = values.at(static_cast<size_t>(i));
+    if (v.tag == EValue::Tag::Tensor) out["outs"].push_back(tensor_json(v.tensor()));
+    else if (v.tag == EValue::Tag::TensorList)
+      for (Tensor* t : v.tensors) out["outs"].push_back(tensor_json(*t));
+  }
+  return out;
+}
+
 }  // namespace
 
-int main() {
+// kernel_runner: one request on stdin, its response on stdout (exit 2 on a malformed request).
+// kernel_runner --serve: one request per line, one response per line (flushed), until stdin ends; a malformed
+// request answers {"bad_request": "..."}. The Python harness keeps one such process for a whole test session
+// instead of starting a process per kernel call (5,700 calls in the kernel tables).
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--serve") {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      json out;
+      try {
+        out = handle(json::parse(line));
+      } catch (const std::exception& e) {
+        out = {{"bad_request", e.what()}};
+      }
+      std::cout << out.dump() << std::endl;
+    }
+    return 0;
+  }
   json in;
   try {
     in = json::parse(std::cin);
@@ -197,35 +238,12 @@ int main() {
     std::cerr << "kernel_runner: bad JSON: " << e.what() << "\n";
     return 2;
   }
-  Arena arena;
-  std::vector<EValue> values;
+  json out;
   try {
-    for (const auto& a : in.at("args")) values.push_back(make_arg(arena, a));
+    out = handle(in);
   } catch (const std::exception& e) {
     std::cerr << "kernel_runner: bad argument: " << e.what() << "\n";
     return 2;
-  }
-  std::string op = in.at("op"), overload = in.at("overload");
-  KernelFn fn = find_kernel(op, overload);
-  json out;
-  if (fn == nullptr) {
-    out = {{"ok", false}, {"status", "not found"}, {"message", "no kernel " + op + "." + overload}};
-  } else {
-    std::vector<EValue*> ptrs;
-    for (auto& v : values) ptrs.push_back(&v);
-    KernelContext ctx;
-    fn(ctx, ptrs);
-    if (!ctx.ok()) {
-      out = {{"ok", false}, {"status", status_name(ctx.status())}, {"message", ctx.message()}};
-    } else {
-      out = {{"ok", true}, {"outs", json::array()}};
-      for (int i : in.value("outs", std::vector<int>{})) {
-        const EValue& v = values.at(static_cast<size_t>(i));
-        if (v.tag == EValue::Tag::Tensor) out["outs"].push_back(tensor_json(v.tensor()));
-        else if (v.tag == EValue::Tag::TensorList)
-          for (Tensor* t : v.tensors) out["outs"].push_back(tensor_json(*t));
-      }
-    }
   }
   std::cout << out.dump() << "\n";
   return 0;

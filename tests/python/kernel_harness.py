@@ -1,10 +1,11 @@
-"""Runs one kiln kernel through the test-only kernel_runner binary.
+"""Runs one kiln kernel through the test-only kernel_runner binary (one process, kept: `--serve`).
 
 Tests build the arguments from torch tensors, call run_kernel, and compare the
 out tensors with what torch computed for the same inputs.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -70,17 +71,53 @@ def _to_torch(o: dict) -> torch.Tensor:
     return torch.tensor(vals, dtype=dt).reshape(o["shape"])
 
 
+_server: subprocess.Popen | None = None
+
+
+def _stop_server() -> None:
+    global _server
+    if _server is not None:
+        try:
+            _server.stdin.close()  # the runner ends at the end of its input
+        except OSError:
+            pass
+        _server.wait()
+        _server = None
+
+
+atexit.register(_stop_server)
+
+
+def _request(req: str) -> dict:
+    """One request to the runner this process keeps (`kernel_runner --serve`: a request per line, a response
+    per line), started on first use and again after a crash: a process per kernel call cost the kernel tables
+    (5,700 calls) most of their time."""
+    global _server
+    if _server is None:
+        _server = subprocess.Popen([str(RUNNER), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   text=True, bufsize=1)
+    try:
+        _server.stdin.write(req + "\n")
+        _server.stdin.flush()
+        line = _server.stdout.readline()
+    except BrokenPipeError:
+        line = ""
+    if not line:  # the runner died on this call (a crash in the kernel): the next call starts a new one
+        proc, _server = _server, None
+        raise RuntimeError(f"kernel_runner crashed ({proc.wait()}) on {req[:200]}")
+    res = json.loads(line)
+    if "bad_request" in res:
+        raise RuntimeError(f"kernel_runner rejected input: {res['bad_request']}")
+    return res
+
+
 def run_kernel(op: str, overload: str, args: list, outs: list[int]) -> list[torch.Tensor]:
     """Runs kernel `op`.`overload` on `args`; returns the tensors at indices `outs`.
 
     Raises KernelError when the kernel reports a failure (status and message)."""
     if not RUNNER.is_file():
         raise RuntimeError(f"kernel runner not built at {RUNNER}")
-    req = json.dumps({"op": op, "overload": overload, "args": args, "outs": outs})
-    proc = subprocess.run([str(RUNNER)], input=req, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"kernel_runner crashed or rejected input ({proc.returncode}): {proc.stderr}")
-    res = json.loads(proc.stdout)
+    res = _request(json.dumps({"op": op, "overload": overload, "args": args, "outs": outs}))
     if not res["ok"]:
         raise KernelError(res["status"], res["message"])
     return [_to_torch(o) for o in res["outs"]]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import assert_close, et_execute, kiln_lower, run_kiln
+from inproc import run_pte, run_pte_cli
 
 _ET: dict = {}
 
@@ -75,14 +76,8 @@ def io_of(spec_path: Path):
 
 
 def kiln_run(pte: Path, inputs, tmp: Path, n_out: int, *extra: str) -> list[np.ndarray]:
-    args = ["run", pte, *extra]
-    for i, x in enumerate(inputs):
-        np.save(tmp / f"in{i}.npy", x)
-        args += ["--input", tmp / f"in{i}.npy"]
-    for i in range(n_out):
-        args += ["--output", tmp / f"out{i}.npy"]
-    run_kiln(*args)
-    return [np.load(tmp / f"out{i}.npy") for i in range(n_out)]
+    """What `kiln run PTE EXTRA` gives: kiln's runtime in this process (tests/python/inproc.py)."""
+    return run_pte(pte, inputs, tmp, *extra, n_out=n_out)
 
 
 def delegate_calls(pte: Path) -> int:
@@ -234,9 +229,12 @@ def test_kiln_runs_executorch_lowering(specs, name, backend, tmp_path):
     model_spec = specs(name)
     ins, refs = io_of(model_spec)
     pte = et_lower(model_spec, backend)
-    for engine in (["kiln", "xnnpack"] if backend == "xnnpack" else ["kiln"]):
-        compare(kiln_run(pte, ins, tmp_path, len(refs), "--engine", engine), refs,
-                f"ExecuTorch's {backend} .pte in kiln's runtime (--engine {engine})")
+    # kiln's engine through `kiln run` itself (the CLI's test in this file), XNNPACK's through the binding
+    compare(run_pte_cli(pte, ins, tmp_path, "--engine", "kiln", n_out=len(refs)), refs,
+            f"ExecuTorch's {backend} .pte in kiln's runtime (kiln run --engine kiln)")
+    if backend == "xnnpack":
+        compare(kiln_run(pte, ins, tmp_path, len(refs), "--engine", "xnnpack"), refs,
+                f"ExecuTorch's {backend} .pte in kiln's runtime (--engine xnnpack)")
 
 
 # ---------------------------------------------------------------------------

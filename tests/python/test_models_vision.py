@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import assert_close, et_execute, kiln_lower, reference_io, run_kiln
+from inproc import run_pte, run_pte_cli
 
 
 def export_spec(module: nn.Module, x: torch.Tensor, out: Path, name: str, decompose: bool = False) -> Path:
@@ -68,15 +69,8 @@ def et_lower(spec: Path, backend: str) -> Path:
 
 
 def kiln_run(pte: Path, inputs, tmp: Path, *extra: str) -> list[np.ndarray]:
-    args = ["run", pte, *extra]
-    for i, x in enumerate(inputs):
-        np.save(tmp / f"in{i}.npy", x)
-        args += ["--input", tmp / f"in{i}.npy"]
-    n_out = len(json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]["outputs"])
-    for i in range(n_out):
-        args += ["--output", tmp / f"out{i}.npy"]
-    run_kiln(*args)
-    return [np.load(tmp / f"out{i}.npy") for i in range(n_out)]
+    """What `kiln run PTE EXTRA` gives: kiln's runtime in this process (tests/python/inproc.py)."""
+    return run_pte(pte, inputs, tmp, *extra)
 
 
 def train_batch_norms(module: nn.Module, shape, steps: int = 3) -> None:
@@ -258,8 +252,9 @@ def test_family_matches_eager(family, backend, tmp_path):
     assert_close(kiln_run(et_pte, ins, tmp_path)[0], refs[0], f"ExecuTorch's {backend} .pte of {name} in kiln's runtime")
     if backend == "xnnpack":  # the backend's other engine: XNNPACK for every node it has
         for which, p in (("kiln's", pte), ("ExecuTorch's", et_pte)):
-            assert_close(kiln_run(p, ins, tmp_path, "--engine", "xnnpack", "--threads", "2")[0], refs[0],
-                         f"{which} xnnpack .pte of {name} in kiln's runtime, --engine xnnpack")
+            # `kiln run` itself (the CLI's test in this file)
+            assert_close(run_pte_cli(p, ins, tmp_path, "--engine", "xnnpack", "--threads", "2")[0], refs[0],
+                         f"{which} xnnpack .pte of {name} in kiln's runtime, kiln run --engine xnnpack")
         # kiln delegates the vision nodes ExecuTorch's partitioner delegates. Two differ by design:
         # global average pooling is a mean over H, W (kiln's payload computes it as a fully-connected
         # row sum), and ExecuTorch runs a batch norm no convolution absorbs as a 1x1 depthwise

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -75,6 +76,34 @@ def test_lower_write_is_kiln_lower_out(tiny_gpt2, tmp_path):
     assert mine_map["pte"] == "mine.pte" and _without(mine_map, "pte") == _without(cli_map, "pte")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["mine.pte", "mine.json", "mine.debug.json", "theirs.pte", "theirs.json", "theirs.debug.json"])
+
+
+def test_lower_exported_program_metadata_is_the_clis(tiny_gpt2, tmp_path):
+    """kiln.lower(ExportedProgram).write(path): the metadata and debug map `kiln lower --spec` writes for the
+    saved .pt2, key for key, but "exported_program": the CLI names the .pt2 it read, kiln.lower names what it
+    was handed (the in-memory program), never the private temporary file it serialized the program to."""
+    import torch
+
+    spec = spec_of(tiny_gpt2)
+    ep = torch.export.load(str(tiny_gpt2.parent / spec["exported_program"]))
+    lowered = kiln.lower(ep, backend="xnnpack", name=spec["name"], model_id=spec["model_id"],
+                         seq_len=spec["seq_len"])
+    mine, theirs = tmp_path / "mine.pte", tmp_path / "theirs.pte"
+    meta = lowered.write(mine)
+    run_kiln("lower", "--spec", tiny_gpt2, "--backend", "xnnpack", "--out", theirs, "-q")
+    cli_meta = json.loads(theirs.with_suffix(".json").read_text())
+    assert mine.read_bytes() == theirs.read_bytes()
+    assert Path(cli_meta["exported_program"]).resolve() == (tiny_gpt2.parent / spec["exported_program"]).resolve()
+    label = "<torch.export.ExportedProgram in memory>"
+    assert meta["exported_program"] == lowered.metadata["exported_program"] == label
+    skip = ("pte", "lowering_seconds", "exported_program")
+    assert _without(meta, *skip) == _without(cli_meta, *skip)
+    mine_map = json.loads(mine.with_suffix(".debug.json").read_text())
+    cli_map = json.loads(theirs.with_suffix(".debug.json").read_text())
+    assert mine_map["exported_program"] == label and cli_map["exported_program"] == cli_meta["exported_program"]
+    assert _without(mine_map, "pte", "exported_program") == _without(cli_map, "pte", "exported_program")
+    for text in (mine.with_suffix(".json").read_text(), mine.with_suffix(".debug.json").read_text()):
+        assert "kiln-lower-" not in text  # kiln.lower's private directory appears nowhere
 
 
 def _cli_error(*args) -> str:
@@ -197,6 +226,65 @@ def test_tokenizer_is_tokenizers(tmp_path):
         assert mine.decode(ids) == tok.decode(ids)
     with pytest.raises(kiln.Error):
         kiln.Tokenizer(tmp_path / "missing.json")
+
+
+# ---- documentation: help() and the type stub ----
+
+def _api(source: str) -> dict:
+    """A stub's shape: {function: (kind, parameter names)}, {class: {member: (kind, parameter names)}}."""
+    import ast
+
+    def shape(f):
+        a = f.args
+        kind = "property" if any(getattr(d, "id", "") == "property" for d in f.decorator_list) else "def"
+        return kind, [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+
+    out: dict = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = shape(node)
+        elif isinstance(node, ast.ClassDef):
+            out[node.name] = {m.name: shape(m) for m in node.body if isinstance(m, ast.FunctionDef)}
+    return out
+
+
+def test_type_stub_is_the_extension_module():
+    """python/kiln/_kiln.pyi (shipped in the wheel) describes kiln._kiln as it is: nanobind's own stub generator
+    on the built module gives the same functions, classes, members, properties and parameter counts, and the
+    same parameter names where the binding names them."""
+    from nanobind.stubgen import StubGen
+
+    sg = StubGen(kiln._kiln, include_private=True, include_docstrings=False, quiet=True)
+    sg.put(kiln._kiln)
+    real = _api(sg.get())
+    mine = _api((Path(kiln.__file__).parent / "_kiln.pyi").read_text())
+    assert set(real) == set(mine)
+
+    def same(a, b, where):
+        assert a[0] == b[0] and len(a[1]) == len(b[1]), (where, a, b)
+        for x, y in zip(a[1], b[1]):
+            assert x == y or x.startswith("arg"), (where, a, b)  # arg, arg0...: a parameter nanobind leaves unnamed
+
+    for name, want in real.items():
+        if isinstance(want, dict):
+            assert set(want) == set(mine[name]), name
+            for member, m in want.items():
+                same(m, mine[name][member], f"{name}.{member}")
+        else:
+            same(want, mine[name], name)
+
+
+def test_help_documents_every_parameter():
+    """help(kiln.lower) (and load, generate, Tokenizer) names every parameter it takes, and what it returns."""
+    import inspect
+
+    for fn in (kiln.lower, kiln.load, kiln.generate, kiln.Tokenizer, kiln.LoweredProgram.write):
+        doc = inspect.getdoc(fn) or ""
+        for p in inspect.signature(fn).parameters:
+            if p != "self":
+                assert re.search(rf"\b{p}\b", doc), f"{fn.__qualname__}: parameter {p} undocumented"
+    for fn in (kiln.lower, kiln.load):
+        assert "Returns:" in inspect.getdoc(fn) and "Raises:" in inspect.getdoc(fn)
 
 
 # ---- pip install . of a fresh clone into a new venv, then the examples ----

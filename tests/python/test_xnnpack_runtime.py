@@ -20,21 +20,15 @@ from executorch.exir._serialize._program import deserialize_pte_binary, serializ
 from executorch.exir.schema import DataLocation
 
 from conftest import assert_close, et_lower, export_model, kiln_lower, reference_io, run_kiln, spec_of
+from inproc import run_pte, run_pte_cli
 
 ALLOC_CHECK = Path(__file__).resolve().parents[2] / "build" / "kiln_alloc_check"
 
 
 def kiln_run(pte: Path, inputs, tmp: Path, *extra: str, **kw) -> list[np.ndarray]:
-    """`kiln run` on .npy inputs; returns the outputs (kw: subprocess options, e.g. env)."""
-    args = ["run", pte, *extra]
-    for i, x in enumerate(inputs):
-        np.save(tmp / f"in{i}.npy", x)
-        args += ["--input", tmp / f"in{i}.npy"]
-    n_out = len(json.loads(run_kiln("inspect", pte, "--json").stdout)["plans"][0]["outputs"])
-    for i in range(n_out):
-        args += ["--output", tmp / f"out{i}.npy"]
-    run_kiln(*args, **kw)
-    return [np.load(tmp / f"out{i}.npy") for i in range(n_out)]
+    """What `kiln run PTE EXTRA` gives for the inputs: kiln's runtime in this process (the Python binding,
+    tests/python/inproc.py) where it can, `kiln run` on .npy files otherwise (kw: subprocess options, e.g. env)."""
+    return run_pte(pte, inputs, tmp, *extra, **kw)
 
 
 @pytest.mark.parametrize("engine", ["kiln", "xnnpack"])
@@ -79,11 +73,12 @@ def test_few_tokens_match_eager(tiny_gpt2_few_tokens, producer, engine, tmp_path
 
 
 def test_per_op_program_matches_eager(tiny_gpt2, tmp_path):
-    """One delegate per node: many small payloads, values crossing delegate boundaries."""
+    """One delegate per node: many small payloads, values crossing delegate boundaries (through `kiln run`
+    itself, the CLI's own test in this file)."""
     pte = tmp_path / "gpt2_xnnpack_per_op.pte"
     run_kiln("lower", "--spec", tiny_gpt2, "--backend", "xnnpack", "--per-op", "--out", pte, "-q")
     ins, refs = reference_io(tiny_gpt2)
-    assert_close(kiln_run(pte, ins, tmp_path)[0], refs[0], "per-op tiny GPT-2 in kiln's runtime")
+    assert_close(run_pte_cli(pte, ins, tmp_path)[0], refs[0], "per-op tiny GPT-2 in kiln's runtime (kiln run)")
 
 
 @pytest.mark.parametrize("engine", ["kiln", "xnnpack"])
