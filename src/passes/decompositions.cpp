@@ -492,6 +492,20 @@ void glu(L& l, const Node& n) {  // a * sigmoid(b), a and b the halves along dim
   l.bind(n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(parts[0])), NA("other", tensor_arg(g))}, m));
 }
 
+// triu(x, d) = tril(x^T, -d)^T over the last two dims: ExecuTorch's portable library has a tril kernel and no
+// triu one, so kiln emits tril only (every value kept as it is, infinities and NaNs included).
+void triu(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+  if (dims.size() < 2) l.unsupported(n, "triu needs a tensor of at least 2 dims");
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[dims.size() - 1], dims[dims.size() - 2]);
+  ValueId t = l.permute(x, dims, "transposed");
+  ValueId r = l.emit("aten.tril.default", {NA("self", tensor_arg(t)), NA("diagonal", int_arg(-l.int_in(n, "diagonal", 0)))},
+                     contiguous(l.meta_of(t)), "tril");
+  l.bind(n, l.permute(r, dims));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -531,6 +545,7 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.deg2rad.default", deg2rad},
     {"aten.frac.default", frac},
     {"aten.glu.default", glu},
+    {"aten.triu.default", triu},
     {"aten.l1_loss.default", l1_loss},
     {"aten.mse_loss.default", mse_loss},
     {"aten.smooth_l1_loss.default", smooth_l1_loss},

@@ -84,13 +84,17 @@ def test_samples_lower_cleanly_and_run_correctly_in_both_runtimes(op, kiln_bin, 
 # operator / in-place variant / module; every one must lower on both backends and run correctly in both runtimes.
 # nn.BatchNorm1d: the [N, C] batch norm whose output shape kiln once read from a moved value (a 0-d result).
 DECOMPOSED = ["baddbmm", "addbmm", "addmv", "addr", "addcmul", "addcdiv", "histc", "stack", "hstack", "vstack",
-              "dstack", "mT", "T", "chunk", "unbind", "repeat_interleave", "rsub"]
+              "dstack", "mT", "T", "chunk", "unbind", "repeat_interleave", "rsub", "tril", "triu"]
 INPLACE = ["add_", "mul_", "div.no_rounding_mode_", "clamp_", "masked_fill_", "index_put_", "sub_", "addcmul_",
            "addcdiv_", "sigmoid_", "tanh_", "conj_physical_", "deg2rad_", "frac_", "floor_divide_",
            "true_divide_"]
 MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.MultiheadAttention",
            "nn.TransformerEncoderLayer", "nn.L1Loss", "nn.SmoothL1Loss", "nn.MSELoss", "nn.HuberLoss", "nn.GLU",
            "parametrizations.weight_norm"]
+
+
+# keys whose every OpInfo sample runs (diagonals above and below, non-square, batched): the rest run their first
+CATEGORY_SAMPLES = {"tril": 8, "triu": 8}
 
 
 def _category_rows():
@@ -107,14 +111,15 @@ def _category_rows():
 def test_category_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
     gens = {k: g for k, _, g in _category_rows()}
     assert key in gens, f"{key} is not in the sweep's selection"
-    samples = gens[key](1)
-    assert samples, f"{key}: no sample"
-    desc, module, inputs = samples[0]
-    rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
-    where = f"{key}[0] ({desc})"
-    assert rec["export"]["status"] == "ok", f"{where}: torch.export: {rec['export']}"
-    for backend in sweep.BACKENDS:
-        r = rec[f"kiln_{backend}"]
-        assert r["lower"]["status"] == "ok", f"{where} {backend}: kiln lower {r['lower']}"
-        for runtime in ("et_run", "kiln_run"):
-            assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
+    wanted = CATEGORY_SAMPLES.get(key, 1)
+    samples = gens[key](wanted)
+    assert len(samples) == wanted, f"{key}: {len(samples)} samples, expected {wanted}"
+    for i, (desc, module, inputs) in enumerate(samples):
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
+        where = f"{key}[{i}] ({desc})"
+        assert rec["export"]["status"] == "ok", f"{where}: torch.export: {rec['export']}"
+        for backend in sweep.BACKENDS:
+            r = rec[f"kiln_{backend}"]
+            assert r["lower"]["status"] == "ok", f"{where} {backend}: kiln lower {r['lower']}"
+            for runtime in ("et_run", "kiln_run"):
+                assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
