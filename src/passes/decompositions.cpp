@@ -506,6 +506,372 @@ void triu(L& l, const Node& n) {
   l.bind(n, l.permute(r, dims));
 }
 
+// ---- more losses and shrinks (the module sweep's nn.*Loss, nn.Hardshrink/Softshrink), each in torch's own formula
+// (torch/_refs/nn/functional and torch/_decomp) so that rounding follows eager's.
+
+// The broadcast shape of a and b.
+std::vector<int64_t> broadcast_sizes(std::vector<int64_t> s, const std::vector<int64_t>& t) {
+  if (t.size() > s.size()) s.insert(s.begin(), t.size() - s.size(), 1);
+  for (size_t i = 0; i < t.size(); ++i) {
+    int64_t& d = s[s.size() - t.size() + i];
+    d = d == 1 ? t[i] : d;
+  }
+  return s;
+}
+
+struct Ops {  // small emitters over contiguous float values
+  L& l;
+  ScalarType dt;
+  ValueId un(const char* op, ValueId x, const char* hint) {
+    return l.emit(op, {NA("self", tensor_arg(x))}, contiguous(l.meta_of(x)), hint);
+  }
+  ValueId bin(const char* op, ValueId a, ValueId b, const char* hint) {
+    const TensorMeta m = contiguous(dt, broadcast_sizes(l.meta_of(a).sizes, l.meta_of(b).sizes));
+    return l.emit(op, {NA("self", tensor_arg(a)), NA("other", tensor_arg(b))}, m, hint);
+  }
+  ValueId scal(const char* op, ValueId a, double v, const char* hint) {
+    return l.emit(op, {NA("self", tensor_arg(a)), NA("other", float_arg(v))}, contiguous(dt, l.meta_of(a).sizes),
+                  hint);
+  }
+  ValueId cmp(const char* op, ValueId a, double v, const char* hint) {
+    return l.emit(op, {NA("self", tensor_arg(a)), NA("other", float_arg(v))},
+                  contiguous(ScalarType::Bool, l.meta_of(a).sizes), hint);
+  }
+  ValueId clamp(ValueId a, std::optional<double> lo, std::optional<double> hi, const char* hint) {
+    std::vector<NamedArgument> args{NA("self", tensor_arg(a))};
+    if (lo) args.push_back(NA("min", float_arg(*lo)));
+    if (hi) args.push_back(NA("max", float_arg(*hi)));
+    return l.emit("aten.clamp.default", std::move(args), contiguous(l.meta_of(a)), hint);
+  }
+  ValueId where(ValueId c, ValueId a, ValueId b, const char* hint) {
+    const TensorMeta m = contiguous(dt, broadcast_sizes(broadcast_sizes(l.meta_of(c).sizes, l.meta_of(a).sizes),
+                                                        l.meta_of(b).sizes));
+    return l.emit("aten.where.self", {NA("condition", tensor_arg(c)), NA("self", tensor_arg(a)),
+                                      NA("other", tensor_arg(b))}, m, hint);
+  }
+  ValueId zero() { return l.scalar_tensor(float_arg(0.0), dt); }
+  ValueId sum_all(ValueId x, const char* hint) {
+    std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+    std::iota(dims.begin(), dims.end(), 0);
+    return l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(x)), NA("dim", ints_arg(dims)),
+                                           NA("keepdim", bool_arg(false))}, contiguous(l.meta_of(x).dtype, {}), hint);
+  }
+  ValueId sum_dim(ValueId x, int64_t dim, const char* hint) {
+    std::vector<int64_t> s = l.meta_of(x).sizes;
+    s.erase(s.begin() + dim);
+    return l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(x)), NA("dim", ints_arg({dim})),
+                                           NA("keepdim", bool_arg(false))}, contiguous(l.meta_of(x).dtype, s), hint);
+  }
+};
+
+Ops ops_of(L& l, const Node& n) { return Ops{l, l.out_meta(n).dtype}; }
+
+void kl_div(L& l, const Node& n) {  // log_target: e^t (t - x); else xlogy(t, t) - t x
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  if (l.int_in(n, "log_target", 0)) {
+    reduce_loss(l, n, o.bin("aten.mul.Tensor", o.un("aten.exp.default", t, "exp_t"),
+                            o.bin("aten.sub.Tensor", t, x, "diff"), "elementwise"));
+    return;
+  }
+  ValueId tlogt = o.bin("aten.mul.Tensor", t, o.un("aten.log.default", t, "log_t"), "tlogt");
+  ValueId xlogy = o.where(o.cmp("aten.eq.Scalar", t, 0.0, "t_zero"), o.zero(), tlogt, "xlogy");
+  reduce_loss(l, n, o.bin("aten.sub.Tensor", xlogy, o.bin("aten.mul.Tensor", t, x, "tx"), "elementwise"));
+}
+
+void margin_ranking_loss(L& l, const Node& n) {  // max(0, -y (x1 - x2) + margin)
+  Ops o = ops_of(l, n);
+  ValueId a = l.tensor_in(n, "input1"), b = l.tensor_in(n, "input2");
+  ValueId y = l.convert(l.tensor_in(n, "target"), o.dt);
+  ValueId e = o.bin("aten.mul.Tensor", o.un("aten.neg.default", y, "neg_y"), o.bin("aten.sub.Tensor", a, b, "diff"),
+                    "scaled");
+  e = o.scal("aten.add.Scalar", e, l.number_in(n, "margin", 0.0), "shifted");
+  reduce_loss(l, n, o.clamp(e, 0.0, std::nullopt, "elementwise"));
+}
+
+void soft_margin_loss(L& l, const Node& n) {  // log1p(exp(-x y))
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), y = l.convert(l.tensor_in(n, "target"), o.dt);
+  ValueId e = o.bin("aten.mul.Tensor", o.un("aten.neg.default", x, "neg_x"), y, "margin");
+  reduce_loss(l, n, o.un("aten.log1p.default", o.un("aten.exp.default", e, "exp"), "elementwise"));
+}
+
+void binary_cross_entropy(L& l, const Node& n) {  // (t - 1) max(log1p(-x), -100) - t max(log x, -100), times weight
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  ValueId lo = o.clamp(o.un("aten.log1p.default", o.un("aten.neg.default", x, "neg_x"), "log1m_x"), -100.0,
+                       std::nullopt, "log1m_x");
+  ValueId lx = o.clamp(o.un("aten.log.default", x, "log_x"), -100.0, std::nullopt, "log_x");
+  ValueId e = o.bin("aten.sub.Tensor", o.bin("aten.mul.Tensor", o.scal("aten.sub.Scalar", t, 1.0, "t_1"), lo, "a"),
+                    o.bin("aten.mul.Tensor", t, lx, "b"), "elementwise");
+  if (auto w = l.opt_tensor_in(n, "weight")) e = o.bin("aten.mul.Tensor", e, *w, "weighted");
+  reduce_loss(l, n, e);
+}
+
+// (1 - t) x - lw log_sigmoid(x), lw = 1 + (pos_weight - 1) t; times weight. log_sigmoid(x) = min(x, 0) - log1p(e^-|x|).
+void binary_cross_entropy_with_logits(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  ValueId ls = o.bin("aten.sub.Tensor", o.clamp(x, std::nullopt, 0.0, "min_x_0"),
+                     o.un("aten.log1p.default",
+                          o.un("aten.exp.default", o.un("aten.neg.default", o.un("aten.abs.default", x, "abs"), "neg"),
+                               "exp"), "log1p"), "log_sigmoid");
+  if (auto pw = l.opt_tensor_in(n, "pos_weight"))
+    ls = o.bin("aten.mul.Tensor",
+               o.scal("aten.add.Scalar", o.bin("aten.mul.Tensor", o.scal("aten.sub.Scalar", *pw, 1.0, "pw_1"), t, "lw"),
+                      1.0, "log_weight"), ls, "weighted_log_sigmoid");
+  ValueId e = o.bin("aten.sub.Tensor",
+                    o.bin("aten.mul.Tensor",
+                          l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(t)), NA("other", float_arg(1.0))},
+                                 contiguous(l.meta_of(t)), "one_minus_t"), x, "a"), ls, "elementwise");
+  if (auto w = l.opt_tensor_in(n, "weight")) e = o.bin("aten.mul.Tensor", e, *w, "weighted");
+  reduce_loss(l, n, e);
+}
+
+void poisson_nll_loss(L& l, const Node& n) {  // log_input: e^x - t x; else x - t log(x + eps); full: + Stirling (t > 1)
+  constexpr double kPi = 3.14159265358979323846;
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "input"), t = l.tensor_in(n, "target");
+  ValueId e = l.int_in(n, "log_input", 1)
+                  ? o.bin("aten.sub.Tensor", o.un("aten.exp.default", x, "exp_x"), o.bin("aten.mul.Tensor", t, x, "tx"),
+                          "elementwise")
+                  : o.bin("aten.sub.Tensor", x,
+                          o.bin("aten.mul.Tensor", t,
+                                o.un("aten.log.default", o.scal("aten.add.Scalar", x, l.number_in(n, "eps", 1e-8), "x_eps"),
+                                     "log"), "tlog"), "elementwise");
+  if (l.int_in(n, "full", 0)) {
+    ValueId st = o.bin("aten.sub.Tensor", o.bin("aten.mul.Tensor", t, o.un("aten.log.default", t, "log_t"), "tlogt"), t,
+                       "st");
+    st = o.bin("aten.add.Tensor", st,
+               o.scal("aten.mul.Scalar", o.un("aten.log.default", o.scal("aten.mul.Scalar", t, 2 * kPi, "two_pi_t"),
+                                              "log_two_pi_t"), 0.5, "half_log"), "stirling");
+    st = o.where(o.cmp("aten.le.Scalar", t, 1.0, "small_t"), o.zero(), st, "stirling");
+    e = o.bin("aten.add.Tensor", e, st, "elementwise");
+  }
+  reduce_loss(l, n, e);
+}
+
+// The mean of nll-type losses: the sum divided by the sum of the picked weights (reduce_loss's mean divides by the
+// count).
+void reduce_weighted(L& l, const Node& n, Ops& o, ValueId e, ValueId wsum) {
+  const int64_t reduction = l.int_in(n, "reduction", 1);
+  const TensorMeta m = l.out_meta(n);
+  if (reduction == 0) {
+    l.bind(n, l.view(e, m.sizes));
+    return;
+  }
+  ValueId s = o.sum_all(e, "sum");
+  l.bind(n, reduction == 2 ? s : l.emit("aten.div.Tensor", {NA("self", tensor_arg(s)), NA("other", tensor_arg(wsum))},
+                                         m, "mean"));
+}
+
+// nll_loss_nd / cross_entropy_loss with class indices: x [N, C, d...] (or [C]) of log-probabilities, t [N, d...]:
+// -w[t] x[n, t, ...] where t != ignore_index, else 0; label smoothing (cross entropy) as torch's
+// _cross_entropy_loss_label_smoothing: (1 - ls) nll + ls / C * (-sum_c w_c x_c), the mean divided by sum w[t] too.
+void nll_of(L& l, const Node& n, Ops& o, ValueId x, ValueId t, double smoothing) {
+  if (l.meta_of(x).sizes.size() == 1) {  // one sample: [C] and a 0-d target
+    x = l.view(x, {1, l.meta_of(x).sizes[0]});
+    t = l.view(t, {1});
+  }
+  const std::vector<int64_t> xs = l.meta_of(x).sizes, ts = l.meta_of(t).sizes;
+  const int64_t C = xs[1];
+  if (ts.size() + 1 != xs.size()) l.unsupported(n, "target's rank is not input's rank - 1");
+  const int64_t ignore = l.int_in(n, "ignore_index", -100);
+  ValueId valid = l.emit("aten.ne.Scalar", {NA("self", tensor_arg(t)), NA("other", int_arg(ignore))},
+                         contiguous(ScalarType::Bool, ts), "valid");
+  ValueId safe = l.emit("aten.where.self", {NA("condition", tensor_arg(valid)), NA("self", tensor_arg(t)),
+                                            NA("other", tensor_arg(l.scalar_tensor(int_arg(0), l.meta_of(t).dtype)))},
+                        contiguous(l.meta_of(t)), "safe_target");
+  std::vector<int64_t> is = ts;
+  is.insert(is.begin() + 1, 1);
+  ValueId picked = l.emit("aten.gather.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(1)),
+                                                  NA("index", tensor_arg(l.view(safe, is)))}, contiguous(o.dt, is),
+                          "picked");
+  picked = l.view(picked, ts);
+  auto w = l.opt_tensor_in(n, "weight");
+  ValueId wt;
+  if (w) {
+    int64_t numel = 1;
+    for (int64_t d : ts) numel *= d;
+    wt = l.view(l.emit("aten.index_select.default", {NA("self", tensor_arg(*w)), NA("dim", int_arg(0)),
+                                                     NA("index", tensor_arg(l.view(safe, {numel})))},
+                       contiguous(o.dt, {numel}), "weight_of_target"), ts);
+    wt = o.where(valid, wt, o.zero(), "weight_of_target");
+  } else {
+    wt = l.convert(valid, o.dt);
+  }
+  ValueId e = o.where(valid, o.un("aten.neg.default", o.bin("aten.mul.Tensor", picked, wt, "weighted"), "nll"),
+                      o.zero(), "nll");
+  const int64_t reduction = l.int_in(n, "reduction", 1);
+  ValueId wsum = reduction == 1 ? o.sum_all(wt, "weight_sum") : e;
+  if (smoothing > 0.0) {
+    ValueId xw = x;
+    if (w) {
+      std::vector<int64_t> ws(xs.size(), 1);
+      ws[1] = C;
+      xw = o.bin("aten.mul.Tensor", x, l.view(*w, ws), "weighted_x");
+    }
+    ValueId sm = o.where(valid, o.un("aten.neg.default", o.sum_dim(xw, 1, "class_sum"), "smooth"), o.zero(), "smooth");
+    if (reduction == 0) {
+      e = o.bin("aten.add.Tensor", o.scal("aten.mul.Scalar", e, 1.0 - smoothing, "nll_part"),
+                o.scal("aten.mul.Scalar", sm, smoothing / static_cast<double>(C), "smooth_part"), "loss");
+    } else {
+      ValueId a = o.sum_all(e, "nll_sum"), b = o.sum_all(sm, "smooth_sum");
+      if (reduction == 1) {
+        a = o.bin("aten.div.Tensor", a, wsum, "nll_mean");
+        b = o.bin("aten.div.Tensor", b, wsum, "smooth_mean");
+      }
+      l.bind(n, o.bin("aten.add.Tensor", o.scal("aten.mul.Scalar", a, 1.0 - smoothing, "nll_part"),
+                      o.scal("aten.mul.Scalar", b, smoothing / static_cast<double>(C), "smooth_part"), "loss"));
+      return;
+    }
+  }
+  reduce_weighted(l, n, o, e, wsum);
+}
+
+void nll_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  nll_of(l, n, o, l.tensor_in(n, "self"), l.tensor_in(n, "target"), 0.0);
+}
+
+// log_softmax over the class dim (1; 0 for one sample), then nll on class indices; class probabilities (a float
+// target of the input's shape): -sum_c w_c t_c log p_c per sample (t smoothed to t (1 - ls) + ls / C), the mean over
+// the samples.
+void cross_entropy_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  const auto xs = l.meta_of(x).sizes;
+  const int64_t cdim = xs.size() >= 2 ? 1 : 0;
+  const double ls = l.number_in(n, "label_smoothing", 0.0);
+  ValueId lsm = l.emit("aten._log_softmax.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(cdim)),
+                                                     NA("half_to_float", bool_arg(false))}, contiguous(l.meta_of(x)),
+                       "log_softmax");
+  const ScalarType tdt = l.meta_of(t).dtype;
+  if (tdt == ScalarType::Long || tdt == ScalarType::Int) {
+    nll_of(l, n, o, lsm, t, ls);
+    return;
+  }
+  if (l.meta_of(t).sizes != xs) l.unsupported(n, "class probabilities of a shape other than the input's");
+  if (l.int_in(n, "ignore_index", -100) != -100) l.unsupported(n, "ignore_index with class probabilities");
+  const int64_t C = xs[static_cast<size_t>(cdim)];
+  if (ls > 0.0)
+    t = o.scal("aten.add.Scalar", o.scal("aten.mul.Scalar", t, 1.0 - ls, "kept"), ls / static_cast<double>(C), "smoothed");
+  ValueId p = o.bin("aten.mul.Tensor", lsm, t, "tlogp");
+  if (auto w = l.opt_tensor_in(n, "weight")) {
+    std::vector<int64_t> ws(xs.size(), 1);
+    ws[static_cast<size_t>(cdim)] = C;
+    p = o.bin("aten.mul.Tensor", p, l.view(*w, ws), "weighted");
+  }
+  ValueId e = o.un("aten.neg.default", o.sum_dim(p, cdim, "class_sum"), "per_sample");
+  reduce_loss(l, n, e);
+}
+
+// multi_margin_loss: per sample sum_{i != y} max(0, margin - x_y + x_i)^p (times w_y) / C.
+void multi_margin_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  if (l.meta_of(x).sizes.size() == 1) {
+    x = l.view(x, {1, l.meta_of(x).sizes[0]});
+    t = l.view(t, {1});
+  }
+  const auto xs = l.meta_of(x).sizes;
+  if (xs.size() != 2) l.unsupported(n, "input must be 1-d or 2-d");
+  const int64_t N = xs[0], C = xs[1];
+  const int64_t p = l.int_in(n, "p", 1);
+  if (p != 1 && p != 2) l.unsupported(n, "p must be 1 or 2");
+  ValueId tc = l.view(t, {N, 1});
+  ValueId xy = l.emit("aten.gather.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(1)),
+                                              NA("index", tensor_arg(tc))}, contiguous(o.dt, {N, 1}), "x_target");
+  ValueId z = o.bin("aten.add.Tensor", l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(xy)),
+                                                                  NA("other", float_arg(l.number_in(n, "margin", 1.0)))},
+                                              contiguous(o.dt, {N, 1}), "margin_minus_xy"), x, "z");
+  z = o.clamp(z, 0.0, std::nullopt, "hinge");
+  if (p == 2) z = o.bin("aten.mul.Tensor", z, z, "squared");
+  if (auto w = l.opt_tensor_in(n, "weight"))
+    z = o.bin("aten.mul.Tensor", z, l.view(l.emit("aten.index_select.default",
+                                                  {NA("self", tensor_arg(*w)), NA("dim", int_arg(0)),
+                                                   NA("index", tensor_arg(l.view(t, {N})))}, contiguous(o.dt, {N}),
+                                                  "w_target"), {N, 1}), "weighted");
+  ValueId is_y = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(l.view(iota_constant(l, C, ScalarType::Long, "classes"),
+                                                                       {1, C}))),
+                                           NA("other", tensor_arg(tc))}, contiguous(ScalarType::Bool, {N, C}), "is_y");
+  z = o.where(is_y, o.zero(), z, "others");
+  ValueId e = o.scal("aten.div.Scalar", o.sum_dim(z, 1, "sum"), static_cast<double>(C), "per_sample");
+  const TensorMeta m = l.out_meta(n);
+  if (l.int_in(n, "reduction", 1) == 0) {
+    l.bind(n, l.view(e, m.sizes));
+    return;
+  }
+  reduce_loss(l, n, e);
+}
+
+// multilabel_margin_loss: per sample, the targets are t's entries before the first -1; the loss is
+// sum_{j target} sum_{i not a target} max(0, 1 - (x_j - x_i)) / C.
+void multilabel_margin_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.convert(l.tensor_in(n, "target"), ScalarType::Long);
+  const bool one = l.meta_of(x).sizes.size() == 1;  // one sample: eager's unreduced loss is 0-d (export says [1])
+  if (one) {
+    x = l.view(x, {1, l.meta_of(x).sizes[0]});
+    t = l.view(t, {1, l.meta_of(t).sizes[0]});
+  }
+  const auto xs = l.meta_of(x).sizes;
+  if (xs.size() != 2 || l.meta_of(t).sizes != xs) l.unsupported(n, "input and target must be [C] or [N, C] alike");
+  const int64_t N = xs[0], C = xs[1];
+  const TensorMeta lb = contiguous(ScalarType::Long, {N, C});
+  ValueId ends = l.convert(l.emit("aten.eq.Scalar", {NA("self", tensor_arg(t)), NA("other", int_arg(-1))},
+                                  contiguous(ScalarType::Bool, {N, C}), "end"), ScalarType::Long);
+  ValueId past = l.emit("aten.cumsum.default", {NA("self", tensor_arg(ends)), NA("dim", int_arg(1))}, lb, "ends_so_far");
+  ValueId valid = l.emit("aten.eq.Scalar", {NA("self", tensor_arg(past)), NA("other", int_arg(0))},
+                         contiguous(ScalarType::Bool, {N, C}), "valid");  // [N, k]
+  ValueId safe = l.emit("aten.clamp.default", {NA("self", tensor_arg(t)), NA("min", int_arg(0))}, lb, "safe_target");
+  // is_target[n, i]: some valid k has t[n, k] == i
+  ValueId hot = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(l.view(safe, {N, C, 1}))),
+                                          NA("other", tensor_arg(l.view(iota_constant(l, C, ScalarType::Long, "classes"),
+                                                                        {1, 1, C})))},
+                       contiguous(ScalarType::Bool, {N, C, C}), "hot");
+  hot = l.emit("aten.logical_and.default", {NA("self", tensor_arg(hot)), NA("other", tensor_arg(l.view(valid, {N, C, 1})))},
+               contiguous(ScalarType::Bool, {N, C, C}), "hot");
+  ValueId is_t = l.emit("aten.any.dim", {NA("self", tensor_arg(hot)), NA("dim", int_arg(1)), NA("keepdim", bool_arg(true))},
+                        contiguous(ScalarType::Bool, {N, 1, C}), "is_target");
+  ValueId xj = l.emit("aten.gather.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(1)),
+                                              NA("index", tensor_arg(safe))}, contiguous(o.dt, {N, C}), "x_target");
+  ValueId d = o.bin("aten.sub.Tensor", l.view(xj, {N, C, 1}), l.view(x, {N, 1, C}), "diff");
+  ValueId h = o.clamp(l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(d)), NA("other", float_arg(1.0))},
+                             contiguous(o.dt, {N, C, C}), "one_minus"), 0.0, std::nullopt, "hinge");
+  ValueId keep = l.emit("aten.logical_and.default",
+                        {NA("self", tensor_arg(l.view(valid, {N, C, 1}))),
+                         NA("other", tensor_arg(l.emit("aten.logical_not.default", {NA("self", tensor_arg(is_t))},
+                                                       contiguous(ScalarType::Bool, {N, 1, C}), "not_target")))},
+                        contiguous(ScalarType::Bool, {N, C, C}), "pairs");
+  h = o.where(keep, h, o.zero(), "counted");
+  ValueId e = o.scal("aten.div.Scalar", l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(h)), NA("dim", ints_arg({1, 2})),
+                                                                        NA("keepdim", bool_arg(false))},
+                                               contiguous(o.dt, {N}), "sum"), static_cast<double>(C), "per_sample");
+  if (l.int_in(n, "reduction", 1) == 0) {
+    l.bind(n, one ? l.view(e, {}) : e);
+    return;
+  }
+  reduce_loss(l, n, e);
+}
+
+void hardshrink(L& l, const Node& n) {  // where(|x| <= lambd, 0, x)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  ValueId small = o.cmp("aten.le.Scalar", o.un("aten.abs.default", x, "abs"), l.number_in(n, "lambd", 0.5), "small");
+  l.bind(n, o.where(small, o.zero(), x, "hardshrink"));
+}
+
+void softshrink(L& l, const Node& n) {  // where(|x| > lambd, x - sign(x) lambd, 0)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  const double lambd = l.number_in(n, "lambd", 0.5);
+  ValueId big = o.cmp("aten.gt.Scalar", o.un("aten.abs.default", x, "abs"), lambd, "big");
+  ValueId shifted = o.bin("aten.sub.Tensor", x, o.scal("aten.mul.Scalar", o.un("aten.sign.default", x, "sign"), lambd,
+                                                      "shift"), "shifted");
+  l.bind(n, o.where(big, shifted, o.zero(), "softshrink"));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -550,6 +916,20 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.mse_loss.default", mse_loss},
     {"aten.smooth_l1_loss.default", smooth_l1_loss},
     {"aten.huber_loss.default", huber_loss},
+    {"aten.kl_div.default", kl_div},
+    {"aten.margin_ranking_loss.default", margin_ranking_loss},
+    {"aten.soft_margin_loss.default", soft_margin_loss},
+    {"aten.binary_cross_entropy.default", binary_cross_entropy},
+    {"aten.binary_cross_entropy_with_logits.default", binary_cross_entropy_with_logits},
+    {"aten.poisson_nll_loss.default", poisson_nll_loss},
+    {"aten.nll_loss_nd.default", nll_loss},
+    {"aten.nll_loss.default", nll_loss},
+    {"aten.nll_loss2d.default", nll_loss},
+    {"aten.cross_entropy_loss.default", cross_entropy_loss},
+    {"aten.multi_margin_loss.default", multi_margin_loss},
+    {"aten.multilabel_margin_loss.default", multilabel_margin_loss},
+    {"aten.hardshrink.default", hardshrink},
+    {"aten.softshrink.default", softshrink},
     {"aten.addcmul.default", addcmul},
     {"aten.addcdiv.default", addcdiv},
     {"aten.hstack.default", hstack},

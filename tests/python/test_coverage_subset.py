@@ -90,11 +90,20 @@ INPLACE = ["add_", "mul_", "div.no_rounding_mode_", "clamp_", "masked_fill_", "i
            "true_divide_"]
 MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.MultiheadAttention",
            "nn.TransformerEncoderLayer", "nn.L1Loss", "nn.SmoothL1Loss", "nn.MSELoss", "nn.HuberLoss", "nn.GLU",
-           "parametrizations.weight_norm"]
+           "parametrizations.weight_norm",
+           # the losses and shrinks of the decomposition table (2026-12-04)
+           "nn.KLDivLoss", "nn.MarginRankingLoss", "nn.SoftMarginLoss", "nn.NLLLoss", "nn.PoissonNLLLoss", "nn.BCELoss",
+           "nn.BCEWithLogitsLoss", "nn.CrossEntropyLoss", "nn.MultiMarginLoss", "nn.MultiLabelMarginLoss",
+           "nn.Hardshrink", "nn.Softshrink"]
 
 
-# keys whose every OpInfo sample runs (diagonals above and below, non-square, batched): the rest run their first
-CATEGORY_SAMPLES = {"tril": 8, "triu": 8}
+# the samples some keys run (the rest run their first): tril/triu all (diagonals above and below, non-square,
+# batched); the losses each reduction, weights, ignore_index, label smoothing, class probabilities, one sample ([C]).
+CATEGORY_SAMPLES = {"tril": list(range(8)), "triu": list(range(8)),
+                    "nn.KLDivLoss": [0, 6, 8], "nn.MarginRankingLoss": [0, 3], "nn.NLLLoss": [0, 2, 9, 20, 24],
+                    "nn.PoissonNLLLoss": [0, 6], "nn.BCELoss": [0, 4], "nn.BCEWithLogitsLoss": [0, 4],
+                    "nn.CrossEntropyLoss": [0, 4, 8, 9, 31, 35], "nn.MultiMarginLoss": [0, 4, 6],
+                    "nn.MultiLabelMarginLoss": [1, 6]}
 
 
 def _category_rows():
@@ -111,10 +120,11 @@ def _category_rows():
 def test_category_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
     gens = {k: g for k, _, g in _category_rows()}
     assert key in gens, f"{key} is not in the sweep's selection"
-    wanted = CATEGORY_SAMPLES.get(key, 1)
-    samples = gens[key](wanted)
-    assert len(samples) == wanted, f"{key}: {len(samples)} samples, expected {wanted}"
-    for i, (desc, module, inputs) in enumerate(samples):
+    wanted = CATEGORY_SAMPLES.get(key, [0])
+    samples = gens[key](max(wanted) + 1)
+    assert len(samples) > max(wanted), f"{key}: {len(samples)} samples, expected {max(wanted) + 1}"
+    for i in wanted:
+        desc, module, inputs = samples[i]
         rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
         where = f"{key}[{i}] ({desc})"
         assert rec["export"]["status"] == "ok", f"{where}: torch.export: {rec['export']}"
