@@ -872,6 +872,116 @@ void softshrink(L& l, const Node& n) {  // where(|x| > lambd, x - sign(x) lambd,
   l.bind(n, o.where(big, shifted, o.zero(), "softshrink"));
 }
 
+void threshold(L& l, const Node& n) {  // where(x <= threshold, value, x)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  ValueId below = o.cmp("aten.le.Scalar", x, l.number_in(n, "threshold", 0.0), "below");
+  l.bind(n, o.where(below, l.scalar_tensor(l.arg(n, "value"), o.dt), x, "threshold"));
+}
+
+// hinge_embedding_loss: where(t != 1, max(margin - x, 0), 0) + where(t != -1, x, 0)
+void hinge_embedding_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  ValueId mc = o.clamp(l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(x)),
+                                                   NA("other", float_arg(l.number_in(n, "margin", 1.0)))},
+                              contiguous(l.meta_of(x)), "margin_minus_x"), 0.0, std::nullopt, "margin_clamp");
+  ValueId a = o.where(o.cmp("aten.ne.Scalar", t, 1.0, "not_pos"), mc, o.zero(), "output_margin");
+  ValueId b = o.where(o.cmp("aten.ne.Scalar", t, -1.0, "not_neg"), x, o.zero(), "output_self");
+  reduce_loss(l, n, o.bin("aten.add.Tensor", a, b, "elementwise"));
+}
+
+// cosine_embedding_loss: cos = sum(x1 x2) / sqrt((sum(x1^2) + eps) (sum(x2^2) + eps)) over the last dim (eps 1e-12);
+// where(t == 1, 1 - cos, 0) + where(t == -1, max(cos - margin, 0), 0)
+void cosine_embedding_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId a = l.tensor_in(n, "input1"), b = l.tensor_in(n, "input2"), t = l.tensor_in(n, "target");
+  const int64_t d = static_cast<int64_t>(l.meta_of(a).sizes.size()) - 1;
+  if (d < 0) l.unsupported(n, "0-d inputs");
+  ValueId prod = o.sum_dim(o.bin("aten.mul.Tensor", a, b, "prod"), d, "prod_sum");
+  ValueId m1 = o.scal("aten.add.Scalar", o.sum_dim(o.bin("aten.mul.Tensor", a, a, "sq1"), d, "mag1"), 1e-12, "mag1");
+  ValueId m2 = o.scal("aten.add.Scalar", o.sum_dim(o.bin("aten.mul.Tensor", b, b, "sq2"), d, "mag2"), 1e-12, "mag2");
+  ValueId cos = o.bin("aten.div.Tensor", prod, o.un("aten.sqrt.default", o.bin("aten.mul.Tensor", m1, m2, "mags"),
+                                                    "denom"), "cos");
+  ValueId pos = l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(cos)), NA("other", float_arg(1.0))},
+                       contiguous(l.meta_of(cos)), "pos");
+  ValueId neg = o.clamp(o.scal("aten.sub.Scalar", cos, l.number_in(n, "margin", 0.0), "neg"), 0.0, std::nullopt, "neg");
+  ValueId e = o.bin("aten.add.Tensor", o.where(o.cmp("aten.eq.Scalar", t, 1.0, "is_pos"), pos, o.zero(), "output_pos"),
+                    o.where(o.cmp("aten.eq.Scalar", t, -1.0, "is_neg"), neg, o.zero(), "output_neg"), "elementwise");
+  reduce_loss(l, n, e);
+}
+
+// ---- RNN cells (nn.RNNCell / GRUCell / LSTMCell): one step, torch's formulas (aten/src/ATen/native/RNN.cpp)
+
+// x @ W^T (+ b): [B, G]
+ValueId cell_linear(L& l, const Node& n, ValueId x, const char* w, const char* b, const char* hint) {
+  ValueId wv = l.tensor_in(n, w);
+  const auto& wm = l.meta_of(wv);
+  if (wm.sizes.size() != 2) l.unsupported(n, fmt::format("'{}' is not a matrix", w));
+  const TensorMeta m = contiguous(wm.dtype, {l.meta_of(x).sizes[0], wm.sizes[0]});
+  ValueId wt = l.transposed_weight(wv);
+  if (auto bv = l.opt_tensor_in(n, b))
+    return l.emit("aten.addmm.default", {NA("self", tensor_arg(*bv)), NA("mat1", tensor_arg(x)),
+                                         NA("mat2", tensor_arg(wt))}, m, hint);
+  return l.emit("aten.mm.default", {NA("self", tensor_arg(x)), NA("mat2", tensor_arg(wt))}, m, hint);
+}
+
+// The cell's input and hidden state as [B, I], [B, H] (one sample: [I], [H] viewed as a batch of one).
+ValueId as_batch(L& l, ValueId v) {
+  const auto s = l.meta_of(v).sizes;
+  return s.size() == 1 ? l.view(v, {1, s[0]}) : v;
+}
+
+std::vector<ValueId> gate_pieces(L& l, ValueId g, int64_t count, const char* hint) {
+  const auto s = l.meta_of(g).sizes;
+  const int64_t H = s[1] / count;
+  const TensorMeta pm = contiguous(l.meta_of(g).dtype, {s[0], H});
+  return l.emit_raw("aten.split_with_sizes_copy.default",
+                    {NA("self", tensor_arg(g)), NA("split_sizes", ints_arg(std::vector<int64_t>(static_cast<size_t>(count), H))),
+                     NA("dim", int_arg(1))}, std::vector<TensorMeta>(static_cast<size_t>(count), pm), hint);
+}
+
+void rnn_cell(L& l, const Node& n, const char* act) {  // act(x W_ih^T + b_ih + h W_hh^T + b_hh)
+  Ops o = ops_of(l, n);
+  ValueId x = as_batch(l, l.tensor_in(n, "input")), h = as_batch(l, l.tensor_in(n, "hx"));
+  ValueId s = o.bin("aten.add.Tensor", cell_linear(l, n, x, "w_ih", "b_ih", "input_gates"),
+                    cell_linear(l, n, h, "w_hh", "b_hh", "hidden_gates"), "gates");
+  l.bind(n, l.view(o.un(act, s, "hy"), l.out_meta(n).sizes));
+}
+
+void rnn_tanh_cell(L& l, const Node& n) { rnn_cell(l, n, "aten.tanh.default"); }
+void rnn_relu_cell(L& l, const Node& n) { rnn_cell(l, n, "aten.relu.default"); }
+
+void gru_cell(L& l, const Node& n) {  // r, z = sigmoid(i_r + h_r), sigmoid(i_z + h_z); c = tanh(i_n + r h_n); c + z (h - c)
+  Ops o = ops_of(l, n);
+  ValueId x = as_batch(l, l.tensor_in(n, "input")), h = as_batch(l, l.tensor_in(n, "hx"));
+  auto gi = gate_pieces(l, cell_linear(l, n, x, "w_ih", "b_ih", "input_gates"), 3, "input_gate");
+  auto gh = gate_pieces(l, cell_linear(l, n, h, "w_hh", "b_hh", "hidden_gates"), 3, "hidden_gate");
+  ValueId r = o.un("aten.sigmoid.default", o.bin("aten.add.Tensor", gi[0], gh[0], "r"), "reset");
+  ValueId z = o.un("aten.sigmoid.default", o.bin("aten.add.Tensor", gi[1], gh[1], "z"), "update");
+  ValueId c = o.un("aten.tanh.default", o.bin("aten.add.Tensor", gi[2], o.bin("aten.mul.Tensor", r, gh[2], "r_hn"), "c"),
+                   "new");
+  ValueId hy = o.bin("aten.add.Tensor", c, o.bin("aten.mul.Tensor", z, o.bin("aten.sub.Tensor", h, c, "h_c"), "zh"), "hy");
+  l.bind(n, l.view(hy, l.out_meta(n).sizes));
+}
+
+void lstm_cell(L& l, const Node& n) {  // c' = sigmoid(f) c + sigmoid(i) tanh(g); h' = sigmoid(o) tanh(c')
+  Ops o = ops_of(l, n);
+  const Argument hx = l.remap(l.arg(n, "hx"));
+  if (hx.kind != Argument::Kind::Tensors || std::get<std::vector<ValueId>>(hx.payload).size() != 2)
+    l.unsupported(n, "hx must be two tensors (h, c)");
+  const auto& hc = std::get<std::vector<ValueId>>(hx.payload);
+  ValueId x = as_batch(l, l.tensor_in(n, "input")), h = as_batch(l, hc[0]), c = as_batch(l, hc[1]);
+  ValueId gates = o.bin("aten.add.Tensor", cell_linear(l, n, x, "w_ih", "b_ih", "input_gates"),
+                        cell_linear(l, n, h, "w_hh", "b_hh", "hidden_gates"), "gates");
+  auto g = gate_pieces(l, gates, 4, "gate");
+  ValueId ig = o.un("aten.sigmoid.default", g[0], "ingate"), fg = o.un("aten.sigmoid.default", g[1], "forgetgate");
+  ValueId cg = o.un("aten.tanh.default", g[2], "cellgate"), og = o.un("aten.sigmoid.default", g[3], "outgate");
+  ValueId cy = o.bin("aten.add.Tensor", o.bin("aten.mul.Tensor", fg, c, "fc"), o.bin("aten.mul.Tensor", ig, cg, "ig"), "cy");
+  ValueId hy = o.bin("aten.mul.Tensor", og, o.un("aten.tanh.default", cy, "tanh_cy"), "hy");
+  l.bind_all(n, {l.view(hy, l.out_meta(n, 0).sizes), l.view(cy, l.out_meta(n, 1).sizes)});
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -928,6 +1038,13 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.cross_entropy_loss.default", cross_entropy_loss},
     {"aten.multi_margin_loss.default", multi_margin_loss},
     {"aten.multilabel_margin_loss.default", multilabel_margin_loss},
+    {"aten.threshold.default", threshold},
+    {"aten.hinge_embedding_loss.default", hinge_embedding_loss},
+    {"aten.cosine_embedding_loss.default", cosine_embedding_loss},
+    {"aten.rnn_tanh_cell.default", rnn_tanh_cell},
+    {"aten.rnn_relu_cell.default", rnn_relu_cell},
+    {"aten.gru_cell.default", gru_cell},
+    {"aten.lstm_cell.default", lstm_cell},
     {"aten.hardshrink.default", hardshrink},
     {"aten.softshrink.default", softshrink},
     {"aten.addcmul.default", addcmul},

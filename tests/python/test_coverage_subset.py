@@ -94,7 +94,8 @@ MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.Multi
            # the losses and shrinks of the decomposition table (2026-12-04)
            "nn.KLDivLoss", "nn.MarginRankingLoss", "nn.SoftMarginLoss", "nn.NLLLoss", "nn.PoissonNLLLoss", "nn.BCELoss",
            "nn.BCEWithLogitsLoss", "nn.CrossEntropyLoss", "nn.MultiMarginLoss", "nn.MultiLabelMarginLoss",
-           "nn.Hardshrink", "nn.Softshrink"]
+           "nn.Hardshrink", "nn.Softshrink", "nn.Threshold", "nn.HingeEmbeddingLoss", "nn.CosineEmbeddingLoss",
+           "nn.RNNCell", "nn.GRUCell", "nn.LSTMCell"]
 
 
 # the samples some keys run (the rest run their first): tril/triu all (diagonals above and below, non-square,
@@ -103,7 +104,8 @@ CATEGORY_SAMPLES = {"tril": list(range(8)), "triu": list(range(8)),
                     "nn.KLDivLoss": [0, 6, 8], "nn.MarginRankingLoss": [0, 3], "nn.NLLLoss": [0, 2, 9, 20, 24],
                     "nn.PoissonNLLLoss": [0, 6], "nn.BCELoss": [0, 4], "nn.BCEWithLogitsLoss": [0, 4],
                     "nn.CrossEntropyLoss": [0, 4, 8, 9, 31, 35], "nn.MultiMarginLoss": [0, 4, 6],
-                    "nn.MultiLabelMarginLoss": [1, 6]}
+                    "nn.MultiLabelMarginLoss": [1, 6], "nn.HingeEmbeddingLoss": [0, 7], "nn.CosineEmbeddingLoss": [3, 4],
+                    "nn.RNNCell": [0, 2]}
 
 
 def _category_rows():
@@ -133,3 +135,31 @@ def test_category_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
             assert r["lower"]["status"] == "ok", f"{where} {backend}: kiln lower {r['lower']}"
             for runtime in ("et_run", "kiln_run"):
                 assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
+
+
+class _Cells(__import__("torch").nn.Module):
+    """The RNN cells batched and without biases (module_db's samples are unbatched, with biases)."""
+
+    def __init__(self):
+        import torch
+        super().__init__()
+        self.rnn = torch.nn.RNNCell(5, 6, bias=False, nonlinearity="relu")
+        self.gru = torch.nn.GRUCell(5, 6, bias=False)
+        self.lstm = torch.nn.LSTMCell(5, 6)
+
+    def forward(self, x, h, c):
+        hl, cl = self.lstm(x, (h, c))
+        return self.rnn(x, h), self.gru(x, h), hl, cl
+
+
+def test_batched_rnn_cells_without_biases_match_eager(kiln_bin, tmp_path):
+    import torch
+    torch.manual_seed(0)
+    inputs = (torch.randn(3, 5), torch.randn(3, 6), torch.randn(3, 6))
+    rec = sweep.run_sample(kiln_bin, _Cells().eval(), inputs, tmp_path, et_lowering=False)
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
+        for runtime in ("et_run", "kiln_run"):
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
