@@ -95,7 +95,7 @@ MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.Multi
            "nn.KLDivLoss", "nn.MarginRankingLoss", "nn.SoftMarginLoss", "nn.NLLLoss", "nn.PoissonNLLLoss", "nn.BCELoss",
            "nn.BCEWithLogitsLoss", "nn.CrossEntropyLoss", "nn.MultiMarginLoss", "nn.MultiLabelMarginLoss",
            "nn.Hardshrink", "nn.Softshrink", "nn.Threshold", "nn.HingeEmbeddingLoss", "nn.CosineEmbeddingLoss",
-           "nn.RNNCell", "nn.GRUCell", "nn.LSTMCell"]
+           "nn.RNNCell", "nn.GRUCell", "nn.LSTMCell", "nn.ReflectionPad3d", "nn.ReplicationPad3d"]
 
 
 # the samples some keys run (the rest run their first): tril/triu all (diagonals above and below, non-square,
@@ -105,7 +105,7 @@ CATEGORY_SAMPLES = {"tril": list(range(8)), "triu": list(range(8)),
                     "nn.PoissonNLLLoss": [0, 6], "nn.BCELoss": [0, 4], "nn.BCEWithLogitsLoss": [0, 4],
                     "nn.CrossEntropyLoss": [0, 4, 8, 9, 31, 35], "nn.MultiMarginLoss": [0, 4, 6],
                     "nn.MultiLabelMarginLoss": [1, 6], "nn.HingeEmbeddingLoss": [0, 7], "nn.CosineEmbeddingLoss": [3, 4],
-                    "nn.RNNCell": [0, 2]}
+                    "nn.RNNCell": [0, 2], "nn.ReflectionPad3d": [0, 1], "nn.ReplicationPad3d": [0, 1]}
 
 
 def _category_rows():
