@@ -982,6 +982,81 @@ void lstm_cell(L& l, const Node& n) {  // c' = sigmoid(f) c + sigmoid(i) tanh(g)
   l.bind_all(n, {l.view(hy, l.out_meta(n, 0).sizes), l.view(cy, l.out_meta(n, 1).sizes)});
 }
 
+// ---- functional forms of in-place operators the in-place sweep found (pow_, rad2deg_, heaviside_, sinc_, sgn_,
+// nan_to_num_)
+
+// pow_.Tensor / pow_.Scalar functionalized: aten.pow.Tensor (no such overload: pow.Tensor_Tensor) and aten.pow.Scalar
+// with a tensor self (pow.Tensor_Scalar); the real pow.Scalar (a number to a tensor's powers) too.
+void pow_by_kinds(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  const Argument& self = l.arg(n, "self");
+  const Argument& e = l.arg(n, "exponent");
+  if (self.kind == Argument::Kind::Tensor && e.kind == Argument::Kind::Tensor) {
+    l.bind(n, l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                                NA("exponent", tensor_arg(l.tensor_in(n, "exponent")))}, m));
+  } else if (self.kind == Argument::Kind::Tensor) {
+    l.bind(n, l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(l.tensor_in(n, "self"))), NA("exponent", e)}, m));
+  } else {
+    l.bind(n, l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(l.scalar_tensor(self, m.dtype))),
+                                                NA("exponent", tensor_arg(l.tensor_in(n, "exponent")))}, m));
+  }
+}
+
+void rad2deg(L& l, const Node& n) {
+  constexpr double kPi = 3.14159265358979323846;
+  l.bind(n, l.emit("aten.mul.Scalar", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                       NA("other", float_arg(180.0 / kPi))}, l.out_meta(n)));
+}
+
+void heaviside(L& l, const Node& n) {  // where(x == 0, values, x > 0)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  ValueId pos = l.convert(o.cmp("aten.gt.Scalar", x, 0.0, "positive"), o.dt);
+  l.bind(n, o.where(o.cmp("aten.eq.Scalar", x, 0.0, "zero"), l.convert(l.tensor_in(n, "values"), o.dt), pos,
+                    "heaviside"));
+}
+
+void sinc(L& l, const Node& n) {  // where(pi x == 0, 1, sin(pi x) / (pi x))
+  constexpr double kPi = 3.14159265358979323846;
+  Ops o = ops_of(l, n);
+  ValueId a = o.scal("aten.mul.Scalar", l.convert(l.tensor_in(n, "self"), o.dt), kPi, "pi_x");
+  ValueId q = o.bin("aten.div.Tensor", o.un("aten.sin.default", a, "sin"), a, "ratio");
+  l.bind(n, o.where(o.cmp("aten.eq.Scalar", a, 0.0, "zero"), l.scalar_tensor(float_arg(1.0), o.dt), q, "sinc"));
+}
+
+void sgn(L& l, const Node& n) {  // of a real tensor: sign
+  l.bind(n, l.emit("aten.sign.default", {NA("self", tensor_arg(l.tensor_in(n, "self")))}, l.out_meta(n)));
+}
+
+// nan_to_num: NaN -> nan (0), +inf -> posinf (the dtype's max), -inf -> neginf (its lowest); float32 only
+void nan_to_num(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  if (o.dt == ScalarType::Long || o.dt == ScalarType::Int || o.dt == ScalarType::Short || o.dt == ScalarType::Char ||
+      o.dt == ScalarType::Byte || o.dt == ScalarType::Bool) {
+    l.bind(n, x);  // integers and bools have no NaN or infinity
+    return;
+  }
+  if (o.dt != ScalarType::Float) l.unsupported(n, "nan_to_num of a float type other than float32");
+  auto value = [&](const char* name, double dflt) {
+    const Argument* a = l.opt(n, name);
+    return a && a->kind != Argument::Kind::None ? l.number_in(n, name, dflt) : dflt;
+  };
+  constexpr double kMax = 3.4028234663852886e38;
+  const TensorMeta bm = contiguous(ScalarType::Bool, l.meta_of(x).sizes);
+  ValueId inf = l.emit("aten.isinf.default", {NA("self", tensor_arg(x))}, bm, "inf");
+  ValueId pos = l.emit("aten.logical_and.default", {NA("self", tensor_arg(inf)),
+                                                    NA("other", tensor_arg(o.cmp("aten.gt.Scalar", x, 0.0, "gt0")))},
+                       bm, "posinf");
+  ValueId neg = l.emit("aten.logical_and.default", {NA("self", tensor_arg(inf)),
+                                                    NA("other", tensor_arg(o.cmp("aten.lt.Scalar", x, 0.0, "lt0")))},
+                       bm, "neginf");
+  ValueId nan = l.emit("aten.isnan.default", {NA("self", tensor_arg(x))}, bm, "nan");
+  ValueId y = o.where(nan, l.scalar_tensor(float_arg(value("nan", 0.0)), o.dt), x, "no_nan");
+  y = o.where(pos, l.scalar_tensor(float_arg(value("posinf", kMax)), o.dt), y, "no_posinf");
+  l.bind(n, o.where(neg, l.scalar_tensor(float_arg(value("neginf", -kMax)), o.dt), y, "nan_to_num"));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -1045,6 +1120,13 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.rnn_relu_cell.default", rnn_relu_cell},
     {"aten.gru_cell.default", gru_cell},
     {"aten.lstm_cell.default", lstm_cell},
+    {"aten.pow.Tensor", pow_by_kinds},
+    {"aten.pow.Scalar", pow_by_kinds},
+    {"aten.rad2deg.default", rad2deg},
+    {"aten.heaviside.default", heaviside},
+    {"aten.sinc.default", sinc},
+    {"aten.sgn.default", sgn},
+    {"aten.nan_to_num.default", nan_to_num},
     {"aten.hardshrink.default", hardshrink},
     {"aten.softshrink.default", softshrink},
     {"aten.addcmul.default", addcmul},
