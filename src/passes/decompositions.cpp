@@ -7,6 +7,7 @@
 // A new decomposition is one function below and one row in kDecompositions.
 #include "lowerer.h"
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -1057,6 +1058,92 @@ void nan_to_num(L& l, const Node& n) {
   l.bind(n, o.where(neg, l.scalar_tensor(float_arg(value("neginf", -kMax)), o.dt), y, "nan_to_num"));
 }
 
+void square(L& l, const Node& n) {  // x * x
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  x = l.convert(x, m.dtype);
+  l.bind(n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(x))}, m));
+}
+
+// lerp as torch computes it: |w| < 0.5 ? self + w (end - self) : end - (end - self) (1 - w)
+void lerp(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId a = l.tensor_in(n, "self"), b = l.tensor_in(n, "end");
+  const Argument& wa = l.arg(n, "weight");
+  ValueId d = o.bin("aten.sub.Tensor", b, a, "diff");
+  if (wa.kind != Argument::Kind::Tensor) {
+    const double w = l.number_in(n, "weight", 0.0);
+    if (std::abs(w) < 0.5) {
+      l.bind(n, o.bin("aten.add.Tensor", a, o.scal("aten.mul.Scalar", d, w, "step"), "lerp"));
+    } else {
+      l.bind(n, o.bin("aten.sub.Tensor", b, o.scal("aten.mul.Scalar", d, 1.0 - w, "step"), "lerp"));
+    }
+    return;
+  }
+  ValueId w = l.tensor_in(n, "weight");
+  ValueId lo = o.bin("aten.add.Tensor", a, o.bin("aten.mul.Tensor", w, d, "step_lo"), "lerp_lo");
+  ValueId one_minus = l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(w)), NA("other", float_arg(1.0))},
+                             contiguous(l.meta_of(w)), "one_minus_w");
+  ValueId hi = o.bin("aten.sub.Tensor", b, o.bin("aten.mul.Tensor", d, one_minus, "step_hi"), "lerp_hi");
+  ValueId small = o.cmp("aten.lt.Scalar", o.un("aten.abs.default", w, "abs_w"), 0.5, "small");
+  l.bind(n, o.where(small, lo, hi, "lerp"));
+}
+
+// xlogy(x, y): NaN where y is NaN, else 0 where x == 0, else x log y
+void xlogy(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  const Argument& sa = l.arg(n, "self");
+  const Argument& oa = l.arg(n, "other");
+  ValueId x = sa.kind == Argument::Kind::Tensor ? l.convert(l.tensor_in(n, "self"), o.dt) : l.scalar_tensor(sa, o.dt);
+  ValueId y = oa.kind == Argument::Kind::Tensor ? l.convert(l.tensor_in(n, "other"), o.dt) : l.scalar_tensor(oa, o.dt);
+  ValueId p = o.bin("aten.mul.Tensor", x, o.un("aten.log.default", y, "log_y"), "x_log_y");
+  ValueId z = o.where(o.cmp("aten.eq.Scalar", x, 0.0, "x_zero"), o.zero(), p, "xlogy");
+  ValueId nan = l.emit("aten.isnan.default", {NA("self", tensor_arg(y))}, contiguous(ScalarType::Bool, l.meta_of(y).sizes),
+                       "y_nan");
+  l.bind(n, o.where(nan, y, z, "xlogy"));
+}
+
+void logit(L& l, const Node& n) {  // log(x / (1 - x)), x clamped to [eps, 1 - eps] when eps is given
+  Ops o = ops_of(l, n);
+  ValueId x = l.convert(l.tensor_in(n, "self"), o.dt);
+  if (const Argument* e = l.opt(n, "eps"); e && e->kind != Argument::Kind::None) {
+    const double eps = l.number_in(n, "eps", 0.0);
+    x = o.clamp(x, eps, 1.0 - eps, "clamped");
+  }
+  ValueId one_minus = l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(1.0))},
+                             contiguous(l.meta_of(x)), "one_minus_x");
+  l.bind(n, o.un("aten.log.default", o.bin("aten.div.Tensor", x, one_minus, "odds"), "logit"));
+}
+
+// renorm(x, p, dim, maxnorm): each slice along dim whose p-norm exceeds maxnorm scaled by maxnorm / (norm + 1e-7)
+void renorm(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  const auto xs = l.meta_of(x).sizes;
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), xs.size());
+  const double p = l.number_in(n, "p", 2.0), maxnorm = l.number_in(n, "maxnorm", 1.0);
+  std::vector<int64_t> dims, kept = xs;
+  for (int64_t d = 0; d < static_cast<int64_t>(xs.size()); ++d)
+    if (d != dim) {
+      dims.push_back(d);
+      kept[static_cast<size_t>(d)] = 1;
+    }
+  ValueId a = o.un("aten.abs.default", x, "abs");
+  ValueId pw = p == 2.0 ? o.bin("aten.mul.Tensor", a, a, "pow")
+                        : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(a)), NA("exponent", float_arg(p))},
+                                 contiguous(l.meta_of(a)), "pow");
+  ValueId s = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(pw)), NA("dim", ints_arg(dims)),
+                                              NA("keepdim", bool_arg(true))}, contiguous(o.dt, kept), "sum");
+  ValueId norm = p == 2.0 ? o.un("aten.sqrt.default", s, "norm")
+                          : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(s)), NA("exponent", float_arg(1.0 / p))},
+                                   contiguous(o.dt, kept), "norm");
+  ValueId factor = l.emit("aten.div.Tensor", {NA("self", tensor_arg(l.scalar_tensor(float_arg(maxnorm), o.dt))),
+                                              NA("other", tensor_arg(o.scal("aten.add.Scalar", norm, 1e-7, "norm_eps")))},
+                          contiguous(o.dt, kept), "factor");
+  factor = o.where(o.cmp("aten.gt.Scalar", norm, maxnorm, "over"), factor, l.scalar_tensor(float_arg(1.0), o.dt), "factor");
+  l.bind(n, o.bin("aten.mul.Tensor", x, factor, "renorm"));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -1127,6 +1214,14 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.sinc.default", sinc},
     {"aten.sgn.default", sgn},
     {"aten.nan_to_num.default", nan_to_num},
+    {"aten.square.default", square},
+    {"aten.lerp.Scalar", lerp},
+    {"aten.lerp.Tensor", lerp},
+    {"aten.xlogy.Tensor", xlogy},
+    {"aten.xlogy.Scalar_Self", xlogy},
+    {"aten.xlogy.Scalar_Other", xlogy},
+    {"aten.logit.default", logit},
+    {"aten.renorm.default", renorm},
     {"aten.hardshrink.default", hardshrink},
     {"aten.softshrink.default", softshrink},
     {"aten.addcmul.default", addcmul},

@@ -89,7 +89,8 @@ INPLACE = ["add_", "mul_", "div.no_rounding_mode_", "clamp_", "masked_fill_", "i
            "addcdiv_", "sigmoid_", "tanh_", "conj_physical_", "deg2rad_", "frac_", "floor_divide_",
            "true_divide_",
            # the in-place sweep's functional forms in the decomposition table (2026-12-04)
-           "pow_", "rad2deg_", "heaviside_", "sinc_", "sgn_", "nan_to_num_", "nn.functional.threshold_"]
+           "pow_", "rad2deg_", "heaviside_", "sinc_", "sgn_", "nan_to_num_", "nn.functional.threshold_",
+           "square_", "lerp_", "xlogy_", "logit_", "renorm_"]
 MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.MultiheadAttention",
            "nn.TransformerEncoderLayer", "nn.L1Loss", "nn.SmoothL1Loss", "nn.MSELoss", "nn.HuberLoss", "nn.GLU",
            "parametrizations.weight_norm",
@@ -108,7 +109,8 @@ CATEGORY_SAMPLES = {"tril": list(range(8)), "triu": list(range(8)),
                     "nn.CrossEntropyLoss": [0, 4, 8, 9, 31, 35], "nn.MultiMarginLoss": [0, 4, 6],
                     "nn.MultiLabelMarginLoss": [1, 6], "nn.HingeEmbeddingLoss": [0, 7], "nn.CosineEmbeddingLoss": [3, 4],
                     "nn.RNNCell": [0, 2], "nn.ReflectionPad3d": [0, 1], "nn.ReplicationPad3d": [0, 1],
-                    "pow_": [0, 3], "heaviside_": [1, 3]}
+                    "pow_": [0, 3], "heaviside_": [1, 3], "logit_": [0, 1],
+                    "renorm_": [0, 2]}
 
 
 def _category_rows():
