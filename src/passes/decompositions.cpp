@@ -1144,6 +1144,45 @@ void renorm(L& l, const Node& n) {
   l.bind(n, o.bin("aten.mul.Tensor", x, factor, "renorm"));
 }
 
+// alpha_dropout / feature_dropout / feature_alpha_dropout: the identity in eval (train=False) or with p = 0
+void eval_dropout(L& l, const Node& n) {
+  if (l.int_in(n, "train", 0) != 0 && l.number_in(n, "p", 0.0) != 0.0)
+    l.unsupported(n, "dropout in training mode (random output); export the model in eval() mode");
+  l.bind(n, l.tensor_in(n, l.opt(n, "input") ? "input" : "self"));  // the in-place form's functional name: self
+}
+
+// scatter_reduce(reduce='mean') of a float tensor (the kernels of both runtimes take sum/prod/amax/amin): the sum
+// divided by the count of values each position got (plus one for self when include_self); a position that got
+// none keeps self. Other reductions: the operator itself.
+void scatter_reduce(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  std::vector<NamedArgument> args;
+  for (const auto& in : n.inputs) args.push_back({in.name, l.remap(in.arg), in.keyword});
+  const Argument& r = l.arg(n, "reduce");
+  if (r.kind != Argument::Kind::String || std::get<std::string>(r.payload) != "mean") {
+    l.bind(n, l.emit("aten.scatter_reduce.two", std::move(args), m));
+    return;
+  }
+  if (m.dtype != ScalarType::Float) l.unsupported(n, "scatter_reduce 'mean' of a non-float32 tensor");
+  Ops o{l, m.dtype};
+  ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), m.sizes.size());
+  const bool include_self = l.int_in(n, "include_self", 1) != 0;
+  for (auto& a : args)
+    if (a.name == "reduce") a.arg = Argument{Argument::Kind::String, std::string("sum")};
+  ValueId sum = l.emit("aten.scatter_reduce.two", std::move(args), m, "sum");
+  ValueId start = l.emit("aten.full.default", {NA("size", ints_arg(m.sizes)), NA("fill_value", int_arg(include_self ? 1 : 0))},
+                         m, "count_start");
+  ValueId ones = l.emit("aten.full.default", {NA("size", ints_arg(l.meta_of(index).sizes)), NA("fill_value", int_arg(1))},
+                        contiguous(m.dtype, l.meta_of(index).sizes), "ones");
+  (void)src;
+  ValueId count = l.emit("aten.scatter_add.default", {NA("self", tensor_arg(start)), NA("dim", int_arg(dim)),
+                                                      NA("index", tensor_arg(index)), NA("src", tensor_arg(ones))},
+                         m, "count");
+  ValueId mean = o.bin("aten.div.Tensor", sum, count, "mean");
+  l.bind(n, o.where(o.cmp("aten.eq.Scalar", count, 0.0, "untouched"), self, mean, "scatter_mean"));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -1222,6 +1261,10 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.xlogy.Scalar_Other", xlogy},
     {"aten.logit.default", logit},
     {"aten.renorm.default", renorm},
+    {"aten.alpha_dropout.default", eval_dropout},
+    {"aten.feature_dropout.default", eval_dropout},
+    {"aten.feature_alpha_dropout.default", eval_dropout},
+    {"aten.scatter_reduce.two", scatter_reduce},
     {"aten.hardshrink.default", hardshrink},
     {"aten.softshrink.default", softshrink},
     {"aten.addcmul.default", addcmul},
