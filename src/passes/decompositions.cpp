@@ -1151,36 +1151,56 @@ void eval_dropout(L& l, const Node& n) {
   l.bind(n, l.tensor_in(n, l.opt(n, "input") ? "input" : "self"));  // the in-place form's functional name: self
 }
 
-// scatter_reduce(reduce='mean') of a float tensor (the kernels of both runtimes take sum/prod/amax/amin): the sum
-// divided by the count of values each position got (plus one for self when include_self); a position that got
-// none keeps self. Other reductions: the operator itself.
+// scatter_reduce 'sum' and 'mean' by scatter_add, which ExecuTorch's portable library has (it has no scatter_reduce):
+// the positions no index reaches keep self; include_self=False restarts the reached ones from 0; 'mean' divides by
+// the count of values each position got (plus one for self when include_self). prod/amax/amin: the operator itself
+// (kiln's kernel; ExecuTorch's runtime cannot load it, as it cannot load ExecuTorch's own program of it).
 void scatter_reduce(L& l, const Node& n) {
   const TensorMeta m = l.out_meta(n);
-  std::vector<NamedArgument> args;
-  for (const auto& in : n.inputs) args.push_back({in.name, l.remap(in.arg), in.keyword});
   const Argument& r = l.arg(n, "reduce");
-  if (r.kind != Argument::Kind::String || std::get<std::string>(r.payload) != "mean") {
+  const std::string reduce = r.kind == Argument::Kind::String ? std::get<std::string>(r.payload) : "";
+  if (reduce != "sum" && reduce != "mean") {
+    std::vector<NamedArgument> args;
+    for (const auto& in : n.inputs) args.push_back({in.name, l.remap(in.arg), in.keyword});
     l.bind(n, l.emit("aten.scatter_reduce.two", std::move(args), m));
     return;
   }
-  if (m.dtype != ScalarType::Float) l.unsupported(n, "scatter_reduce 'mean' of a non-float32 tensor");
+  if (reduce == "mean" && m.dtype != ScalarType::Float) l.unsupported(n, "scatter_reduce 'mean' of a non-float32 tensor");
   Ops o{l, m.dtype};
   ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
   const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), m.sizes.size());
   const bool include_self = l.int_in(n, "include_self", 1) != 0;
-  for (auto& a : args)
-    if (a.name == "reduce") a.arg = Argument{Argument::Kind::String, std::string("sum")};
-  ValueId sum = l.emit("aten.scatter_reduce.two", std::move(args), m, "sum");
-  ValueId start = l.emit("aten.full.default", {NA("size", ints_arg(m.sizes)), NA("fill_value", int_arg(include_self ? 1 : 0))},
-                         m, "count_start");
-  ValueId ones = l.emit("aten.full.default", {NA("size", ints_arg(l.meta_of(index).sizes)), NA("fill_value", int_arg(1))},
-                        contiguous(m.dtype, l.meta_of(index).sizes), "ones");
-  (void)src;
-  ValueId count = l.emit("aten.scatter_add.default", {NA("self", tensor_arg(start)), NA("dim", int_arg(dim)),
-                                                      NA("index", tensor_arg(index)), NA("src", tensor_arg(ones))},
-                         m, "count");
-  ValueId mean = o.bin("aten.div.Tensor", sum, count, "mean");
+  auto scatter_add = [&](ValueId base, ValueId values, const char* hint) {
+    return l.emit("aten.scatter_add.default", {NA("self", tensor_arg(base)), NA("dim", int_arg(dim)),
+                                                NA("index", tensor_arg(index)), NA("src", tensor_arg(values))}, m, hint);
+  };
+  auto full = [&](const std::vector<int64_t>& sizes, int64_t v, const char* hint) {
+    return l.emit("aten.full.default", {NA("size", ints_arg(sizes)), NA("fill_value", int_arg(v))},
+                  contiguous(m.dtype, sizes), hint);
+  };
+  ValueId count = self;  // (replaced below whenever it is read)
+  const bool need_count = reduce == "mean" || !include_self;
+  if (need_count)
+    count = scatter_add(full(m.sizes, 0, "zeros"), full(l.meta_of(index).sizes, 1, "ones"), "count");
+  ValueId base = self;
+  if (!include_self)  // reached positions start from 0
+    base = o.where(o.cmp("aten.gt.Scalar", count, 0.0, "reached"), o.zero(), self, "base");
+  ValueId sum = scatter_add(base, src, "sum");
+  if (reduce == "sum") {
+    l.bind(n, sum);
+    return;
+  }
+  ValueId total = include_self ? o.scal("aten.add.Scalar", count, 1.0, "count_self") : count;
+  ValueId mean = o.bin("aten.div.Tensor", sum, total, "mean");
   l.bind(n, o.where(o.cmp("aten.eq.Scalar", count, 0.0, "untouched"), self, mean, "scatter_mean"));
+}
+
+// exp2(x) = pow(2, x): ExecuTorch's portable library has no exp2 kernel (its runtime cannot load a program with it)
+void exp2(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId x = l.convert(l.tensor_in(n, "self"), m.dtype);
+  l.bind(n, l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(l.scalar_tensor(float_arg(2.0), m.dtype))),
+                                              NA("exponent", tensor_arg(x))}, m));
 }
 
 struct Decomposition {
@@ -1265,6 +1285,7 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.feature_dropout.default", eval_dropout},
     {"aten.feature_alpha_dropout.default", eval_dropout},
     {"aten.scatter_reduce.two", scatter_reduce},
+    {"aten.exp2.default", exp2},
     {"aten.hardshrink.default", hardshrink},
     {"aten.softshrink.default", softshrink},
     {"aten.addcmul.default", addcmul},
