@@ -33,6 +33,48 @@ def load(path: Path):
     return samples, notes, why
 
 
+# Why kiln refuses a sample ExecuTorch lowers, by sweep entry (operator, in-place variant or module): every such
+# sample must have one (issue 35). A refusal whose entry is not here is listed as UNEXPLAINED.
+REFUSAL_REASONS = {
+    "nonzero": "data-dependent output size: kiln plans every tensor's size ahead of time",
+    "as_strided_": "an in-place change of a tensor's shape and strides (not of its values): functionalization has "
+                   "no functional form of a metadata mutation; the out-of-place as_strided lowers",
+    "as_strided.partial_views_": "an in-place change of a tensor's shape and strides (not of its values): "
+                                 "functionalization has no functional form of a metadata mutation",
+    "squeeze_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
+    "squeeze.multiple_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
+    "unsqueeze_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
+    "t_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
+    "transpose_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
+    "nn.functional.adaptive_avg_pool3d": "3-D pooling: kiln has no 3-D pooling kernel or decomposition yet; "
+                                         "ExecuTorch's own .pte of it fails in ExecuTorch's runtime too",
+    "nn.AdaptiveAvgPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
+                            "ExecuTorch's runtime (missing kernel), so no runtime runs it",
+    "nn.AvgPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
+                    "ExecuTorch's runtime (missing kernel), so no runtime runs it",
+    "nn.MaxPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
+                    "ExecuTorch's runtime (missing kernel), so no runtime runs it",
+    "nn.LPPool3d": "3-D pooling (avg_pool3d inside): kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it "
+                   "fails in ExecuTorch's runtime (missing kernel), so no runtime runs it",
+}
+
+
+def refusals_of(samples):
+    """(op, backend, ExecuTorch's .pte correct in its runtime?, kiln's error, reason) for every sample ExecuTorch
+    lowers and kiln does not."""
+    out = []
+    for op, rs in samples.items():
+        for b in BACKENDS:
+            bad = [r for r in rs.values() if st(r, "et", b, "lower") == "ok" and st(r, "kiln", b, "lower") != "ok"]
+            if not bad:
+                continue
+            ok = sum(1 for r in bad if st(r, "et", b, "et_run") == "ok")
+            msg = Counter(r.get(f"kiln_{b}", {}).get("lower", {}).get("msg", "") for r in bad).most_common(1)[0][0]
+            out.append((op, b, f"{len(bad)} ({ok} correct in ET)", shorten(msg),
+                        REFUSAL_REASONS.get(op, "UNEXPLAINED")))
+    return out
+
+
 def st(r, producer, backend, stage):
     return r.get(f"{producer}_{backend}", {}).get(stage, {}).get("status")
 
@@ -197,6 +239,11 @@ def write_report(jsonl: Path, md: Path):
               "| operator | backend | ET correct | kiln correct | kiln's error |", "|---|---|---|---|---|"]
     for op, b, ee, ke, msg in merge_backends(missing):
         lines.append(f"| {op} | {b} | {ee} | {ke} | {esc(msg)} |")
+    lines += ["", "## Samples ExecuTorch lowers that kiln refuses, and why", "",
+              "Every one has a reason (`REFUSAL_REASONS` in bench/coverage/report.py); UNEXPLAINED marks a gap.", "",
+              "| entry | backend | samples | kiln's error | reason |", "|---|---|---|---|---|"]
+    for op, b, cnt, msg, reason in merge_backends(refusals_of(samples)):
+        lines.append(f"| {op} | {b} | {cnt} | {esc(msg)} | {esc(reason)} |")
     lines += ["", "## ExecuTorch programs kiln's runtime does not run correctly", "",
               "Per backend: samples whose ExecuTorch .pte is correct in ExecuTorch's runtime vs in kiln's, and kiln's "
               "(most common) error.", "",
@@ -250,6 +297,10 @@ def totals_table(jsonl: Path) -> list[str]:
     for b in BACKENDS:
         lines.append(f"| {b} | {tot[f'{b}_kl']} | {tot[f'{b}_ke']} | {tot[f'{b}_kk']} | {tot[f'{b}_el']} | "
                      f"{tot[f'{b}_ee']} | {tot[f'{b}_ek']} |")
+    refused = refusals_of(samples)
+    unexplained = sorted({op for op, _, _, _, reason in refused if reason == "UNEXPLAINED"})
+    lines += ["", f"Entries with samples ExecuTorch lowers and kiln refuses: {len({r[0] for r in refused})}, each with "
+              "its reason in the full report" + (f"; UNEXPLAINED: {', '.join(unexplained)}" if unexplained else "") + "."]
     return lines
 
 

@@ -7,6 +7,7 @@
 // A new decomposition is one function below and one row in kDecompositions.
 #include "lowerer.h"
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -492,6 +493,716 @@ void glu(L& l, const Node& n) {  // a * sigmoid(b), a and b the halves along dim
   l.bind(n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(parts[0])), NA("other", tensor_arg(g))}, m));
 }
 
+// triu(x, d) = tril(x^T, -d)^T over the last two dims: ExecuTorch's portable library has a tril kernel and no
+// triu one, so kiln emits tril only (every value kept as it is, infinities and NaNs included).
+void triu(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+  if (dims.size() < 2) l.unsupported(n, "triu needs a tensor of at least 2 dims");
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[dims.size() - 1], dims[dims.size() - 2]);
+  ValueId t = l.permute(x, dims, "transposed");
+  ValueId r = l.emit("aten.tril.default", {NA("self", tensor_arg(t)), NA("diagonal", int_arg(-l.int_in(n, "diagonal", 0)))},
+                     contiguous(l.meta_of(t)), "tril");
+  l.bind(n, l.permute(r, dims));
+}
+
+// ---- more losses and shrinks (the module sweep's nn.*Loss, nn.Hardshrink/Softshrink), each in torch's own formula
+// (torch/_refs/nn/functional and torch/_decomp) so that rounding follows eager's.
+
+// The broadcast shape of a and b.
+std::vector<int64_t> broadcast_sizes(std::vector<int64_t> s, const std::vector<int64_t>& t) {
+  if (t.size() > s.size()) s.insert(s.begin(), t.size() - s.size(), 1);
+  for (size_t i = 0; i < t.size(); ++i) {
+    int64_t& d = s[s.size() - t.size() + i];
+    d = d == 1 ? t[i] : d;
+  }
+  return s;
+}
+
+struct Ops {  // small emitters over contiguous float values
+  L& l;
+  ScalarType dt;
+  ValueId un(const char* op, ValueId x, const char* hint) {
+    return l.emit(op, {NA("self", tensor_arg(x))}, contiguous(l.meta_of(x)), hint);
+  }
+  ValueId bin(const char* op, ValueId a, ValueId b, const char* hint) {
+    const TensorMeta m = contiguous(dt, broadcast_sizes(l.meta_of(a).sizes, l.meta_of(b).sizes));
+    return l.emit(op, {NA("self", tensor_arg(a)), NA("other", tensor_arg(b))}, m, hint);
+  }
+  ValueId scal(const char* op, ValueId a, double v, const char* hint) {
+    return l.emit(op, {NA("self", tensor_arg(a)), NA("other", float_arg(v))}, contiguous(dt, l.meta_of(a).sizes),
+                  hint);
+  }
+  ValueId cmp(const char* op, ValueId a, double v, const char* hint) {
+    return l.emit(op, {NA("self", tensor_arg(a)), NA("other", float_arg(v))},
+                  contiguous(ScalarType::Bool, l.meta_of(a).sizes), hint);
+  }
+  ValueId clamp(ValueId a, std::optional<double> lo, std::optional<double> hi, const char* hint) {
+    std::vector<NamedArgument> args{NA("self", tensor_arg(a))};
+    if (lo) args.push_back(NA("min", float_arg(*lo)));
+    if (hi) args.push_back(NA("max", float_arg(*hi)));
+    return l.emit("aten.clamp.default", std::move(args), contiguous(l.meta_of(a)), hint);
+  }
+  ValueId where(ValueId c, ValueId a, ValueId b, const char* hint) {
+    const TensorMeta m = contiguous(dt, broadcast_sizes(broadcast_sizes(l.meta_of(c).sizes, l.meta_of(a).sizes),
+                                                        l.meta_of(b).sizes));
+    return l.emit("aten.where.self", {NA("condition", tensor_arg(c)), NA("self", tensor_arg(a)),
+                                      NA("other", tensor_arg(b))}, m, hint);
+  }
+  ValueId zero() { return l.scalar_tensor(float_arg(0.0), dt); }
+  ValueId sum_all(ValueId x, const char* hint) {
+    std::vector<int64_t> dims(l.meta_of(x).sizes.size());
+    std::iota(dims.begin(), dims.end(), 0);
+    return l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(x)), NA("dim", ints_arg(dims)),
+                                           NA("keepdim", bool_arg(false))}, contiguous(l.meta_of(x).dtype, {}), hint);
+  }
+  ValueId sum_dim(ValueId x, int64_t dim, const char* hint) {
+    std::vector<int64_t> s = l.meta_of(x).sizes;
+    s.erase(s.begin() + dim);
+    return l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(x)), NA("dim", ints_arg({dim})),
+                                           NA("keepdim", bool_arg(false))}, contiguous(l.meta_of(x).dtype, s), hint);
+  }
+};
+
+Ops ops_of(L& l, const Node& n) { return Ops{l, l.out_meta(n).dtype}; }
+
+void kl_div(L& l, const Node& n) {  // log_target: e^t (t - x); else xlogy(t, t) - t x
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  if (l.int_in(n, "log_target", 0)) {
+    reduce_loss(l, n, o.bin("aten.mul.Tensor", o.un("aten.exp.default", t, "exp_t"),
+                            o.bin("aten.sub.Tensor", t, x, "diff"), "elementwise"));
+    return;
+  }
+  ValueId tlogt = o.bin("aten.mul.Tensor", t, o.un("aten.log.default", t, "log_t"), "tlogt");
+  ValueId xlogy = o.where(o.cmp("aten.eq.Scalar", t, 0.0, "t_zero"), o.zero(), tlogt, "xlogy");
+  reduce_loss(l, n, o.bin("aten.sub.Tensor", xlogy, o.bin("aten.mul.Tensor", t, x, "tx"), "elementwise"));
+}
+
+void margin_ranking_loss(L& l, const Node& n) {  // max(0, -y (x1 - x2) + margin)
+  Ops o = ops_of(l, n);
+  ValueId a = l.tensor_in(n, "input1"), b = l.tensor_in(n, "input2");
+  ValueId y = l.convert(l.tensor_in(n, "target"), o.dt);
+  ValueId e = o.bin("aten.mul.Tensor", o.un("aten.neg.default", y, "neg_y"), o.bin("aten.sub.Tensor", a, b, "diff"),
+                    "scaled");
+  e = o.scal("aten.add.Scalar", e, l.number_in(n, "margin", 0.0), "shifted");
+  reduce_loss(l, n, o.clamp(e, 0.0, std::nullopt, "elementwise"));
+}
+
+void soft_margin_loss(L& l, const Node& n) {  // log1p(exp(-x y))
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), y = l.convert(l.tensor_in(n, "target"), o.dt);
+  ValueId e = o.bin("aten.mul.Tensor", o.un("aten.neg.default", x, "neg_x"), y, "margin");
+  reduce_loss(l, n, o.un("aten.log1p.default", o.un("aten.exp.default", e, "exp"), "elementwise"));
+}
+
+void binary_cross_entropy(L& l, const Node& n) {  // (t - 1) max(log1p(-x), -100) - t max(log x, -100), times weight
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  ValueId lo = o.clamp(o.un("aten.log1p.default", o.un("aten.neg.default", x, "neg_x"), "log1m_x"), -100.0,
+                       std::nullopt, "log1m_x");
+  ValueId lx = o.clamp(o.un("aten.log.default", x, "log_x"), -100.0, std::nullopt, "log_x");
+  ValueId e = o.bin("aten.sub.Tensor", o.bin("aten.mul.Tensor", o.scal("aten.sub.Scalar", t, 1.0, "t_1"), lo, "a"),
+                    o.bin("aten.mul.Tensor", t, lx, "b"), "elementwise");
+  if (auto w = l.opt_tensor_in(n, "weight")) e = o.bin("aten.mul.Tensor", e, *w, "weighted");
+  reduce_loss(l, n, e);
+}
+
+// (1 - t) x - lw log_sigmoid(x), lw = 1 + (pos_weight - 1) t; times weight. log_sigmoid(x) = min(x, 0) - log1p(e^-|x|).
+void binary_cross_entropy_with_logits(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  ValueId ls = o.bin("aten.sub.Tensor", o.clamp(x, std::nullopt, 0.0, "min_x_0"),
+                     o.un("aten.log1p.default",
+                          o.un("aten.exp.default", o.un("aten.neg.default", o.un("aten.abs.default", x, "abs"), "neg"),
+                               "exp"), "log1p"), "log_sigmoid");
+  if (auto pw = l.opt_tensor_in(n, "pos_weight"))
+    ls = o.bin("aten.mul.Tensor",
+               o.scal("aten.add.Scalar", o.bin("aten.mul.Tensor", o.scal("aten.sub.Scalar", *pw, 1.0, "pw_1"), t, "lw"),
+                      1.0, "log_weight"), ls, "weighted_log_sigmoid");
+  ValueId e = o.bin("aten.sub.Tensor",
+                    o.bin("aten.mul.Tensor",
+                          l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(t)), NA("other", float_arg(1.0))},
+                                 contiguous(l.meta_of(t)), "one_minus_t"), x, "a"), ls, "elementwise");
+  if (auto w = l.opt_tensor_in(n, "weight")) e = o.bin("aten.mul.Tensor", e, *w, "weighted");
+  reduce_loss(l, n, e);
+}
+
+void poisson_nll_loss(L& l, const Node& n) {  // log_input: e^x - t x; else x - t log(x + eps); full: + Stirling (t > 1)
+  constexpr double kPi = 3.14159265358979323846;
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "input"), t = l.tensor_in(n, "target");
+  ValueId e = l.int_in(n, "log_input", 1)
+                  ? o.bin("aten.sub.Tensor", o.un("aten.exp.default", x, "exp_x"), o.bin("aten.mul.Tensor", t, x, "tx"),
+                          "elementwise")
+                  : o.bin("aten.sub.Tensor", x,
+                          o.bin("aten.mul.Tensor", t,
+                                o.un("aten.log.default", o.scal("aten.add.Scalar", x, l.number_in(n, "eps", 1e-8), "x_eps"),
+                                     "log"), "tlog"), "elementwise");
+  if (l.int_in(n, "full", 0)) {
+    ValueId st = o.bin("aten.sub.Tensor", o.bin("aten.mul.Tensor", t, o.un("aten.log.default", t, "log_t"), "tlogt"), t,
+                       "st");
+    st = o.bin("aten.add.Tensor", st,
+               o.scal("aten.mul.Scalar", o.un("aten.log.default", o.scal("aten.mul.Scalar", t, 2 * kPi, "two_pi_t"),
+                                              "log_two_pi_t"), 0.5, "half_log"), "stirling");
+    st = o.where(o.cmp("aten.le.Scalar", t, 1.0, "small_t"), o.zero(), st, "stirling");
+    e = o.bin("aten.add.Tensor", e, st, "elementwise");
+  }
+  reduce_loss(l, n, e);
+}
+
+// The mean of nll-type losses: the sum divided by the sum of the picked weights (reduce_loss's mean divides by the
+// count).
+void reduce_weighted(L& l, const Node& n, Ops& o, ValueId e, ValueId wsum) {
+  const int64_t reduction = l.int_in(n, "reduction", 1);
+  const TensorMeta m = l.out_meta(n);
+  if (reduction == 0) {
+    l.bind(n, l.view(e, m.sizes));
+    return;
+  }
+  ValueId s = o.sum_all(e, "sum");
+  l.bind(n, reduction == 2 ? s : l.emit("aten.div.Tensor", {NA("self", tensor_arg(s)), NA("other", tensor_arg(wsum))},
+                                         m, "mean"));
+}
+
+// nll_loss_nd / cross_entropy_loss with class indices: x [N, C, d...] (or [C]) of log-probabilities, t [N, d...]:
+// -w[t] x[n, t, ...] where t != ignore_index, else 0; label smoothing (cross entropy) as torch's
+// _cross_entropy_loss_label_smoothing: (1 - ls) nll + ls / C * (-sum_c w_c x_c), the mean divided by sum w[t] too.
+void nll_of(L& l, const Node& n, Ops& o, ValueId x, ValueId t, double smoothing) {
+  if (l.meta_of(x).sizes.size() == 1) {  // one sample: [C] and a 0-d target
+    x = l.view(x, {1, l.meta_of(x).sizes[0]});
+    t = l.view(t, {1});
+  }
+  const std::vector<int64_t> xs = l.meta_of(x).sizes, ts = l.meta_of(t).sizes;
+  const int64_t C = xs[1];
+  if (ts.size() + 1 != xs.size()) l.unsupported(n, "target's rank is not input's rank - 1");
+  const int64_t ignore = l.int_in(n, "ignore_index", -100);
+  ValueId valid = l.emit("aten.ne.Scalar", {NA("self", tensor_arg(t)), NA("other", int_arg(ignore))},
+                         contiguous(ScalarType::Bool, ts), "valid");
+  ValueId safe = l.emit("aten.where.self", {NA("condition", tensor_arg(valid)), NA("self", tensor_arg(t)),
+                                            NA("other", tensor_arg(l.scalar_tensor(int_arg(0), l.meta_of(t).dtype)))},
+                        contiguous(l.meta_of(t)), "safe_target");
+  std::vector<int64_t> is = ts;
+  is.insert(is.begin() + 1, 1);
+  ValueId picked = l.emit("aten.gather.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(1)),
+                                                  NA("index", tensor_arg(l.view(safe, is)))}, contiguous(o.dt, is),
+                          "picked");
+  picked = l.view(picked, ts);
+  auto w = l.opt_tensor_in(n, "weight");
+  ValueId wt;
+  if (w) {
+    int64_t numel = 1;
+    for (int64_t d : ts) numel *= d;
+    wt = l.view(l.emit("aten.index_select.default", {NA("self", tensor_arg(*w)), NA("dim", int_arg(0)),
+                                                     NA("index", tensor_arg(l.view(safe, {numel})))},
+                       contiguous(o.dt, {numel}), "weight_of_target"), ts);
+    wt = o.where(valid, wt, o.zero(), "weight_of_target");
+  } else {
+    wt = l.convert(valid, o.dt);
+  }
+  ValueId e = o.where(valid, o.un("aten.neg.default", o.bin("aten.mul.Tensor", picked, wt, "weighted"), "nll"),
+                      o.zero(), "nll");
+  const int64_t reduction = l.int_in(n, "reduction", 1);
+  ValueId wsum = reduction == 1 ? o.sum_all(wt, "weight_sum") : e;
+  if (smoothing > 0.0) {
+    ValueId xw = x;
+    if (w) {
+      std::vector<int64_t> ws(xs.size(), 1);
+      ws[1] = C;
+      xw = o.bin("aten.mul.Tensor", x, l.view(*w, ws), "weighted_x");
+    }
+    ValueId sm = o.where(valid, o.un("aten.neg.default", o.sum_dim(xw, 1, "class_sum"), "smooth"), o.zero(), "smooth");
+    if (reduction == 0) {
+      e = o.bin("aten.add.Tensor", o.scal("aten.mul.Scalar", e, 1.0 - smoothing, "nll_part"),
+                o.scal("aten.mul.Scalar", sm, smoothing / static_cast<double>(C), "smooth_part"), "loss");
+    } else {
+      ValueId a = o.sum_all(e, "nll_sum"), b = o.sum_all(sm, "smooth_sum");
+      if (reduction == 1) {
+        a = o.bin("aten.div.Tensor", a, wsum, "nll_mean");
+        b = o.bin("aten.div.Tensor", b, wsum, "smooth_mean");
+      }
+      l.bind(n, o.bin("aten.add.Tensor", o.scal("aten.mul.Scalar", a, 1.0 - smoothing, "nll_part"),
+                      o.scal("aten.mul.Scalar", b, smoothing / static_cast<double>(C), "smooth_part"), "loss"));
+      return;
+    }
+  }
+  reduce_weighted(l, n, o, e, wsum);
+}
+
+void nll_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  nll_of(l, n, o, l.tensor_in(n, "self"), l.tensor_in(n, "target"), 0.0);
+}
+
+// log_softmax over the class dim (1; 0 for one sample), then nll on class indices; class probabilities (a float
+// target of the input's shape): -sum_c w_c t_c log p_c per sample (t smoothed to t (1 - ls) + ls / C), the mean over
+// the samples.
+void cross_entropy_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  const auto xs = l.meta_of(x).sizes;
+  const int64_t cdim = xs.size() >= 2 ? 1 : 0;
+  const double ls = l.number_in(n, "label_smoothing", 0.0);
+  ValueId lsm = l.emit("aten._log_softmax.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(cdim)),
+                                                     NA("half_to_float", bool_arg(false))}, contiguous(l.meta_of(x)),
+                       "log_softmax");
+  const ScalarType tdt = l.meta_of(t).dtype;
+  if (tdt == ScalarType::Long || tdt == ScalarType::Int) {
+    nll_of(l, n, o, lsm, t, ls);
+    return;
+  }
+  if (l.meta_of(t).sizes != xs) l.unsupported(n, "class probabilities of a shape other than the input's");
+  if (l.int_in(n, "ignore_index", -100) != -100) l.unsupported(n, "ignore_index with class probabilities");
+  const int64_t C = xs[static_cast<size_t>(cdim)];
+  if (ls > 0.0)
+    t = o.scal("aten.add.Scalar", o.scal("aten.mul.Scalar", t, 1.0 - ls, "kept"), ls / static_cast<double>(C), "smoothed");
+  ValueId p = o.bin("aten.mul.Tensor", lsm, t, "tlogp");
+  if (auto w = l.opt_tensor_in(n, "weight")) {
+    std::vector<int64_t> ws(xs.size(), 1);
+    ws[static_cast<size_t>(cdim)] = C;
+    p = o.bin("aten.mul.Tensor", p, l.view(*w, ws), "weighted");
+  }
+  ValueId e = o.un("aten.neg.default", o.sum_dim(p, cdim, "class_sum"), "per_sample");
+  reduce_loss(l, n, e);
+}
+
+// multi_margin_loss: per sample sum_{i != y} max(0, margin - x_y + x_i)^p (times w_y) / C.
+void multi_margin_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  if (l.meta_of(x).sizes.size() == 1) {
+    x = l.view(x, {1, l.meta_of(x).sizes[0]});
+    t = l.view(t, {1});
+  }
+  const auto xs = l.meta_of(x).sizes;
+  if (xs.size() != 2) l.unsupported(n, "input must be 1-d or 2-d");
+  const int64_t N = xs[0], C = xs[1];
+  const int64_t p = l.int_in(n, "p", 1);
+  if (p != 1 && p != 2) l.unsupported(n, "p must be 1 or 2");
+  ValueId tc = l.view(t, {N, 1});
+  ValueId xy = l.emit("aten.gather.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(1)),
+                                              NA("index", tensor_arg(tc))}, contiguous(o.dt, {N, 1}), "x_target");
+  ValueId z = o.bin("aten.add.Tensor", l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(xy)),
+                                                                  NA("other", float_arg(l.number_in(n, "margin", 1.0)))},
+                                              contiguous(o.dt, {N, 1}), "margin_minus_xy"), x, "z");
+  z = o.clamp(z, 0.0, std::nullopt, "hinge");
+  if (p == 2) z = o.bin("aten.mul.Tensor", z, z, "squared");
+  if (auto w = l.opt_tensor_in(n, "weight"))
+    z = o.bin("aten.mul.Tensor", z, l.view(l.emit("aten.index_select.default",
+                                                  {NA("self", tensor_arg(*w)), NA("dim", int_arg(0)),
+                                                   NA("index", tensor_arg(l.view(t, {N})))}, contiguous(o.dt, {N}),
+                                                  "w_target"), {N, 1}), "weighted");
+  ValueId is_y = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(l.view(iota_constant(l, C, ScalarType::Long, "classes"),
+                                                                       {1, C}))),
+                                           NA("other", tensor_arg(tc))}, contiguous(ScalarType::Bool, {N, C}), "is_y");
+  z = o.where(is_y, o.zero(), z, "others");
+  ValueId e = o.scal("aten.div.Scalar", o.sum_dim(z, 1, "sum"), static_cast<double>(C), "per_sample");
+  const TensorMeta m = l.out_meta(n);
+  if (l.int_in(n, "reduction", 1) == 0) {
+    l.bind(n, l.view(e, m.sizes));
+    return;
+  }
+  reduce_loss(l, n, e);
+}
+
+// multilabel_margin_loss: per sample, the targets are t's entries before the first -1; the loss is
+// sum_{j target} sum_{i not a target} max(0, 1 - (x_j - x_i)) / C.
+void multilabel_margin_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.convert(l.tensor_in(n, "target"), ScalarType::Long);
+  const bool one = l.meta_of(x).sizes.size() == 1;  // one sample: eager's unreduced loss is 0-d (export says [1])
+  if (one) {
+    x = l.view(x, {1, l.meta_of(x).sizes[0]});
+    t = l.view(t, {1, l.meta_of(t).sizes[0]});
+  }
+  const auto xs = l.meta_of(x).sizes;
+  if (xs.size() != 2 || l.meta_of(t).sizes != xs) l.unsupported(n, "input and target must be [C] or [N, C] alike");
+  const int64_t N = xs[0], C = xs[1];
+  const TensorMeta lb = contiguous(ScalarType::Long, {N, C});
+  ValueId ends = l.convert(l.emit("aten.eq.Scalar", {NA("self", tensor_arg(t)), NA("other", int_arg(-1))},
+                                  contiguous(ScalarType::Bool, {N, C}), "end"), ScalarType::Long);
+  ValueId past = l.emit("aten.cumsum.default", {NA("self", tensor_arg(ends)), NA("dim", int_arg(1))}, lb, "ends_so_far");
+  ValueId valid = l.emit("aten.eq.Scalar", {NA("self", tensor_arg(past)), NA("other", int_arg(0))},
+                         contiguous(ScalarType::Bool, {N, C}), "valid");  // [N, k]
+  ValueId safe = l.emit("aten.clamp.default", {NA("self", tensor_arg(t)), NA("min", int_arg(0))}, lb, "safe_target");
+  // is_target[n, i]: some valid k has t[n, k] == i
+  ValueId hot = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(l.view(safe, {N, C, 1}))),
+                                          NA("other", tensor_arg(l.view(iota_constant(l, C, ScalarType::Long, "classes"),
+                                                                        {1, 1, C})))},
+                       contiguous(ScalarType::Bool, {N, C, C}), "hot");
+  hot = l.emit("aten.logical_and.default", {NA("self", tensor_arg(hot)), NA("other", tensor_arg(l.view(valid, {N, C, 1})))},
+               contiguous(ScalarType::Bool, {N, C, C}), "hot");
+  ValueId is_t = l.emit("aten.any.dim", {NA("self", tensor_arg(hot)), NA("dim", int_arg(1)), NA("keepdim", bool_arg(true))},
+                        contiguous(ScalarType::Bool, {N, 1, C}), "is_target");
+  ValueId xj = l.emit("aten.gather.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(1)),
+                                              NA("index", tensor_arg(safe))}, contiguous(o.dt, {N, C}), "x_target");
+  ValueId d = o.bin("aten.sub.Tensor", l.view(xj, {N, C, 1}), l.view(x, {N, 1, C}), "diff");
+  ValueId h = o.clamp(l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(d)), NA("other", float_arg(1.0))},
+                             contiguous(o.dt, {N, C, C}), "one_minus"), 0.0, std::nullopt, "hinge");
+  ValueId keep = l.emit("aten.logical_and.default",
+                        {NA("self", tensor_arg(l.view(valid, {N, C, 1}))),
+                         NA("other", tensor_arg(l.emit("aten.logical_not.default", {NA("self", tensor_arg(is_t))},
+                                                       contiguous(ScalarType::Bool, {N, 1, C}), "not_target")))},
+                        contiguous(ScalarType::Bool, {N, C, C}), "pairs");
+  h = o.where(keep, h, o.zero(), "counted");
+  ValueId e = o.scal("aten.div.Scalar", l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(h)), NA("dim", ints_arg({1, 2})),
+                                                                        NA("keepdim", bool_arg(false))},
+                                               contiguous(o.dt, {N}), "sum"), static_cast<double>(C), "per_sample");
+  if (l.int_in(n, "reduction", 1) == 0) {
+    l.bind(n, one ? l.view(e, {}) : e);
+    return;
+  }
+  reduce_loss(l, n, e);
+}
+
+void hardshrink(L& l, const Node& n) {  // where(|x| <= lambd, 0, x)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  ValueId small = o.cmp("aten.le.Scalar", o.un("aten.abs.default", x, "abs"), l.number_in(n, "lambd", 0.5), "small");
+  l.bind(n, o.where(small, o.zero(), x, "hardshrink"));
+}
+
+void softshrink(L& l, const Node& n) {  // where(|x| > lambd, x - sign(x) lambd, 0)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  const double lambd = l.number_in(n, "lambd", 0.5);
+  ValueId big = o.cmp("aten.gt.Scalar", o.un("aten.abs.default", x, "abs"), lambd, "big");
+  ValueId shifted = o.bin("aten.sub.Tensor", x, o.scal("aten.mul.Scalar", o.un("aten.sign.default", x, "sign"), lambd,
+                                                      "shift"), "shifted");
+  l.bind(n, o.where(big, shifted, o.zero(), "softshrink"));
+}
+
+void threshold(L& l, const Node& n) {  // where(x <= threshold, value, x)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  ValueId below = o.cmp("aten.le.Scalar", x, l.number_in(n, "threshold", 0.0), "below");
+  l.bind(n, o.where(below, l.scalar_tensor(l.arg(n, "value"), o.dt), x, "threshold"));
+}
+
+// hinge_embedding_loss: where(t != 1, max(margin - x, 0), 0) + where(t != -1, x, 0)
+void hinge_embedding_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
+  ValueId mc = o.clamp(l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(x)),
+                                                   NA("other", float_arg(l.number_in(n, "margin", 1.0)))},
+                              contiguous(l.meta_of(x)), "margin_minus_x"), 0.0, std::nullopt, "margin_clamp");
+  ValueId a = o.where(o.cmp("aten.ne.Scalar", t, 1.0, "not_pos"), mc, o.zero(), "output_margin");
+  ValueId b = o.where(o.cmp("aten.ne.Scalar", t, -1.0, "not_neg"), x, o.zero(), "output_self");
+  reduce_loss(l, n, o.bin("aten.add.Tensor", a, b, "elementwise"));
+}
+
+// cosine_embedding_loss: cos = sum(x1 x2) / sqrt((sum(x1^2) + eps) (sum(x2^2) + eps)) over the last dim (eps 1e-12);
+// where(t == 1, 1 - cos, 0) + where(t == -1, max(cos - margin, 0), 0)
+void cosine_embedding_loss(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId a = l.tensor_in(n, "input1"), b = l.tensor_in(n, "input2"), t = l.tensor_in(n, "target");
+  const int64_t d = static_cast<int64_t>(l.meta_of(a).sizes.size()) - 1;
+  if (d < 0) l.unsupported(n, "0-d inputs");
+  ValueId prod = o.sum_dim(o.bin("aten.mul.Tensor", a, b, "prod"), d, "prod_sum");
+  ValueId m1 = o.scal("aten.add.Scalar", o.sum_dim(o.bin("aten.mul.Tensor", a, a, "sq1"), d, "mag1"), 1e-12, "mag1");
+  ValueId m2 = o.scal("aten.add.Scalar", o.sum_dim(o.bin("aten.mul.Tensor", b, b, "sq2"), d, "mag2"), 1e-12, "mag2");
+  ValueId cos = o.bin("aten.div.Tensor", prod, o.un("aten.sqrt.default", o.bin("aten.mul.Tensor", m1, m2, "mags"),
+                                                    "denom"), "cos");
+  ValueId pos = l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(cos)), NA("other", float_arg(1.0))},
+                       contiguous(l.meta_of(cos)), "pos");
+  ValueId neg = o.clamp(o.scal("aten.sub.Scalar", cos, l.number_in(n, "margin", 0.0), "neg"), 0.0, std::nullopt, "neg");
+  ValueId e = o.bin("aten.add.Tensor", o.where(o.cmp("aten.eq.Scalar", t, 1.0, "is_pos"), pos, o.zero(), "output_pos"),
+                    o.where(o.cmp("aten.eq.Scalar", t, -1.0, "is_neg"), neg, o.zero(), "output_neg"), "elementwise");
+  reduce_loss(l, n, e);
+}
+
+// ---- RNN cells (nn.RNNCell / GRUCell / LSTMCell): one step, torch's formulas (aten/src/ATen/native/RNN.cpp)
+
+// x @ W^T (+ b): [B, G]
+ValueId cell_linear(L& l, const Node& n, ValueId x, const char* w, const char* b, const char* hint) {
+  ValueId wv = l.tensor_in(n, w);
+  const auto& wm = l.meta_of(wv);
+  if (wm.sizes.size() != 2) l.unsupported(n, fmt::format("'{}' is not a matrix", w));
+  const TensorMeta m = contiguous(wm.dtype, {l.meta_of(x).sizes[0], wm.sizes[0]});
+  ValueId wt = l.transposed_weight(wv);
+  if (auto bv = l.opt_tensor_in(n, b))
+    return l.emit("aten.addmm.default", {NA("self", tensor_arg(*bv)), NA("mat1", tensor_arg(x)),
+                                         NA("mat2", tensor_arg(wt))}, m, hint);
+  return l.emit("aten.mm.default", {NA("self", tensor_arg(x)), NA("mat2", tensor_arg(wt))}, m, hint);
+}
+
+// The cell's input and hidden state as [B, I], [B, H] (one sample: [I], [H] viewed as a batch of one).
+ValueId as_batch(L& l, ValueId v) {
+  const auto s = l.meta_of(v).sizes;
+  return s.size() == 1 ? l.view(v, {1, s[0]}) : v;
+}
+
+std::vector<ValueId> gate_pieces(L& l, ValueId g, int64_t count, const char* hint) {
+  const auto s = l.meta_of(g).sizes;
+  const int64_t H = s[1] / count;
+  const TensorMeta pm = contiguous(l.meta_of(g).dtype, {s[0], H});
+  return l.emit_raw("aten.split_with_sizes_copy.default",
+                    {NA("self", tensor_arg(g)), NA("split_sizes", ints_arg(std::vector<int64_t>(static_cast<size_t>(count), H))),
+                     NA("dim", int_arg(1))}, std::vector<TensorMeta>(static_cast<size_t>(count), pm), hint);
+}
+
+void rnn_cell(L& l, const Node& n, const char* act) {  // act(x W_ih^T + b_ih + h W_hh^T + b_hh)
+  Ops o = ops_of(l, n);
+  ValueId x = as_batch(l, l.tensor_in(n, "input")), h = as_batch(l, l.tensor_in(n, "hx"));
+  ValueId s = o.bin("aten.add.Tensor", cell_linear(l, n, x, "w_ih", "b_ih", "input_gates"),
+                    cell_linear(l, n, h, "w_hh", "b_hh", "hidden_gates"), "gates");
+  l.bind(n, l.view(o.un(act, s, "hy"), l.out_meta(n).sizes));
+}
+
+void rnn_tanh_cell(L& l, const Node& n) { rnn_cell(l, n, "aten.tanh.default"); }
+void rnn_relu_cell(L& l, const Node& n) { rnn_cell(l, n, "aten.relu.default"); }
+
+void gru_cell(L& l, const Node& n) {  // r, z = sigmoid(i_r + h_r), sigmoid(i_z + h_z); c = tanh(i_n + r h_n); c + z (h - c)
+  Ops o = ops_of(l, n);
+  ValueId x = as_batch(l, l.tensor_in(n, "input")), h = as_batch(l, l.tensor_in(n, "hx"));
+  auto gi = gate_pieces(l, cell_linear(l, n, x, "w_ih", "b_ih", "input_gates"), 3, "input_gate");
+  auto gh = gate_pieces(l, cell_linear(l, n, h, "w_hh", "b_hh", "hidden_gates"), 3, "hidden_gate");
+  ValueId r = o.un("aten.sigmoid.default", o.bin("aten.add.Tensor", gi[0], gh[0], "r"), "reset");
+  ValueId z = o.un("aten.sigmoid.default", o.bin("aten.add.Tensor", gi[1], gh[1], "z"), "update");
+  ValueId c = o.un("aten.tanh.default", o.bin("aten.add.Tensor", gi[2], o.bin("aten.mul.Tensor", r, gh[2], "r_hn"), "c"),
+                   "new");
+  ValueId hy = o.bin("aten.add.Tensor", c, o.bin("aten.mul.Tensor", z, o.bin("aten.sub.Tensor", h, c, "h_c"), "zh"), "hy");
+  l.bind(n, l.view(hy, l.out_meta(n).sizes));
+}
+
+void lstm_cell(L& l, const Node& n) {  // c' = sigmoid(f) c + sigmoid(i) tanh(g); h' = sigmoid(o) tanh(c')
+  Ops o = ops_of(l, n);
+  const Argument hx = l.remap(l.arg(n, "hx"));
+  if (hx.kind != Argument::Kind::Tensors || std::get<std::vector<ValueId>>(hx.payload).size() != 2)
+    l.unsupported(n, "hx must be two tensors (h, c)");
+  const auto& hc = std::get<std::vector<ValueId>>(hx.payload);
+  ValueId x = as_batch(l, l.tensor_in(n, "input")), h = as_batch(l, hc[0]), c = as_batch(l, hc[1]);
+  ValueId gates = o.bin("aten.add.Tensor", cell_linear(l, n, x, "w_ih", "b_ih", "input_gates"),
+                        cell_linear(l, n, h, "w_hh", "b_hh", "hidden_gates"), "gates");
+  auto g = gate_pieces(l, gates, 4, "gate");
+  ValueId ig = o.un("aten.sigmoid.default", g[0], "ingate"), fg = o.un("aten.sigmoid.default", g[1], "forgetgate");
+  ValueId cg = o.un("aten.tanh.default", g[2], "cellgate"), og = o.un("aten.sigmoid.default", g[3], "outgate");
+  ValueId cy = o.bin("aten.add.Tensor", o.bin("aten.mul.Tensor", fg, c, "fc"), o.bin("aten.mul.Tensor", ig, cg, "ig"), "cy");
+  ValueId hy = o.bin("aten.mul.Tensor", og, o.un("aten.tanh.default", cy, "tanh_cy"), "hy");
+  l.bind_all(n, {l.view(hy, l.out_meta(n, 0).sizes), l.view(cy, l.out_meta(n, 1).sizes)});
+}
+
+// ---- functional forms of in-place operators the in-place sweep found (pow_, rad2deg_, heaviside_, sinc_, sgn_,
+// nan_to_num_)
+
+// pow_.Tensor / pow_.Scalar functionalized: aten.pow.Tensor (no such overload: pow.Tensor_Tensor) and aten.pow.Scalar
+// with a tensor self (pow.Tensor_Scalar); the real pow.Scalar (a number to a tensor's powers) too.
+void pow_by_kinds(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  const Argument& self = l.arg(n, "self");
+  const Argument& e = l.arg(n, "exponent");
+  if (self.kind == Argument::Kind::Tensor && e.kind == Argument::Kind::Tensor) {
+    l.bind(n, l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                                NA("exponent", tensor_arg(l.tensor_in(n, "exponent")))}, m));
+  } else if (self.kind == Argument::Kind::Tensor) {
+    l.bind(n, l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(l.tensor_in(n, "self"))), NA("exponent", e)}, m));
+  } else {
+    l.bind(n, l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(l.scalar_tensor(self, m.dtype))),
+                                                NA("exponent", tensor_arg(l.tensor_in(n, "exponent")))}, m));
+  }
+}
+
+void rad2deg(L& l, const Node& n) {
+  constexpr double kPi = 3.14159265358979323846;
+  l.bind(n, l.emit("aten.mul.Scalar", {NA("self", tensor_arg(l.tensor_in(n, "self"))),
+                                       NA("other", float_arg(180.0 / kPi))}, l.out_meta(n)));
+}
+
+void heaviside(L& l, const Node& n) {  // where(x == 0, values, x > 0)
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  ValueId pos = l.convert(o.cmp("aten.gt.Scalar", x, 0.0, "positive"), o.dt);
+  l.bind(n, o.where(o.cmp("aten.eq.Scalar", x, 0.0, "zero"), l.convert(l.tensor_in(n, "values"), o.dt), pos,
+                    "heaviside"));
+}
+
+void sinc(L& l, const Node& n) {  // where(pi x == 0, 1, sin(pi x) / (pi x))
+  constexpr double kPi = 3.14159265358979323846;
+  Ops o = ops_of(l, n);
+  ValueId a = o.scal("aten.mul.Scalar", l.convert(l.tensor_in(n, "self"), o.dt), kPi, "pi_x");
+  ValueId q = o.bin("aten.div.Tensor", o.un("aten.sin.default", a, "sin"), a, "ratio");
+  l.bind(n, o.where(o.cmp("aten.eq.Scalar", a, 0.0, "zero"), l.scalar_tensor(float_arg(1.0), o.dt), q, "sinc"));
+}
+
+void sgn(L& l, const Node& n) {  // of a real tensor: sign
+  l.bind(n, l.emit("aten.sign.default", {NA("self", tensor_arg(l.tensor_in(n, "self")))}, l.out_meta(n)));
+}
+
+// nan_to_num: NaN -> nan (0), +inf -> posinf (the dtype's max), -inf -> neginf (its lowest); float32 only
+void nan_to_num(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  if (o.dt == ScalarType::Long || o.dt == ScalarType::Int || o.dt == ScalarType::Short || o.dt == ScalarType::Char ||
+      o.dt == ScalarType::Byte || o.dt == ScalarType::Bool) {
+    l.bind(n, x);  // integers and bools have no NaN or infinity
+    return;
+  }
+  if (o.dt != ScalarType::Float) l.unsupported(n, "nan_to_num of a float type other than float32");
+  auto value = [&](const char* name, double dflt) {
+    const Argument* a = l.opt(n, name);
+    return a && a->kind != Argument::Kind::None ? l.number_in(n, name, dflt) : dflt;
+  };
+  constexpr double kMax = 3.4028234663852886e38;
+  const TensorMeta bm = contiguous(ScalarType::Bool, l.meta_of(x).sizes);
+  ValueId inf = l.emit("aten.isinf.default", {NA("self", tensor_arg(x))}, bm, "inf");
+  ValueId pos = l.emit("aten.logical_and.default", {NA("self", tensor_arg(inf)),
+                                                    NA("other", tensor_arg(o.cmp("aten.gt.Scalar", x, 0.0, "gt0")))},
+                       bm, "posinf");
+  ValueId neg = l.emit("aten.logical_and.default", {NA("self", tensor_arg(inf)),
+                                                    NA("other", tensor_arg(o.cmp("aten.lt.Scalar", x, 0.0, "lt0")))},
+                       bm, "neginf");
+  ValueId nan = l.emit("aten.isnan.default", {NA("self", tensor_arg(x))}, bm, "nan");
+  ValueId y = o.where(nan, l.scalar_tensor(float_arg(value("nan", 0.0)), o.dt), x, "no_nan");
+  y = o.where(pos, l.scalar_tensor(float_arg(value("posinf", kMax)), o.dt), y, "no_posinf");
+  l.bind(n, o.where(neg, l.scalar_tensor(float_arg(value("neginf", -kMax)), o.dt), y, "nan_to_num"));
+}
+
+void square(L& l, const Node& n) {  // x * x
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta m = l.out_meta(n);
+  x = l.convert(x, m.dtype);
+  l.bind(n, l.emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(x))}, m));
+}
+
+// lerp as torch computes it: |w| < 0.5 ? self + w (end - self) : end - (end - self) (1 - w)
+void lerp(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId a = l.tensor_in(n, "self"), b = l.tensor_in(n, "end");
+  const Argument& wa = l.arg(n, "weight");
+  ValueId d = o.bin("aten.sub.Tensor", b, a, "diff");
+  if (wa.kind != Argument::Kind::Tensor) {
+    const double w = l.number_in(n, "weight", 0.0);
+    if (std::abs(w) < 0.5) {
+      l.bind(n, o.bin("aten.add.Tensor", a, o.scal("aten.mul.Scalar", d, w, "step"), "lerp"));
+    } else {
+      l.bind(n, o.bin("aten.sub.Tensor", b, o.scal("aten.mul.Scalar", d, 1.0 - w, "step"), "lerp"));
+    }
+    return;
+  }
+  ValueId w = l.tensor_in(n, "weight");
+  ValueId lo = o.bin("aten.add.Tensor", a, o.bin("aten.mul.Tensor", w, d, "step_lo"), "lerp_lo");
+  ValueId one_minus = l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(w)), NA("other", float_arg(1.0))},
+                             contiguous(l.meta_of(w)), "one_minus_w");
+  ValueId hi = o.bin("aten.sub.Tensor", b, o.bin("aten.mul.Tensor", d, one_minus, "step_hi"), "lerp_hi");
+  ValueId small = o.cmp("aten.lt.Scalar", o.un("aten.abs.default", w, "abs_w"), 0.5, "small");
+  l.bind(n, o.where(small, lo, hi, "lerp"));
+}
+
+// xlogy(x, y): NaN where y is NaN, else 0 where x == 0, else x log y
+void xlogy(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  const Argument& sa = l.arg(n, "self");
+  const Argument& oa = l.arg(n, "other");
+  ValueId x = sa.kind == Argument::Kind::Tensor ? l.convert(l.tensor_in(n, "self"), o.dt) : l.scalar_tensor(sa, o.dt);
+  ValueId y = oa.kind == Argument::Kind::Tensor ? l.convert(l.tensor_in(n, "other"), o.dt) : l.scalar_tensor(oa, o.dt);
+  ValueId p = o.bin("aten.mul.Tensor", x, o.un("aten.log.default", y, "log_y"), "x_log_y");
+  ValueId z = o.where(o.cmp("aten.eq.Scalar", x, 0.0, "x_zero"), o.zero(), p, "xlogy");
+  ValueId nan = l.emit("aten.isnan.default", {NA("self", tensor_arg(y))}, contiguous(ScalarType::Bool, l.meta_of(y).sizes),
+                       "y_nan");
+  l.bind(n, o.where(nan, y, z, "xlogy"));
+}
+
+void logit(L& l, const Node& n) {  // log(x / (1 - x)), x clamped to [eps, 1 - eps] when eps is given
+  Ops o = ops_of(l, n);
+  ValueId x = l.convert(l.tensor_in(n, "self"), o.dt);
+  if (const Argument* e = l.opt(n, "eps"); e && e->kind != Argument::Kind::None) {
+    const double eps = l.number_in(n, "eps", 0.0);
+    x = o.clamp(x, eps, 1.0 - eps, "clamped");
+  }
+  ValueId one_minus = l.emit("aten.rsub.Scalar", {NA("self", tensor_arg(x)), NA("other", float_arg(1.0))},
+                             contiguous(l.meta_of(x)), "one_minus_x");
+  l.bind(n, o.un("aten.log.default", o.bin("aten.div.Tensor", x, one_minus, "odds"), "logit"));
+}
+
+// renorm(x, p, dim, maxnorm): each slice along dim whose p-norm exceeds maxnorm scaled by maxnorm / (norm + 1e-7)
+void renorm(L& l, const Node& n) {
+  Ops o = ops_of(l, n);
+  ValueId x = l.tensor_in(n, "self");
+  const auto xs = l.meta_of(x).sizes;
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), xs.size());
+  const double p = l.number_in(n, "p", 2.0), maxnorm = l.number_in(n, "maxnorm", 1.0);
+  std::vector<int64_t> dims, kept = xs;
+  for (int64_t d = 0; d < static_cast<int64_t>(xs.size()); ++d)
+    if (d != dim) {
+      dims.push_back(d);
+      kept[static_cast<size_t>(d)] = 1;
+    }
+  ValueId a = o.un("aten.abs.default", x, "abs");
+  ValueId pw = p == 2.0 ? o.bin("aten.mul.Tensor", a, a, "pow")
+                        : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(a)), NA("exponent", float_arg(p))},
+                                 contiguous(l.meta_of(a)), "pow");
+  ValueId s = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(pw)), NA("dim", ints_arg(dims)),
+                                              NA("keepdim", bool_arg(true))}, contiguous(o.dt, kept), "sum");
+  ValueId norm = p == 2.0 ? o.un("aten.sqrt.default", s, "norm")
+                          : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(s)), NA("exponent", float_arg(1.0 / p))},
+                                   contiguous(o.dt, kept), "norm");
+  ValueId factor = l.emit("aten.div.Tensor", {NA("self", tensor_arg(l.scalar_tensor(float_arg(maxnorm), o.dt))),
+                                              NA("other", tensor_arg(o.scal("aten.add.Scalar", norm, 1e-7, "norm_eps")))},
+                          contiguous(o.dt, kept), "factor");
+  factor = o.where(o.cmp("aten.gt.Scalar", norm, maxnorm, "over"), factor, l.scalar_tensor(float_arg(1.0), o.dt), "factor");
+  l.bind(n, o.bin("aten.mul.Tensor", x, factor, "renorm"));
+}
+
+// alpha_dropout / feature_dropout / feature_alpha_dropout: the identity in eval (train=False) or with p = 0
+void eval_dropout(L& l, const Node& n) {
+  if (l.int_in(n, "train", 0) != 0 && l.number_in(n, "p", 0.0) != 0.0)
+    l.unsupported(n, "dropout in training mode (random output); export the model in eval() mode");
+  l.bind(n, l.tensor_in(n, l.opt(n, "input") ? "input" : "self"));  // the in-place form's functional name: self
+}
+
+// scatter_reduce 'sum' and 'mean' by scatter_add, which ExecuTorch's portable library has (it has no scatter_reduce):
+// the positions no index reaches keep self; include_self=False restarts the reached ones from 0; 'mean' divides by
+// the count of values each position got (plus one for self when include_self). prod/amax/amin: the operator itself
+// (kiln's kernel; ExecuTorch's runtime cannot load it, as it cannot load ExecuTorch's own program of it).
+void scatter_reduce(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  const Argument& r = l.arg(n, "reduce");
+  const std::string reduce = r.kind == Argument::Kind::String ? std::get<std::string>(r.payload) : "";
+  if (reduce != "sum" && reduce != "mean") {
+    std::vector<NamedArgument> args;
+    for (const auto& in : n.inputs) args.push_back({in.name, l.remap(in.arg), in.keyword});
+    l.bind(n, l.emit("aten.scatter_reduce.two", std::move(args), m));
+    return;
+  }
+  if (reduce == "mean" && m.dtype != ScalarType::Float) l.unsupported(n, "scatter_reduce 'mean' of a non-float32 tensor");
+  Ops o{l, m.dtype};
+  ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), m.sizes.size());
+  const bool include_self = l.int_in(n, "include_self", 1) != 0;
+  auto scatter_add = [&](ValueId base, ValueId values, const char* hint) {
+    return l.emit("aten.scatter_add.default", {NA("self", tensor_arg(base)), NA("dim", int_arg(dim)),
+                                                NA("index", tensor_arg(index)), NA("src", tensor_arg(values))}, m, hint);
+  };
+  auto full = [&](const std::vector<int64_t>& sizes, int64_t v, const char* hint) {
+    return l.emit("aten.full.default", {NA("size", ints_arg(sizes)), NA("fill_value", int_arg(v))},
+                  contiguous(m.dtype, sizes), hint);
+  };
+  ValueId count = self;  // (replaced below whenever it is read)
+  const bool need_count = reduce == "mean" || !include_self;
+  if (need_count)
+    count = scatter_add(full(m.sizes, 0, "zeros"), full(l.meta_of(index).sizes, 1, "ones"), "count");
+  ValueId base = self;
+  if (!include_self)  // reached positions start from 0
+    base = o.where(o.cmp("aten.gt.Scalar", count, 0.0, "reached"), o.zero(), self, "base");
+  ValueId sum = scatter_add(base, src, "sum");
+  if (reduce == "sum") {
+    l.bind(n, sum);
+    return;
+  }
+  ValueId total = include_self ? o.scal("aten.add.Scalar", count, 1.0, "count_self") : count;
+  ValueId mean = o.bin("aten.div.Tensor", sum, total, "mean");
+  l.bind(n, o.where(o.cmp("aten.eq.Scalar", count, 0.0, "untouched"), self, mean, "scatter_mean"));
+}
+
+// exp2(x) = pow(2, x): ExecuTorch's portable library has no exp2 kernel (its runtime cannot load a program with it)
+void exp2(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId x = l.convert(l.tensor_in(n, "self"), m.dtype);
+  l.bind(n, l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(l.scalar_tensor(float_arg(2.0), m.dtype))),
+                                              NA("exponent", tensor_arg(x))}, m));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -531,10 +1242,52 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.deg2rad.default", deg2rad},
     {"aten.frac.default", frac},
     {"aten.glu.default", glu},
+    {"aten.triu.default", triu},
     {"aten.l1_loss.default", l1_loss},
     {"aten.mse_loss.default", mse_loss},
     {"aten.smooth_l1_loss.default", smooth_l1_loss},
     {"aten.huber_loss.default", huber_loss},
+    {"aten.kl_div.default", kl_div},
+    {"aten.margin_ranking_loss.default", margin_ranking_loss},
+    {"aten.soft_margin_loss.default", soft_margin_loss},
+    {"aten.binary_cross_entropy.default", binary_cross_entropy},
+    {"aten.binary_cross_entropy_with_logits.default", binary_cross_entropy_with_logits},
+    {"aten.poisson_nll_loss.default", poisson_nll_loss},
+    {"aten.nll_loss_nd.default", nll_loss},
+    {"aten.nll_loss.default", nll_loss},
+    {"aten.nll_loss2d.default", nll_loss},
+    {"aten.cross_entropy_loss.default", cross_entropy_loss},
+    {"aten.multi_margin_loss.default", multi_margin_loss},
+    {"aten.multilabel_margin_loss.default", multilabel_margin_loss},
+    {"aten.threshold.default", threshold},
+    {"aten.hinge_embedding_loss.default", hinge_embedding_loss},
+    {"aten.cosine_embedding_loss.default", cosine_embedding_loss},
+    {"aten.rnn_tanh_cell.default", rnn_tanh_cell},
+    {"aten.rnn_relu_cell.default", rnn_relu_cell},
+    {"aten.gru_cell.default", gru_cell},
+    {"aten.lstm_cell.default", lstm_cell},
+    {"aten.pow.Tensor", pow_by_kinds},
+    {"aten.pow.Scalar", pow_by_kinds},
+    {"aten.rad2deg.default", rad2deg},
+    {"aten.heaviside.default", heaviside},
+    {"aten.sinc.default", sinc},
+    {"aten.sgn.default", sgn},
+    {"aten.nan_to_num.default", nan_to_num},
+    {"aten.square.default", square},
+    {"aten.lerp.Scalar", lerp},
+    {"aten.lerp.Tensor", lerp},
+    {"aten.xlogy.Tensor", xlogy},
+    {"aten.xlogy.Scalar_Self", xlogy},
+    {"aten.xlogy.Scalar_Other", xlogy},
+    {"aten.logit.default", logit},
+    {"aten.renorm.default", renorm},
+    {"aten.alpha_dropout.default", eval_dropout},
+    {"aten.feature_dropout.default", eval_dropout},
+    {"aten.feature_alpha_dropout.default", eval_dropout},
+    {"aten.scatter_reduce.two", scatter_reduce},
+    {"aten.exp2.default", exp2},
+    {"aten.hardshrink.default", hardshrink},
+    {"aten.softshrink.default", softshrink},
     {"aten.addcmul.default", addcmul},
     {"aten.addcdiv.default", addcdiv},
     {"aten.hstack.default", hstack},

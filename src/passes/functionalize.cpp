@@ -62,6 +62,7 @@ constexpr ViewOp kViews[] = {
     {"aten.unsqueeze.default", ViewKind::Reshape},     {"aten.transpose.int", ViewKind::Transpose},
     {"aten.swapaxes.default", ViewKind::Transpose},    {"aten.swapdims.default", ViewKind::Transpose},
     {"aten.t.default", ViewKind::Transpose},           {"aten.permute.default", ViewKind::Permute},
+    {"aten.transpose.default", ViewKind::Transpose},  // transpose_'s functional name (torch's is transpose.int)
     {"aten.expand.default", ViewKind::Expand},         {"aten.expand_as.default", ViewKind::Expand},
     {"aten.diagonal.default", ViewKind::Other},        {"aten.as_strided.default", ViewKind::Other},
     {"aten.narrow.default", ViewKind::Other},          {"aten.split.Tensor", ViewKind::Other},

@@ -638,11 +638,51 @@ bool Lowerer::lower_conv(const Node& n) {
     }
     if (mode != "reflect" && mode != "replicate")
       unsupported(n, fmt::format("pad mode '{}' (kiln runs constant, reflect and replicate)", mode));
-    if (pad.size() != 2 && pad.size() != 4)
-      unsupported(n, fmt::format("{} padding of {} dims (kiln pads 1 or 2 trailing dims)", mode, pad.size() / 2));
+    if (pad.empty() || pad.size() % 2 != 0 || pad.size() / 2 > meta_of(x).sizes.size())
+      unsupported(n, fmt::format("{} padding of {} values for a tensor of rank {}", mode, pad.size(),
+                                 meta_of(x).sizes.size()));
+    // the last one or two dims by the kernels both runtimes have; each dim before them (ReflectionPad3d and the
+    // like) by an index_select of the padded dim with constant indices: src = i - before, reflected about the
+    // ends (reflect) or clamped to them (replicate)
+    const size_t kernel_dims = std::min<size_t>(pad.size() / 2, 2);
+    std::vector<int64_t> kpad(pad.begin(), pad.begin() + static_cast<std::ptrdiff_t>(2 * kernel_dims));
+    std::vector<int64_t> sizes = meta_of(x).sizes;
+    const size_t rank = sizes.size();
+    for (size_t j = 0; j < kernel_dims; ++j) sizes[rank - 1 - j] += kpad[2 * j] + kpad[2 * j + 1];
     std::string target = fmt::format("aten.{}_pad{}d.default", mode == "reflect" ? "reflection" : "replication",
-                                     pad.size() / 2);
-    bind(n, emit(target, {NA("self", tensor_arg(x)), NA("padding", ints_arg(pad))}, m));
+                                     kernel_dims);
+    if (kernel_dims == pad.size() / 2) {
+      bind(n, emit(target, {NA("self", tensor_arg(x)), NA("padding", ints_arg(kpad))}, m));
+      return true;
+    }
+    {  // as a batch of [H, W] planes (the kernels take rank 3 or 4), then viewed back
+      int64_t planes = 1;
+      for (size_t d = 0; d + 2 < rank; ++d) planes *= sizes[d];
+      const std::vector<int64_t> in = meta_of(x).sizes;
+      x = emit(target, {NA("self", tensor_arg(view(x, {planes, in[rank - 2], in[rank - 1]}))),
+                        NA("padding", ints_arg(kpad))},
+               contiguous(m.dtype, {planes, sizes[rank - 2], sizes[rank - 1]}), "pad");
+      x = view(x, sizes);
+    }
+    for (size_t j = kernel_dims; j < pad.size() / 2; ++j) {
+      const size_t d = rank - 1 - j;
+      const int64_t D = sizes[d], before = pad[2 * j], len = D + before + pad[2 * j + 1];
+      if (mode == "reflect" && (pad[2 * j] >= D || pad[2 * j + 1] >= D))
+        unsupported(n, "reflect padding as large as the dim it pads");
+      std::vector<std::byte> bytes(static_cast<size_t>(std::max<int64_t>(len, 0)) * sizeof(int64_t));
+      for (int64_t i = 0; i < len; ++i) {
+        int64_t src = i - before;
+        if (mode == "reflect") src = src < 0 ? -src : src >= D ? 2 * (D - 1) - src : src;
+        else src = std::clamp<int64_t>(src, 0, D - 1);
+        std::memcpy(bytes.data() + i * 8, &src, 8);
+      }
+      ValueId idx = constant_tensor(ScalarType::Long, {len}, std::move(bytes), "pad_index");
+      sizes[d] = len;
+      x = emit("aten.index_select.default", {NA("self", tensor_arg(x)), NA("dim", int_arg(static_cast<int64_t>(d))),
+                                             NA("index", tensor_arg(idx))},
+               j + 1 == pad.size() / 2 ? m : contiguous(m.dtype, sizes), "pad");
+    }
+    bind(n, x);
     return true;
   }
 

@@ -84,13 +84,35 @@ def test_samples_lower_cleanly_and_run_correctly_in_both_runtimes(op, kiln_bin, 
 # operator / in-place variant / module; every one must lower on both backends and run correctly in both runtimes.
 # nn.BatchNorm1d: the [N, C] batch norm whose output shape kiln once read from a moved value (a 0-d result).
 DECOMPOSED = ["baddbmm", "addbmm", "addmv", "addr", "addcmul", "addcdiv", "histc", "stack", "hstack", "vstack",
-              "dstack", "mT", "T", "chunk", "unbind", "repeat_interleave", "rsub"]
+              "dstack", "mT", "T", "chunk", "unbind", "repeat_interleave", "rsub", "tril", "triu"]
 INPLACE = ["add_", "mul_", "div.no_rounding_mode_", "clamp_", "masked_fill_", "index_put_", "sub_", "addcmul_",
            "addcdiv_", "sigmoid_", "tanh_", "conj_physical_", "deg2rad_", "frac_", "floor_divide_",
-           "true_divide_"]
+           "true_divide_",
+           # the in-place sweep's functional forms in the decomposition table (2026-12-04)
+           "pow_", "rad2deg_", "heaviside_", "sinc_", "sgn_", "nan_to_num_", "nn.functional.threshold_",
+           "square_", "lerp_", "xlogy_", "logit_", "renorm_", "nn.functional.feature_alpha_dropout.without_train_",
+           "scatter_reduce.sum_", "scatter_reduce.mean_", "exp2_"]
 MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.MultiheadAttention",
            "nn.TransformerEncoderLayer", "nn.L1Loss", "nn.SmoothL1Loss", "nn.MSELoss", "nn.HuberLoss", "nn.GLU",
-           "parametrizations.weight_norm"]
+           "parametrizations.weight_norm",
+           # the losses and shrinks of the decomposition table (2026-12-04)
+           "nn.KLDivLoss", "nn.MarginRankingLoss", "nn.SoftMarginLoss", "nn.NLLLoss", "nn.PoissonNLLLoss", "nn.BCELoss",
+           "nn.BCEWithLogitsLoss", "nn.CrossEntropyLoss", "nn.MultiMarginLoss", "nn.MultiLabelMarginLoss",
+           "nn.Hardshrink", "nn.Softshrink", "nn.Threshold", "nn.HingeEmbeddingLoss", "nn.CosineEmbeddingLoss",
+           "nn.RNNCell", "nn.GRUCell", "nn.LSTMCell", "nn.ReflectionPad3d", "nn.ReplicationPad3d"]
+
+
+# the samples some keys run (the rest run their first): tril/triu all (diagonals above and below, non-square,
+# batched); the losses each reduction, weights, ignore_index, label smoothing, class probabilities, one sample ([C]).
+CATEGORY_SAMPLES = {"tril": list(range(8)), "triu": list(range(8)),
+                    "nn.KLDivLoss": [0, 6, 8], "nn.MarginRankingLoss": [0, 3], "nn.NLLLoss": [0, 2, 9, 20, 24],
+                    "nn.PoissonNLLLoss": [0, 6], "nn.BCELoss": [0, 4], "nn.BCEWithLogitsLoss": [0, 4],
+                    "nn.CrossEntropyLoss": [0, 4, 8, 9, 31, 35], "nn.MultiMarginLoss": [0, 4, 6],
+                    "nn.MultiLabelMarginLoss": [1, 6], "nn.HingeEmbeddingLoss": [0, 7], "nn.CosineEmbeddingLoss": [3, 4],
+                    "nn.RNNCell": [0, 2], "nn.ReflectionPad3d": [0, 1], "nn.ReplicationPad3d": [0, 1],
+                    "pow_": [0, 3], "heaviside_": [1, 3], "logit_": [0, 1],
+                    "renorm_": [0, 2], "nn.functional.feature_alpha_dropout.without_train_": [1],
+                    "scatter_reduce.sum_": [0, 1, 2], "scatter_reduce.mean_": [0, 1, 2]}
 
 
 def _category_rows():
@@ -107,14 +129,45 @@ def _category_rows():
 def test_category_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
     gens = {k: g for k, _, g in _category_rows()}
     assert key in gens, f"{key} is not in the sweep's selection"
-    samples = gens[key](1)
-    assert samples, f"{key}: no sample"
-    desc, module, inputs = samples[0]
-    rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
-    where = f"{key}[0] ({desc})"
-    assert rec["export"]["status"] == "ok", f"{where}: torch.export: {rec['export']}"
+    wanted = CATEGORY_SAMPLES.get(key, [0])
+    samples = gens[key](max(wanted) + 1)
+    assert len(samples) > max(wanted), f"{key}: {len(samples)} samples, expected {max(wanted) + 1}"
+    for i in wanted:
+        desc, module, inputs = samples[i]
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
+        where = f"{key}[{i}] ({desc})"
+        assert rec["export"]["status"] == "ok", f"{where}: torch.export: {rec['export']}"
+        for backend in sweep.BACKENDS:
+            r = rec[f"kiln_{backend}"]
+            assert r["lower"]["status"] == "ok", f"{where} {backend}: kiln lower {r['lower']}"
+            for runtime in ("et_run", "kiln_run"):
+                assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
+
+
+class _Cells(__import__("torch").nn.Module):
+    """The RNN cells batched and without biases (module_db's samples are unbatched, with biases)."""
+
+    def __init__(self):
+        import torch
+        super().__init__()
+        self.rnn = torch.nn.RNNCell(5, 6, bias=False, nonlinearity="relu")
+        self.gru = torch.nn.GRUCell(5, 6, bias=False)
+        self.lstm = torch.nn.LSTMCell(5, 6)
+
+    def forward(self, x, h, c):
+        hl, cl = self.lstm(x, (h, c))
+        return self.rnn(x, h), self.gru(x, h), hl, cl
+
+
+def test_batched_rnn_cells_without_biases_match_eager(kiln_bin, tmp_path):
+    import torch
+    torch.manual_seed(0)
+    inputs = (torch.randn(3, 5), torch.randn(3, 6), torch.randn(3, 6))
+    rec = sweep.run_sample(kiln_bin, _Cells().eval(), inputs, tmp_path, et_lowering=False)
+    assert rec["export"]["status"] == "ok", rec["export"]
     for backend in sweep.BACKENDS:
         r = rec[f"kiln_{backend}"]
-        assert r["lower"]["status"] == "ok", f"{where} {backend}: kiln lower {r['lower']}"
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
         for runtime in ("et_run", "kiln_run"):
-            assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+
