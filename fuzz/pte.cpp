@@ -107,6 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Outputs are readable after a clean run.
     volatile uint8_t sink = 0;
     for (size_t i = 0; i < m.num_outputs(); ++i) {
+      if (!m.output_is_tensor(i)) continue;  // output() is for tensor outputs only (program.h)
       const rt::Tensor& t = m.output(i);
       if (t.nbytes() > 0 && t.data != nullptr) sink = sink ^ static_cast<const uint8_t*>(t.data)[t.nbytes() - 1];
     }

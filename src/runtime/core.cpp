@@ -55,10 +55,11 @@ Status resize_tensor(Tensor& t, std::span<const int64_t> new_shape) {
   if (new_shape.size() > static_cast<size_t>(kMaxDims)) return Status::InvalidArgument;
   int64_t numel = 1;
   for (int64_t s : new_shape) {
-    if (s < 0) return Status::InvalidArgument;
-    numel *= s;
+    if (s < 0 || __builtin_mul_overflow(numel, s, &numel)) return Status::InvalidArgument;  // shapes come from files
   }
-  if (static_cast<size_t>(numel) * static_cast<size_t>(element_size(t.dtype)) > t.capacity_bytes)
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(numel), static_cast<size_t>(element_size(t.dtype)), &bytes) ||
+      bytes > t.capacity_bytes)
     return Status::InvalidArgument;
   bool contiguous = t.is_contiguous() || static_cast<int32_t>(new_shape.size()) != t.dim;
   t.dim = static_cast<int32_t>(new_shape.size());

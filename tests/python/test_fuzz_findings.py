@@ -99,3 +99,42 @@ def test_graph_json_that_is_not_an_object(kiln, tmp_path, graph):
     assert_refused(proc, f"{pt2}: m/models/model.json")
     assert "expected a JSON object" in proc.stderr
     assert listing(tmp_path) == before
+
+
+# fuzz_pte: a convolution whose padding the mutation made 9079256848778919937: the output size
+# 2 * padding overflowed int64 in the portable conv kernel (UBSan: signed integer overflow,
+# src/kernels/portable/conv.cpp); the release build computed a garbage size. The input is the
+# fuzzer's file (2,540 bytes: a kiln-lowered Conv2d + max_pool2d seed with bytes changed), stored
+# zlib-compressed. The kernel now checks its output-size arithmetic and refuses.
+CONV_PADDING_OVERFLOW_PTE = (
+    "eNqtVV1sU1UcP+1KW+bcl2VO3WbTTMNDM9plwtb03izxA5TFMFMNSRndXK9bzbVtulupOnjDzD2p8MCDMRIJIYaHOWFg2L2ZUQPhaRIeFh1xJI"
+    "SYQBSTIrp1vf7POf/LPS3zgcST/HrO/X/8/h/no1FCyIuxcLcyHgr5Yb3oJXxs5tNtYo9G0gq/LuIldbD2AQhJAvYBYoAQ08J32TTpXEMeHCvC"
+    "2gGoA3gZE+WtjCfatbFVC9kqxG8FqZ90gpSQkoeQU25CCmCsAoYBx0Deib40H6dI6qxc9qPNiX9Mk+axFdAOGNGUdCTyzkghkc1k1O5k4kBKG0"
+    "+k0snUqDKBNWbyGllGPxqr6b7faCb9bkbNa6lMWrB1sF7SUQszr6cWe2FBzG0X5vb3qmnSdtD1AKwdKN+MMX2ALYDHAU8AngQ8hTnRWnrXuD/v"
+    "ufd+zynHI0KvacxNzIbLqX0D5tyEoHYdONPxNOAHIFIBIYAXcAMKngEcBRQAA4AQwAf4DYIsAuYBpwAFwD6AD1AE0iXAacDHgEnAXkAU0ApwAc"
+    "5DPFXoja9kmmsm2UTXc7xOtx97QmWTa7xfCw7cepytMxgrMZ9aavtXiZ9fp9A/jesZfwtfe0T+ZeTvd/Bv4nDWuJAfylWsvZwXePaXHsyzs2Tn"
+    "uQEP46BwrTNfplPhvvn4t4fVv87zpz6tuD89XO+k8pPrPAa1GBD8fhf8WtBPFfyuQpxJwb4D7zkdRwV5d9nuXzPqH8N5XuDrAjvrGl4V5M8Kcj"
+    "rurNs9+5Sv3W14Hlk9ZfsuVPfLhegpC/WXrfrhTJaF+oW8H0V9vZBHQeBYMU1zSvi+A9/H+HcNv1MuFve0wP+qafPj88ruPcHeWlwvmXZ+twX5"
+    "fkHuMm3ekwKvG/UenIOm7f+57X/oBUE+J/B6kZe/QW54A1yM0+K33nRr33uRx7KvQ3uLb2+VvrFKT8eiae/vJb52+/D9cQq21p7S99KDLxj187"
+    "Gz4GM1e9ltbsT31eapPh81Qj2cs76Ck9+b5gpWyovnueLOLmH/FjY4g07hDHpZd3gMBjAowxwPB/0fBLT3skog4g+8mU+pWio90aXls6oSCPoD"
+    "8C+iKQWNKtN5VWWi8ZSazCnpxERWGQVF/H/zpxYVPpag2mPo4NDBDfOGv0atKmx8KPBfFEOE9FX34GFywLP+ViZ3YCSXJA87+mYT0uULW+TUwp"
+    "gsmX3GTzdn9Ok5XYqv7pT3eF+Tyb2YfDnQL527Pmhs/+Lr6LVyi3H4j2GjPfeG3HB4hxz+Pmvc/KZH2vZlQD/ya4d+5t6yfu34t9L2u/XG0t0Z"
+    "abC9KEUuBWXl0Blp9nraOPFJm/Gy508p3PSKdHFn1JhdrTWK9aPy4vGAvO39K/rrpZzedEsxzl2ZvlD87jnjo2DE+PlibP6zYqPUMPOjfmRHgz"
+    "y80mx8SOLy82PPyHNTu43wrqw+3d8VPftLneRdTUpfpXXJqu/84Fi0d+qWbrx9Q/oX/8r9ZQ=="
+)
+
+
+def test_conv_padding_that_overflows_the_output_size(kiln, tmp_path):
+    import base64
+    import zlib
+
+    import numpy as np
+
+    pte = tmp_path / "conv.pte"
+    pte.write_bytes(zlib.decompress(base64.b64decode(CONV_PADDING_OVERFLOW_PTE)))
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 2, 4, 4), dtype=np.float32))  # the program's one input, float32[1, 2, 4, 4]
+    before = listing(tmp_path)
+    proc = run(kiln, "run", pte, "--input", x, "--output", tmp_path / "y.npy")
+    assert_refused(proc, "output size overflows")
+    assert listing(tmp_path) == before

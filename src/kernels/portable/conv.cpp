@@ -170,8 +170,17 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
       return;
     }
     g.oc = weight.sizes[1] * groups;
-    for (int d = 0; d < 3; ++d)
-      g.out[d] = (g.in[d] - 1) * g.stride[d] - 2 * g.pad[d] + g.dil[d] * (g.k[d] - 1) + g.opad[d] + 1;
+    for (int d = 0; d < 3; ++d) {
+      // (in - 1) * stride - 2 * pad + dil * (k - 1) + opad + 1, checked: the arguments come from the file
+      int64_t a, b, c;
+      if (__builtin_mul_overflow(g.in[d] - 1, g.stride[d], &a) || __builtin_mul_overflow(g.pad[d], 2, &b) ||
+          __builtin_sub_overflow(a, b, &a) || __builtin_mul_overflow(g.dil[d], g.k[d] - 1, &c) ||
+          __builtin_add_overflow(a, c, &a) || __builtin_add_overflow(a, g.opad[d], &a) ||
+          __builtin_add_overflow(a, 1, &g.out[d])) {
+        ctx.fail(Status::InvalidArgument, "%s: the output size overflows 64 bits", name);
+        return;
+      }
+    }
   } else {
     g.oc = weight.sizes[0];
     if (weight.sizes[1] * groups != g.c || g.oc % groups != 0) {
@@ -180,7 +189,17 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
                static_cast<long long>(g.c), static_cast<long long>(groups));
       return;
     }
-    for (int d = 0; d < 3; ++d) g.out[d] = (g.in[d] + 2 * g.pad[d] - g.dil[d] * (g.k[d] - 1) - 1) / g.stride[d] + 1;
+    for (int d = 0; d < 3; ++d) {
+      // floor((in + 2 * pad - dil * (k - 1) - 1) / stride) + 1, checked: the arguments come from the file
+      int64_t a, c;
+      if (__builtin_mul_overflow(g.pad[d], 2, &a) || __builtin_add_overflow(a, g.in[d], &a) ||
+          __builtin_mul_overflow(g.dil[d], g.k[d] - 1, &c) || __builtin_sub_overflow(a, c, &a) ||
+          __builtin_sub_overflow(a, 1, &a)) {
+        ctx.fail(Status::InvalidArgument, "%s: the output size overflows 64 bits", name);
+        return;
+      }
+      g.out[d] = a < 0 ? 0 : a / g.stride[d] + 1;  // a negative span: no output (floor, as PyTorch)
+    }
   }
   for (int d = 0; d < 3; ++d) {
     if (g.out[d] < 1) {

@@ -31,11 +31,16 @@ bool pair(KernelContext& ctx, const char* name, const char* what, IntArrayRef v,
   return true;
 }
 
-// torch's pooling output size (pooling_output_shape)
+// torch's pooling output size (pooling_output_shape); 0 when the arithmetic overflows int64 (the
+// arguments come from the file: the caller then refuses an empty output)
 int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
-  const int64_t span = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t span, t;
+  if (__builtin_mul_overflow(pad, 2, &span) || __builtin_add_overflow(span, in, &span) ||
+      __builtin_mul_overflow(dil, k - 1, &t) || __builtin_sub_overflow(span, t, &span) ||
+      __builtin_sub_overflow(span, 1, &span) || __builtin_add_overflow(span, ceil_mode ? stride - 1 : 0, &span))
+    return 0;
   int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
-  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;  // out - 1 <= span / stride: no overflow
   return out;
 }
 
@@ -59,7 +64,7 @@ bool setup(KernelContext& ctx, const char* name, const Tensor& self, IntArrayRef
       !pair(ctx, name, "dilation", dilation, one, &p.dh, &p.dw))
     return false;
   if (p.kh < 1 || p.kw < 1 || p.sh < 1 || p.sw < 1 || p.dh < 1 || p.dw < 1 || p.ph < 0 || p.pw < 0 ||
-      p.ph * 2 > p.kh || p.pw * 2 > p.kw) {
+      p.ph > p.kh / 2 || p.pw > p.kw / 2) {
     ctx.fail(Status::InvalidArgument, "%s: kernel, stride and dilation must be positive and padding at most half the kernel",
              name);
     return false;
