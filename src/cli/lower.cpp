@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -98,7 +99,7 @@ int run_lower(const LowerOptions& o) {
   lo.calibrate = o.calibrate;
   check(o.max_size_mb >= 0 && o.max_size_mb < 1e7, "--max-size {}: give the budget in megabytes, above 0",
         o.max_size_mb);
-  lo.max_size_bytes = static_cast<int64_t>(o.max_size_mb * 1e6);
+  lo.max_size_bytes = std::llround(o.max_size_mb * 1e6);
   lo.verify = o.verify;
   lo.debug_map = o.debug_map;
   lo.etrecord = o.etrecord;
