@@ -199,7 +199,7 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     ++others;
   }
   // the graph, the payloads and the alignment of each blob: a small allowance, checked against the written file
-  plan.other_bytes += 16 * 1024 + 256 * (others + 2 * static_cast<int64_t>(plan.layers.size()));
+  plan.other_bytes += 16 * 1024 + 256 * others + 2048 * static_cast<int64_t>(plan.layers.size());
 
   int64_t total = plan.other_bytes;
   plan.max_bytes = plan.other_bytes;
