@@ -89,6 +89,7 @@ def pte_logits(pte: Path, win: list[int]):
     """The row's logits at every position of the window but the last, one token per forward call."""
     import numpy as np
     import torch
+    import executorch.kernels.quantized  # noqa: F401  quantized_decomposed::embedding_byte (--quantize-embedding rows)
     from executorch.runtime import Runtime
 
     program = Runtime.get().load_program(str(pte))
