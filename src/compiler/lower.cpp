@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -76,6 +77,21 @@ std::string metadata(const LowerResult& r) {
                            {"choices", c.choices}};
   }
   meta["dtype"] = {{"program", r.program_dtype}, {"stored", r.stored_dtype}, {"widened", r.program_dtype != r.stored_dtype}};
+  if (r.auto_plan) {
+    const auto& a = *r.auto_plan;
+    json layers = json::array();
+    for (const auto& L : a.layers)
+      layers.push_back({{"layer", L.layer}, {"weight", L.name},          {"norm", L.norm},       {"n", L.n},
+                        {"k", L.k},                  {"scheme", L.int8 ? "8da8w" : "8da4w"},
+                        {"err_int4", L.err4},        {"err_int8", L.err8},   {"bytes_int4", L.bytes4},
+                        {"bytes_int8", L.bytes8},    {"int4_possible", L.int4_possible}});
+    meta["quantize_auto"] = {{"max_size_bytes", r.max_size_bytes}, {"estimate_bytes", a.estimate},
+                             {"all_int4_bytes", a.min_bytes},      {"all_int8_bytes", a.max_bytes},
+                             {"other_bytes", a.other_bytes},       {"proxy_error", a.error},
+                             {"int8_layers", std::count_if(a.layers.begin(), a.layers.end(),
+                                                           [](const auto& L) { return L.int8; })},
+                             {"layers", layers}};
+  }
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
                                     {"quantized_embeddings", r.quantized_embeddings}};
   meta["program"] = {{"kernel_calls", report.kernel_calls},
@@ -162,13 +178,20 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   check(!o.per_op || o.backend == LowerBackend::Xnnpack, "per-op delegation applies to XNNPACK only");
   const bool xnnpack = o.backend == LowerBackend::Xnnpack;
   backends::xnnpack::QuantScheme quant;
+  const bool quant_auto = o.quantize == "auto";
   if (!o.quantize.empty()) {
     check(xnnpack, "--quantize {}: quantized programs are lowered for --backend xnnpack", o.quantize);
     std::string why;
-    auto q = backends::xnnpack::parse_quant_scheme(o.quantize, &why);
+    auto q = quant_auto ? backends::xnnpack::parse_quant_scheme("8da4w", &why)
+                        : backends::xnnpack::parse_quant_scheme(o.quantize, &why);
     check(q.has_value(), "{}", why);
     quant = *q;
   }
+  check(!quant_auto || o.max_size_bytes > 0,
+        "--quantize auto needs --max-size MB (the file's size budget, in megabytes)");
+  check(quant_auto || o.max_size_bytes == 0, "--max-size applies to --quantize auto only");
+  check(!quant_auto || o.calibrate.empty(),
+        "--calibrate {}: --calibrate with --quantize auto is not supported yet (use 8da4w or 8da8w)", o.calibrate);
   if (!o.quantize_scales.empty()) {
     check(!o.quantize.empty(), "--quantize-scales {}: --quantize-scales needs --quantize", o.quantize_scales);
     std::string why;
@@ -299,11 +322,25 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         r.untied_weights = static_cast<int64_t>(untied.copies.size());
         kept_tied = untied.kept_fp32;
         if (!o.calibrate.empty()) r.calibration = calibrate(edge, spec, o, quant, keep_fp32);
+        if (quant_auto) {
+          progress(fmt::format("--quantize auto: measuring each linear layer's int4 and int8 error, budget {:.2f} MB",
+                               static_cast<double>(o.max_size_bytes) / 1e6));
+          r.max_size_bytes = o.max_size_bytes;
+          r.auto_plan = backends::xnnpack::plan_mixed_precision(edge, o.max_size_bytes, quant, keep_fp32);
+          payload_options.per_weight = r.auto_plan->schemes;
+        }
       }
     }
     delegation = backends::xnnpack::delegate_to_xnnpack(edge, partition_options, payload_options);
     r.delegation = delegation->summary;
     r.delegation->kept_fp32_nodes += kept_tied;
+    if (r.auto_plan) {
+      int64_t int8 = 0;
+      for (const auto& L : r.auto_plan->layers) int8 += L.int8;
+      r.delegation->quantization =
+          fmt::format("auto: {} x {}, {} x 8da8w", static_cast<int64_t>(r.auto_plan->layers.size()) - int8,
+                      quant.name(), int8);
+    }
     if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {
       r.delegation->quantization = quant.name();
       r.delegation->quantized_nodes = weight_only.quantized;  // dequantize nodes (one per weight)
@@ -389,6 +426,12 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     verify(program, pte_file.path(), out, r, progress);
   }
   r.pte_size = pte_file.written();
+  if (r.auto_plan && r.pte_size > static_cast<uint64_t>(o.max_size_bytes))
+    fail("--max-size {:.2f} MB: the file came out at {:.2f} MB (estimated {:.2f} MB); the estimate "
+         "was short: give --max-size {:.2f} MB less",
+         static_cast<double>(o.max_size_bytes) / 1e6, static_cast<double>(r.pte_size) / 1e6,
+         static_cast<double>(r.auto_plan->estimate) / 1e6,
+         static_cast<double>(r.pte_size - static_cast<uint64_t>(o.max_size_bytes)) / 1e6);
   r.pte_sha256 = sha256_file(pte_file.path());
   const double total = seconds_since(t0);
   r.seconds = {t_read, t_edge - t_read, t_partition - t_edge, t_emit - t_partition, t_write - t_emit, total};

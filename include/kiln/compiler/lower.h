@@ -66,6 +66,9 @@ struct LowerOptions {
   // With `quantize`: a text file the fp32 program runs over (kiln's runtime) before quantizing; its linear
   // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
   std::string calibrate;
+  // With quantize "auto": the file's size budget in bytes; each linear layer becomes 8da4w or 8da8w by its
+  // measured sensitivity within it (backends/xnnpack/quantize.h: plan_mixed_precision). 0: none.
+  int64_t max_size_bytes = 0;
   bool verify = true;   // load the written program back before it takes its name
   // Write the debug map beside the .pte (X.pte -> X.debug.json, docs/PROFILING.md).
   bool debug_map = true;
@@ -102,6 +105,8 @@ struct LowerResult {
   // The program's floating-point type as read ("float32", "bfloat16", "float16") and what its unquantized values
   // are stored and computed as in the .pte (the same, or "float32" when widened)
   std::string program_dtype = "float32", stored_dtype = "float32";
+  std::optional<backends::xnnpack::AutoPlan> auto_plan;  // --quantize auto: the per-layer choices
+  int64_t max_size_bytes = 0;                            // --max-size, in bytes
   int64_t untied_weights = 0;  // tied weights given a copy of their own for their quantized linear products
   // Verification: whether it ran, and the delegate backends kiln's runtime
   // lacked (then only the loader checked the file, the method was not prepared).

@@ -102,6 +102,8 @@ struct PayloadOptions {
   // A linear layer (the product node, its constant weight) for which this
   // returns true stays fp32 (--quantize-skip). Empty: none.
   std::function<bool(const graph::Node&, graph::ValueId)> keep_fp32;
+  // Per weight value: the scheme that replaces `quantize` for its products (--quantize auto's choices).
+  std::map<graph::ValueId, QuantScheme> per_weight;
 };
 
 struct Payload {

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -129,5 +130,41 @@ struct UntiedWeights {
 };
 UntiedWeights untie_quantized_linear_weights(passes::EdgeProgram& program,
                                        const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
+
+// ---- mixed precision on a size budget (kiln lower --quantize auto --max-size MB) ---------------------------------
+// Every linear layer the payload would quantize (the forms untie_quantized_linear_weights and the payload read:
+// mm/addmm on a constant [K, N], through permute_copy [1,0] of a constant [N, K], the tied head's mm(W, x^T)) is
+// quantized both ways with the lowering's own quantizer (8da4w:G with `base`'s scale rule, and 8da8w), and its
+// sensitivity measured without data: the output-error proxy
+//   e = sum_rows sum_i c_i (W[r,i] - Q(W)[r,i])^2 / sum_rows sum_i c_i W[r,i]^2
+// with c_i = gamma_i^2 when the layer's input is a norm's output scaled by a constant 1-D weight gamma (followed
+// through view/permute copies), 1 otherwise. Then a greedy knapsack: every layer starts at int4 (or int8 when its
+// input count is not a multiple of the group), and the layers with the largest (e4 - e8) per extra byte are
+// upgraded to int8 while the estimated file stays within `max_bytes`. The estimate: every other constant the
+// program still reads (fp32 norms, embedding tables, ...) plus each layer's data and scales, plus a small allowance
+// for the graph and alignment (the lowering checks the written file against the budget afterwards).
+struct AutoLayer {
+  graph::ValueId weight = 0;
+  std::string name;       // the weight's parameter name (its FQN) or value name
+  std::string layer;      // the product's module path (or node name)
+  std::string norm;       // the constant 1-D weight whose square weights the proxy ("" when none)
+  int64_t n = 0, k = 0;   // output channels, inputs
+  double err4 = 0, err8 = 0;        // the relative proxy error of each form (err4 = err8 when int4 does not apply)
+  int64_t bytes4 = 0, bytes8 = 0;   // data + scales of each form
+  bool int4_possible = true;
+  bool int8 = false;      // the choice
+};
+struct AutoPlan {
+  std::vector<AutoLayer> layers;  // in graph order
+  int64_t other_bytes = 0;        // the estimate's part that does not depend on the choices
+  int64_t min_bytes = 0;          // the estimate with every layer int4 (where it can be)
+  int64_t max_bytes = 0;          // the estimate with every layer int8
+  int64_t estimate = 0;           // the estimate for the choices
+  double error = 0;               // the sum of the chosen layers' proxies
+  std::map<graph::ValueId, QuantScheme> schemes;  // per weight, for PayloadOptions::per_weight
+};
+// Throws kiln::Error (one line naming the minimum) when even the all-int4 estimate exceeds `max_bytes`.
+AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
+                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
 
 }  // namespace kiln::backends::xnnpack

@@ -17,6 +17,7 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
   const RegionConstant& wc = *constants_.at(wv);
   // A weight the .pt2 holds quantized (torchao's quantize_ before export): its own form, whatever --quantize says.
   QuantScheme q = opts_.quantize;
+  if (auto it = opts_.per_weight.find(wv); it != opts_.per_weight.end()) q = it->second;  // --quantize auto
   if (wc.quantized) {
     check(!kn, "internal: a quantized weight reached its fully connected node transposed");
     q.kind = wc.quantized->bits == 4 ? Kind::Int4Groups : Kind::Int8Channels;
