@@ -420,18 +420,19 @@ def test_operator_corners(case, tmp_path):
         assert et_types & VISION_NODES <= kiln_types, (et_types, kiln_types)
 
 
-def test_unsupported_padding_mode_fails_cleanly(tmp_path):
+def test_unsupported_operator_fails_cleanly(tmp_path):
     """An operator mode kiln cannot lower: one line naming the node, the source line and why; no file."""
 
-    class Reflect3d(nn.Module):
+    class AvgPool3d(nn.Module):  # 3-d pooling: not lowered (bench/COVERAGE.md; 3-d reflect padding now is)
         def forward(self, x):
-            return F.pad(x, (1, 1, 1, 1, 1, 1), mode="reflect")
+            return F.avg_pool3d(x, 2)
 
-    spec = export_spec(Reflect3d(), torch.randn(1, 2, 4, 5, 5), tmp_path / "circ", "circ")
+    spec = export_spec(AvgPool3d(), torch.randn(1, 2, 4, 6, 6), tmp_path / "circ", "circ")
     proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "-q", check=False)
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1, proc.stderr
-    assert "cannot lower node" in lines[0] and "aten.pad.default" in lines[0] and "reflect" in lines[0], lines[0]
+    assert "cannot lower node" in lines[0] and "aten.avg_pool3d.default" in lines[0], lines[0]
+    assert "no kernel or decomposition" in lines[0], lines[0]
     assert "test_models_vision.py:" in lines[0], lines[0]
     assert not (tmp_path / "circ" / "circ_portable.pte").exists()
