@@ -9,7 +9,6 @@ metadata), so a .pte published with the other run's metadata or debug map shows;
 (one of them wins the rename, the other's set is replaced whole)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 from conftest import _kiln_bin, et_execute, run_kiln
+from test_hostile_files import check_set  # the .pte, its metadata and debug map describe the same bytes
 
 
 @pytest.fixture(scope="module")
@@ -39,17 +39,6 @@ def mlp(tmp_path_factory):
             "outputs": [{"name": "y", "dtype": "float32", "shape": [2, 8], "reference": "mlp_expected_output0.npy"}]}
     (out / "model_spec.json").write_text(json.dumps(spec))
     return {"spec": out / "model_spec.json", "input": out / "mlp_input0.npy", "x": x.numpy(), "expected": y}
-
-
-def check_set(pte: Path) -> dict:
-    """The .pte, its metadata and its debug map exist and describe the same bytes; returns the metadata."""
-    data = pte.read_bytes()
-    meta = json.loads(pte.with_suffix(".json").read_text())
-    debug = json.loads(pte.with_suffix(".debug.json").read_text())
-    digest = hashlib.sha256(data).hexdigest()
-    assert meta["pte_sha256"] == digest and meta["pte_size_bytes"] == len(data), "metadata describes another .pte"
-    assert debug["pte_sha256"] == digest and debug["backend"] == meta["backend"], "debug map describes another .pte"
-    return meta
 
 
 def test_concurrent_lowerings_leave_one_complete_set(mlp, tmp_path):
