@@ -1,8 +1,9 @@
 """Seed corpora for kiln's fuzz targets (fuzz/*.cpp), written to OUT/<target>/ (scripts/fuzz: build-fuzz/seeds).
 
 The seeds are small real files of every kind kiln reads, made the way the tests make theirs:
-- pt2: small modules (linear, conv, a buffer and a constant, dynamic shapes) saved by torch.export, in the
-  default IR and core ATen, stored and deflated; pt2_graph: the same archives cut into their text files;
+- pt2: small modules (linear, conv, a buffer and a constant, dynamic shapes, one in bfloat16 and in float16 with
+  a strided buffer and one at a storage offset) saved by torch.export, in the default IR and core ATen, stored
+  and deflated; pt2_graph: the same archives cut into their text files;
 - pte: those programs lowered by kiln (portable and xnnpack) and kiln's hand-built test programs
   (build/kiln_pte_smoke) -- all under 64 KB, so that the fuzzers stay fast;
 - model_spec and npy: specs as the export front end writes them, arrays saved by NumPy (versions 1-3);
@@ -76,6 +77,19 @@ def export_modules(work: Path) -> list[Path]:
         def forward(self, x):
             return self.ln(x).cumsum(0) * 2
 
+    class Narrow(torch.nn.Module):  # for a bfloat16 / float16 program: kiln widens its constants as it reads them
+        def __init__(self, dtype):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+            self.register_buffer("t", torch.arange(6.0).reshape(2, 3).t())  # a strided (transposed) buffer
+            self.register_buffer("tail", torch.arange(8.0)[3:6])  # a slice of a larger storage
+            self.to(dtype)
+            self.const = torch.tensor([0.5, -1.0, 2.0], dtype=dtype)
+
+        def forward(self, x):
+            y = self.fc(x) * self.const + self.tail
+            return torch.nn.functional.silu(y) @ self.t + x.float().sum().to(x.dtype)
+
     torch.manual_seed(0)
     made = []
     cases = [
@@ -83,6 +97,8 @@ def export_modules(work: Path) -> list[Path]:
         ("conv", Conv(), (torch.randn(1, 2, 4, 4),), None),
         ("state", State(), (torch.tensor([[1, 2], [3, 4]]), torch.randn(3, 2)), None),
         ("dyn", Dyn(), (torch.randn(6, 4),), {"x": {0: torch.export.Dim("n", min=2, max=16)}}),
+        ("bf16", Narrow(torch.bfloat16), (torch.randn(2, 4, dtype=torch.bfloat16),), None),
+        ("fp16", Narrow(torch.float16), (torch.randn(2, 4, dtype=torch.float16),), None),
     ]
     for name, module, args, dynamic in cases:
         ep = torch.export.export(module.eval(), args, dynamic_shapes=dynamic)

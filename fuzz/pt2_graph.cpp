@@ -10,6 +10,7 @@
 #include "fuzz_input.h"
 #include "kiln/core/error.h"
 #include "kiln/pt2/pt2_reader.h"
+#include "pt2_constants.h"
 
 #include <zlib.h>
 
@@ -79,12 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* path = kiln::fuzz::write_input(zip.data(), zip.size());
   try {
     kiln::pt2::ExportedProgram ep = kiln::pt2::read_pt2(path);
-    uint64_t sum = 0;
-    for (const auto& c : ep.constants) {
-      ep.stream_constant(c, [&](std::span<const std::byte> chunk) { sum += chunk.size(); });
-      sum += ep.content_crc32(c);
-    }
-    (void)sum;
+    kiln::fuzz::read_every_constant(ep);
   } catch (const kiln::Error&) {
   }
   return 0;
