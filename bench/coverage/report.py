@@ -37,16 +37,6 @@ def load(path: Path):
 # sample must have one (issue 35). A refusal whose entry is not here is listed as UNEXPLAINED.
 REFUSAL_REASONS = {
     "nonzero": "data-dependent output size: kiln plans every tensor's size ahead of time",
-    "nn.functional.adaptive_avg_pool3d": "3-D pooling: kiln has no 3-D pooling kernel or decomposition yet; "
-                                         "ExecuTorch's own .pte of it fails in ExecuTorch's runtime too",
-    "nn.AdaptiveAvgPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
-                            "ExecuTorch's runtime (missing kernel), so no runtime runs it",
-    "nn.AvgPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
-                    "ExecuTorch's runtime (missing kernel), so no runtime runs it",
-    "nn.MaxPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
-                    "ExecuTorch's runtime (missing kernel), so no runtime runs it",
-    "nn.LPPool3d": "3-D pooling (avg_pool3d inside): kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it "
-                   "fails in ExecuTorch's runtime (missing kernel), so no runtime runs it",
 }
 
 

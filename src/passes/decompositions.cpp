@@ -1203,6 +1203,109 @@ void exp2(L& l, const Node& n) {
                                               NA("exponent", tensor_arg(x))}, m));
 }
 
+// 3-D pooling as two 2-D poolings (ExecuTorch's portable library has no 3-D pooling kernel, its runtime cannot
+// load a program with one): a box window is separable. Over x viewed [B, 1, D, H*W], the 2-D operator with
+// window (kd, 1) pools the depth; over that viewed [B, Do, H, W], window (kh, kw) pools the plane. Max of maxes
+// is the max; an average's divisor is the product of its per-dimension counts (the window's extent clipped to
+// the padded input, or to the input when count_include_pad is false, the adaptive window's length), so the
+// average of averages is the average; divisor_override: a sum over depth (divisor 1), then the override.
+// max_pool3d's indices: the depth pass's flat index over (D, H*W) is already the 3-D flat index
+// d*H*W + h*W + w; the plane pass picks which of them, gathered at its own indices.
+std::vector<int64_t> triple(L& l, const Node& n, const char* name, std::vector<int64_t> dflt) {
+  const Argument* a = l.opt(n, name);
+  std::vector<int64_t> v = !a || a->kind == Argument::Kind::None ? dflt : l.ints_in(n, name);
+  if (v.empty()) v = dflt;
+  if (v.size() == 1) v.assign(3, v[0]);
+  if (v.size() != 3) l.unsupported(n, fmt::format("argument '{}' has {} values, 3-D pooling takes 1 or 3", name, v.size()));
+  return v;
+}
+
+void pool3d(L& l, const Node& n) {
+  const std::string_view t = n.target;
+  const bool max = t.find("max_pool3d") != std::string_view::npos;
+  const bool adaptive = t.starts_with("aten.adaptive_") || t.starts_with("aten._adaptive_");
+  ValueId x = l.tensor_in(n, "self");
+  const auto& xm = l.meta_of(x);
+  const TensorMeta m = l.out_meta(n);
+  const size_t rank = xm.sizes.size();
+  if (rank < 4 || m.sizes.size() != rank) l.unsupported(n, "3-D pooling of a tensor of rank < 4");
+  int64_t B = 1;
+  for (size_t i = 0; i + 3 < rank; ++i) B *= xm.sizes[i];
+  const int64_t D = xm.sizes[rank - 3], H = xm.sizes[rank - 2], W = xm.sizes[rank - 1];
+  const int64_t Do = m.sizes[rank - 3], Ho = m.sizes[rank - 2], Wo = m.sizes[rank - 1];
+  const TensorMeta depth_m = contiguous(m.dtype, {B, 1, Do, H * W}), plane_m = contiguous(m.dtype, {B, Do, Ho, Wo});
+  ValueId xd = l.view(x, {B, 1, D, H * W});
+  if (adaptive && max) {  // adaptive max pooling with sizes that divide: a max pooling with window = stride
+    if (D % Do || H % Ho || W % Wo) l.unsupported(n, "adaptive max pooling whose output size does not divide the input size");
+  }
+  if (adaptive && !max) {
+    ValueId y = l.emit("aten._adaptive_avg_pool2d.default",
+                       {NA("self", tensor_arg(xd)), NA("output_size", ints_arg({Do, H * W}))}, depth_m, "pool_depth");
+    y = l.emit("aten._adaptive_avg_pool2d.default",
+               {NA("self", tensor_arg(l.view(y, {B, Do, H, W}))), NA("output_size", ints_arg({Ho, Wo}))}, plane_m,
+               "pool_plane");
+    l.bind(n, l.view(y, m.sizes));
+    return;
+  }
+  std::vector<int64_t> k, stride, pad{0, 0, 0}, dil{1, 1, 1};
+  bool ceil = false;
+  if (adaptive) {
+    k = {D / Do, H / Ho, W / Wo};
+    stride = k;
+  } else {
+    k = triple(l, n, "kernel_size", {});
+    stride = triple(l, n, "stride", k);
+    pad = triple(l, n, "padding", {0});
+    if (max) dil = triple(l, n, "dilation", {1});
+    ceil = l.int_in(n, "ceil_mode", 0) != 0;
+  }
+  if (max) {
+    TensorMeta di = depth_m, pi = plane_m;
+    di.dtype = pi.dtype = ScalarType::Long;
+    auto depth = l.emit_raw("aten.max_pool2d_with_indices.default",
+                            {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
+                             NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
+                             NA("dilation", ints_arg({dil[0], 1})), NA("ceil_mode", bool_arg(ceil))},
+                            {depth_m, di}, "pool_depth");
+    auto plane = l.emit_raw("aten.max_pool2d_with_indices.default",
+                            {NA("self", tensor_arg(l.view(depth[0], {B, Do, H, W}))),
+                             NA("kernel_size", ints_arg({k[1], k[2]})), NA("stride", ints_arg({stride[1], stride[2]})),
+                             NA("padding", ints_arg({pad[1], pad[2]})), NA("dilation", ints_arg({dil[1], dil[2]})),
+                             NA("ceil_mode", bool_arg(ceil))},
+                            {plane_m, pi}, "pool_plane");
+    l.bind(n, l.view(plane[0], m.sizes));
+    if (l.source_outputs(n).size() > 1) {
+      TensorMeta im = contiguous(ScalarType::Long, {B, Do, Ho * Wo});
+      ValueId idx = l.emit("aten.gather.default",
+                           {NA("self", tensor_arg(l.view(depth[1], {B, Do, H * W}))), NA("dim", int_arg(2)),
+                            NA("index", tensor_arg(l.view(plane[1], {B, Do, Ho * Wo}))),
+                            NA("sparse_grad", bool_arg(false))},
+                           im, "pool_indices");
+      l.bind(n, l.view(idx, l.out_meta(n, 1).sizes), 1);
+    }
+    return;
+  }
+  const bool include_pad = l.int_in(n, "count_include_pad", 1) != 0;
+  Argument divisor = Argument::none(), depth_divisor = Argument::none();
+  if (const Argument* a = l.opt(n, "divisor_override"); a && a->kind == Argument::Kind::Int) {
+    divisor = *a;
+    depth_divisor = int_arg(1);
+  }
+  ValueId y = l.emit("aten.avg_pool2d.default",
+                     {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
+                      NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
+                      NA("ceil_mode", bool_arg(ceil)), NA("count_include_pad", bool_arg(include_pad)),
+                      NA("divisor_override", depth_divisor)},
+                     depth_m, "pool_depth");
+  y = l.emit("aten.avg_pool2d.default",
+             {NA("self", tensor_arg(l.view(y, {B, Do, H, W}))), NA("kernel_size", ints_arg({k[1], k[2]})),
+              NA("stride", ints_arg({stride[1], stride[2]})), NA("padding", ints_arg({pad[1], pad[2]})),
+              NA("ceil_mode", bool_arg(ceil)), NA("count_include_pad", bool_arg(include_pad)),
+              NA("divisor_override", divisor)},
+             plane_m, "pool_plane");
+  l.bind(n, l.view(y, m.sizes));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -1294,6 +1397,12 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.vstack.default", vstack},
     {"aten.row_stack.default", vstack},
     {"aten.dstack.default", dstack},
+    {"aten.avg_pool3d.default", pool3d},
+    {"aten.max_pool3d.default", pool3d},
+    {"aten.max_pool3d_with_indices.default", pool3d},
+    {"aten.adaptive_avg_pool3d.default", pool3d},
+    {"aten._adaptive_avg_pool3d.default", pool3d},
+    {"aten.adaptive_max_pool3d.default", pool3d},
     {"transformers.grouped_mm_fallback.default", grouped_mm},
 };
 
