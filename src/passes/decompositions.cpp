@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 namespace kiln::passes::detail {
@@ -1151,20 +1152,127 @@ void eval_dropout(L& l, const Node& n) {
   l.bind(n, l.tensor_in(n, l.opt(n, "input") ? "input" : "self"));  // the in-place form's functional name: self
 }
 
+// scatter_reduce 'prod', 'amax', 'amin' without a scatter_reduce kernel (ExecuTorch's portable library has none, its
+// runtime cannot load a program with one): densely. Over the index's region R (the index's shape), mask[.., k, .., j]
+// = index[.., k, ..] == j for every position j along dim; the source values where the mask holds (the reduction's
+// identity elsewhere: 1, -inf, +inf) reduced over k give each position's reduction, moved back to dim; positions
+// no index reaches (count 0) keep self, the others get it combined with self when include_self. Costs
+// index.numel() x self.size(dim) elements: scatter's tables are small where the default IR has this operator.
+void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
+  const size_t rank = m.sizes.size();
+  auto is = l.meta_of(index).sizes;
+  if (rank == 0 || is.size() != rank || l.meta_of(src).sizes.size() != rank)
+    l.unsupported(n, "scatter_reduce of a 0-d tensor or with an index of another rank");
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), rank);
+  const auto d = static_cast<size_t>(dim);
+  const int64_t Sd = m.sizes[d];
+  const bool include_self = l.int_in(n, "include_self", 1) != 0;
+  const bool floating = m.dtype == ScalarType::Float || m.dtype == ScalarType::Double || m.dtype == ScalarType::Half ||
+                        m.dtype == ScalarType::BFloat16;
+  if (!floating && m.dtype != ScalarType::Long && m.dtype != ScalarType::Int)
+    l.unsupported(n, "scatter_reduce 'prod'/'amax'/'amin' of a tensor that is neither floating point, int32 nor int64");
+  for (int64_t s : is)
+    if (s == 0) {  // no index: self
+      l.bind(n, self);
+      return;
+    }
+  // the source's values in the index's region
+  ValueId sv = src;
+  for (size_t i = 0; i < rank; ++i)
+    if (l.meta_of(sv).sizes[i] != is[i]) {
+      auto sizes = l.meta_of(sv).sizes;
+      sizes[i] = is[i];
+      sv = l.emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(sv)), NA("dim", int_arg(static_cast<int64_t>(i))),
+                                             NA("start", int_arg(0)), NA("end", int_arg(is[i])), NA("step", int_arg(1))},
+                  contiguous(m.dtype, sizes), "src_region");
+    }
+  std::vector<int64_t> ext = is;
+  ext.push_back(1);
+  std::vector<int64_t> full = is;
+  full.push_back(Sd);
+  std::vector<int64_t> positions(static_cast<size_t>(Sd));
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<std::byte> bytes(positions.size() * sizeof(int64_t));
+  std::memcpy(bytes.data(), positions.data(), bytes.size());
+  ValueId j = l.constant_tensor(ScalarType::Long, {Sd}, std::move(bytes), "scatter_positions");
+  ValueId idx = l.convert(index, ScalarType::Long);
+  ValueId mask = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(l.view(idx, ext))), NA("other", tensor_arg(j))},
+                        contiguous(ScalarType::Bool, full), "scatter_mask");
+  Argument identity = float_arg(1.0);
+  if (reduce != "prod") {
+    const bool lo = reduce == "amax";
+    if (floating) identity = float_arg(lo ? -INFINITY : INFINITY);
+    else if (m.dtype == ScalarType::Int)
+      identity = int_arg(lo ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int32_t>::max());
+    else identity = int_arg(lo ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max());
+  }
+  Ops o{l, m.dtype};
+  ValueId vals = o.where(mask, l.view(sv, ext), l.scalar_tensor(identity, m.dtype), "scatter_values");
+  std::vector<int64_t> reduced = full;  // without dim
+  reduced.erase(reduced.begin() + dim);
+  ValueId red;
+  if (reduce == "prod")
+    red = l.emit("aten.prod.dim_int", {NA("self", tensor_arg(vals)), NA("dim", int_arg(dim)), NA("keepdim", bool_arg(false)),
+                                       NA("dtype", Argument::none())}, contiguous(m.dtype, reduced), "scatter_prod");
+  else
+    red = l.emit(reduce == "amax" ? "aten.amax.default" : "aten.amin.default",
+                 {NA("self", tensor_arg(vals)), NA("dim", ints_arg({dim})), NA("keepdim", bool_arg(false))},
+                 contiguous(m.dtype, reduced), "scatter_extreme");
+  Ops of{l, ScalarType::Float};
+  ValueId hits = of.where(mask, l.scalar_tensor(float_arg(1.0), ScalarType::Float), of.zero(), "scatter_hits");
+  ValueId count = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(hits)), NA("dim", ints_arg({dim})),
+                                                  NA("keepdim", bool_arg(false)), NA("dtype", Argument::none())},
+                         contiguous(ScalarType::Float, reduced), "scatter_count");
+  // the last axis (positions along dim) back to dim: sizes = the index's with dim's = self's
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < dim; ++i) order.push_back(i);
+  order.push_back(static_cast<int64_t>(rank) - 1);
+  for (int64_t i = dim; i + 1 < static_cast<int64_t>(rank); ++i) order.push_back(i);
+  red = l.permute(red, order, "scatter_reduced");
+  count = l.permute(count, order, "scatter_count");
+  std::vector<int64_t> region = is;
+  region[d] = Sd;
+  ValueId self_r = self;
+  for (size_t i = 0; i < rank; ++i)
+    if (l.meta_of(self_r).sizes[i] != region[i]) {
+      auto sizes = l.meta_of(self_r).sizes;
+      sizes[i] = region[i];
+      self_r = l.emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(self_r)), NA("dim", int_arg(static_cast<int64_t>(i))),
+                                                 NA("start", int_arg(0)), NA("end", int_arg(region[i])), NA("step", int_arg(1))},
+                      contiguous(m.dtype, sizes), "self_region");
+    }
+  if (include_self)
+    red = o.bin(reduce == "prod" ? "aten.mul.Tensor" : reduce == "amax" ? "aten.maximum.default" : "aten.minimum.default",
+                self_r, red, "scatter_with_self");
+  if (region != m.sizes) {  // the region's values and counts padded to self's shape (count 0: self stays)
+    std::vector<int64_t> pad;
+    for (size_t i = rank; i-- > 0;) {
+      pad.push_back(0);
+      pad.push_back(m.sizes[i] - region[i]);
+    }
+    red = l.emit("aten.constant_pad_nd.default", {NA("self", tensor_arg(red)), NA("pad", ints_arg(pad)),
+                                                  NA("value", float_arg(0.0))}, contiguous(m.dtype, m.sizes), "scatter_pad");
+    count = l.emit("aten.constant_pad_nd.default", {NA("self", tensor_arg(count)), NA("pad", ints_arg(pad)),
+                                                    NA("value", float_arg(0.0))},
+                   contiguous(ScalarType::Float, m.sizes), "scatter_pad");
+  }
+  l.bind(n, o.where(of.cmp("aten.gt.Scalar", count, 0.0, "scatter_reached"), red, self, "scatter_reduce"));
+}
+
 // scatter_reduce 'sum' and 'mean' by scatter_add, which ExecuTorch's portable library has (it has no scatter_reduce):
 // the positions no index reaches keep self; include_self=False restarts the reached ones from 0; 'mean' divides by
-// the count of values each position got (plus one for self when include_self). prod/amax/amin: the operator itself
-// (kiln's kernel; ExecuTorch's runtime cannot load it, as it cannot load ExecuTorch's own program of it).
+// the count of values each position got (plus one for self when include_self). prod/amax/amin: densely, above.
 void scatter_reduce(L& l, const Node& n) {
   const TensorMeta m = l.out_meta(n);
   const Argument& r = l.arg(n, "reduce");
   const std::string reduce = r.kind == Argument::Kind::String ? std::get<std::string>(r.payload) : "";
-  if (reduce != "sum" && reduce != "mean") {
-    std::vector<NamedArgument> args;
-    for (const auto& in : n.inputs) args.push_back({in.name, l.remap(in.arg), in.keyword});
-    l.bind(n, l.emit("aten.scatter_reduce.two", std::move(args), m));
+  if (reduce == "prod" || reduce == "amax" || reduce == "amin") {
+    scatter_reduce_dense(l, n, reduce);
     return;
   }
+  if (reduce != "sum" && reduce != "mean") l.unsupported(n, fmt::format("scatter_reduce '{}'", reduce));
   if (reduce == "mean" && m.dtype != ScalarType::Float) l.unsupported(n, "scatter_reduce 'mean' of a non-float32 tensor");
   Ops o{l, m.dtype};
   ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
