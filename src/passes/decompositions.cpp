@@ -1328,6 +1328,33 @@ std::vector<int64_t> triple(L& l, const Node& n, const char* name, std::vector<i
   return v;
 }
 
+// A pooling window of one element (its padding is then 0, torch requires padding <= window / 2) picks every
+// stride-th element: a strided slice (XNNPACK rejects 1x1 pooling windows).
+ValueId subsample(L& l, ValueId v, int64_t dim, int64_t step) {
+  if (step == 1) return v;
+  auto sizes = l.meta_of(v).sizes;
+  const int64_t len = sizes[static_cast<size_t>(dim)];
+  sizes[static_cast<size_t>(dim)] = (len + step - 1) / step;
+  return l.emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(v)), NA("dim", int_arg(dim)), NA("start", int_arg(0)),
+                                           NA("end", int_arg(len)), NA("step", int_arg(step))},
+                contiguous(l.meta_of(v).dtype, sizes), "pool_subsample");
+}
+
+// Whether the program reads output i of source node n (max pooling's indices usually are not).
+bool output_read(const L& l, const Node& n, size_t i) {
+  const auto outs = l.source_outputs(n);
+  if (i >= outs.size()) return false;
+  const ValueId v = outs[i];
+  for (const Node& u : l.ep_.graph.nodes)
+    for (const auto& in : u.inputs)
+      for (ValueId r : in.arg.tensor_ids())
+        if (r == v) return true;
+  for (const auto& o : l.ep_.graph.outputs)
+    for (ValueId r : o.tensor_ids())
+      if (r == v) return true;
+  return false;
+}
+
 void pool3d(L& l, const Node& n) {
   const std::string_view t = n.target;
   const bool max = t.find("max_pool3d") != std::string_view::npos;
@@ -1367,6 +1394,31 @@ void pool3d(L& l, const Node& n) {
     if (max) dil = triple(l, n, "dilation", {1});
     ceil = l.int_in(n, "ceil_mode", 0) != 0;
   }
+  const bool depth_one = k[0] == 1, plane_one = k[1] == 1 && k[2] == 1;
+  const bool indices = max && output_read(l, n, 1);
+  if (max && !indices && (depth_one || plane_one)) {
+    ValueId y = xd;
+    if (depth_one)
+      y = subsample(l, xd, 2, stride[0]);
+    else
+      y = l.emit_raw("aten.max_pool2d_with_indices.default",
+                     {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
+                      NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
+                      NA("dilation", ints_arg({dil[0], 1})), NA("ceil_mode", bool_arg(ceil))},
+                     {depth_m, contiguous(ScalarType::Long, depth_m.sizes)}, "pool_depth")[0];
+    y = l.view(y, {B, Do, H, W});
+    if (plane_one) {
+      y = subsample(l, subsample(l, y, 2, stride[1]), 3, stride[2]);
+    } else {
+      y = l.emit_raw("aten.max_pool2d_with_indices.default",
+                     {NA("self", tensor_arg(y)), NA("kernel_size", ints_arg({k[1], k[2]})),
+                      NA("stride", ints_arg({stride[1], stride[2]})), NA("padding", ints_arg({pad[1], pad[2]})),
+                      NA("dilation", ints_arg({dil[1], dil[2]})), NA("ceil_mode", bool_arg(ceil))},
+                     {plane_m, contiguous(ScalarType::Long, plane_m.sizes)}, "pool_plane")[0];
+    }
+    l.bind(n, l.view(y, m.sizes));
+    return;
+  }
   if (max) {
     TensorMeta di = depth_m, pi = plane_m;
     di.dtype = pi.dtype = ScalarType::Long;
@@ -1382,7 +1434,7 @@ void pool3d(L& l, const Node& n) {
                              NA("ceil_mode", bool_arg(ceil))},
                             {plane_m, pi}, "pool_plane");
     l.bind(n, l.view(plane[0], m.sizes));
-    if (l.source_outputs(n).size() > 1) {
+    if (indices) {
       TensorMeta im = contiguous(ScalarType::Long, {B, Do, Ho * Wo});
       ValueId idx = l.emit("aten.gather.default",
                            {NA("self", tensor_arg(l.view(depth[1], {B, Do, H * W}))), NA("dim", int_arg(2)),
@@ -1399,12 +1451,17 @@ void pool3d(L& l, const Node& n) {
     divisor = *a;
     depth_divisor = int_arg(1);
   }
-  ValueId y = l.emit("aten.avg_pool2d.default",
-                     {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
-                      NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
-                      NA("ceil_mode", bool_arg(ceil)), NA("count_include_pad", bool_arg(include_pad)),
-                      NA("divisor_override", depth_divisor)},
-                     depth_m, "pool_depth");
+  ValueId y = depth_one ? subsample(l, xd, 2, stride[0])  // (a divisor override applies in the plane pass)
+                       : l.emit("aten.avg_pool2d.default",
+                                {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
+                                 NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
+                                 NA("ceil_mode", bool_arg(ceil)), NA("count_include_pad", bool_arg(include_pad)),
+                                 NA("divisor_override", depth_divisor)},
+                                depth_m, "pool_depth");
+  if (plane_one && divisor.kind == Argument::Kind::None) {
+    l.bind(n, l.view(subsample(l, subsample(l, l.view(y, {B, Do, H, W}), 2, stride[1]), 3, stride[2]), m.sizes));
+    return;
+  }
   y = l.emit("aten.avg_pool2d.default",
              {NA("self", tensor_arg(l.view(y, {B, Do, H, W}))), NA("kernel_size", ints_arg({k[1], k[2]})),
               NA("stride", ints_arg({stride[1], stride[2]})), NA("padding", ints_arg({pad[1], pad[2]})),

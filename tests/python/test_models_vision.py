@@ -427,7 +427,11 @@ class Pool3dCorners(nn.Module):  # 3-D pooling: average (ceil mode, padding not 
                             return_indices=True)
         return (F.avg_pool3d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
                 F.avg_pool3d(x, (2, 2, 3), stride=1, padding=(1, 0, 1)), F.avg_pool3d(x, 2, divisor_override=3),
-                v, i, F.adaptive_avg_pool3d(x, (3, 2, 4)), F.adaptive_max_pool3d(x, (2, 3, 1)), nn.LPPool3d(2, 2)(x))
+                v, i, F.adaptive_avg_pool3d(x, (3, 2, 4)), F.adaptive_max_pool3d(x, (2, 3, 1)), nn.LPPool3d(2, 2)(x),
+                # windows of one element in depth or in the plane (a strided slice there: XNNPACK has no 1x1 pooling)
+                F.max_pool3d(x, (1, 2, 2), stride=(2, 1, 2)), F.max_pool3d(x, (2, 1, 1), stride=(1, 2, 3)),
+                F.avg_pool3d(x, (1, 3, 2), stride=2), F.avg_pool3d(x, (3, 1, 1), stride=(1, 1, 2)),
+                F.adaptive_max_pool3d(x, (None, None, None)), F.avg_pool3d(x, (2, 1, 1), divisor_override=3))
 
 
 def test_pooling_3d(tmp_path):
@@ -438,7 +442,7 @@ def test_pooling_3d(tmp_path):
     torch.manual_seed(1)
     spec = export_mutating(Pool3dCorners(), (torch.randn(2, 3, 6, 6, 5),), tmp_path / "pool3d", "pool3d")
     ins, refs = reference_io(spec)
-    assert len(refs) == 8
+    assert len(refs) == 14
     for backend in ("portable", "xnnpack"):
         pte = kiln_lower(spec, backend)
         for runtime, outs in (("ExecuTorch's", et_execute(pte, ins)), ("kiln's", kiln_run(pte, ins, tmp_path))):
