@@ -129,7 +129,11 @@ class MetadataMutations(torch.nn.Module):  # unsqueeze_/transpose_/t_/squeeze_: 
         s.sub_(0.5)
         d = (x + 2).unsqueeze(0).unsqueeze(2)
         d.squeeze_((0, 2))
-        return h * 1, row * 1, g * 1, s * 1, d + 0
+        k = x * 3
+        w = k[1]             # a view of k, its shape changed, then written: k sees the write
+        w.unsqueeze_(0)
+        w.add_(5)
+        return h * 1, row * 1, g * 1, s * 1, d + 0, k * 1, w * 1
 
 
 class AsStridedInplace(torch.nn.Module):  # as_strided_ rebinds the tensor to a strided view of its storage
