@@ -37,25 +37,6 @@ def load(path: Path):
 # sample must have one (issue 35). A refusal whose entry is not here is listed as UNEXPLAINED.
 REFUSAL_REASONS = {
     "nonzero": "data-dependent output size: kiln plans every tensor's size ahead of time",
-    "as_strided_": "an in-place change of a tensor's shape and strides (not of its values): functionalization has "
-                   "no functional form of a metadata mutation; the out-of-place as_strided lowers",
-    "as_strided.partial_views_": "an in-place change of a tensor's shape and strides (not of its values): "
-                                 "functionalization has no functional form of a metadata mutation",
-    "squeeze_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
-    "squeeze.multiple_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
-    "unsqueeze_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
-    "t_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
-    "transpose_": "an in-place change of a tensor's shape or strides (not of its values): kiln's functionalization does not yet rebind a tensor to a new view of itself; the out-of-place form lowers",
-    "nn.functional.adaptive_avg_pool3d": "3-D pooling: kiln has no 3-D pooling kernel or decomposition yet; "
-                                         "ExecuTorch's own .pte of it fails in ExecuTorch's runtime too",
-    "nn.AdaptiveAvgPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
-                            "ExecuTorch's runtime (missing kernel), so no runtime runs it",
-    "nn.AvgPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
-                    "ExecuTorch's runtime (missing kernel), so no runtime runs it",
-    "nn.MaxPool3d": "3-D pooling: kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it fails in "
-                    "ExecuTorch's runtime (missing kernel), so no runtime runs it",
-    "nn.LPPool3d": "3-D pooling (avg_pool3d inside): kiln has no 3-D pooling kernel yet; ExecuTorch's own .pte of it "
-                   "fails in ExecuTorch's runtime (missing kernel), so no runtime runs it",
 }
 
 

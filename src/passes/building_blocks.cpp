@@ -103,6 +103,14 @@ ValueId Lowerer::matmul(const Node& n, ValueId a, ValueId b, const TensorMeta& m
     return view(y, m.sizes);  // (the inner view, now unread, is dead code)
   }
   int64_t M = am.sizes[ra - 2], K = am.sizes[ra - 1], N = bm.sizes[rb - 1];
+  if (auto w = transpose_of_shared_.find(b); w != transpose_of_shared_.end() && rb == 2) {
+    // x @ W.t() with W a tied weight (GPT-2's LM head written as a matmul): (W @ x^T)^T as the linear
+    // lowering does, so W is not transposed on every run (only the activations are)
+    int64_t rows = am.numel() / std::max<int64_t>(K, 1);
+    const ValueId weight = w->second;
+    ValueId y = matmul_shared_transposed(view(a, {rows, K}), weight, std::nullopt, contiguous(m.dtype, {rows, N}));
+    return view(y, m.sizes);
+  }
   if (ra == 2 && rb == 2)
     return emit("aten.mm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))}, m, "mm");
   if (rb == 2) {  // [..., M, K] @ [K, N]: one mm over all rows

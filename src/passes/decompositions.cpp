@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 namespace kiln::passes::detail {
@@ -1151,20 +1152,127 @@ void eval_dropout(L& l, const Node& n) {
   l.bind(n, l.tensor_in(n, l.opt(n, "input") ? "input" : "self"));  // the in-place form's functional name: self
 }
 
+// scatter_reduce 'prod', 'amax', 'amin' without a scatter_reduce kernel (ExecuTorch's portable library has none, its
+// runtime cannot load a program with one): densely. Over the index's region R (the index's shape), mask[.., k, .., j]
+// = index[.., k, ..] == j for every position j along dim; the source values where the mask holds (the reduction's
+// identity elsewhere: 1, -inf, +inf) reduced over k give each position's reduction, moved back to dim; positions
+// no index reaches (count 0) keep self, the others get it combined with self when include_self. Costs
+// index.numel() x self.size(dim) elements: scatter's tables are small where the default IR has this operator.
+void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
+  const size_t rank = m.sizes.size();
+  auto is = l.meta_of(index).sizes;
+  if (rank == 0 || is.size() != rank || l.meta_of(src).sizes.size() != rank)
+    l.unsupported(n, "scatter_reduce of a 0-d tensor or with an index of another rank");
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), rank);
+  const auto d = static_cast<size_t>(dim);
+  const int64_t Sd = m.sizes[d];
+  const bool include_self = l.int_in(n, "include_self", 1) != 0;
+  const bool floating = m.dtype == ScalarType::Float || m.dtype == ScalarType::Double || m.dtype == ScalarType::Half ||
+                        m.dtype == ScalarType::BFloat16;
+  if (!floating && m.dtype != ScalarType::Long && m.dtype != ScalarType::Int)
+    l.unsupported(n, "scatter_reduce 'prod'/'amax'/'amin' of a tensor that is neither floating point, int32 nor int64");
+  for (int64_t s : is)
+    if (s == 0) {  // no index: self
+      l.bind(n, self);
+      return;
+    }
+  // the source's values in the index's region
+  ValueId sv = src;
+  for (size_t i = 0; i < rank; ++i)
+    if (l.meta_of(sv).sizes[i] != is[i]) {
+      auto sizes = l.meta_of(sv).sizes;
+      sizes[i] = is[i];
+      sv = l.emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(sv)), NA("dim", int_arg(static_cast<int64_t>(i))),
+                                             NA("start", int_arg(0)), NA("end", int_arg(is[i])), NA("step", int_arg(1))},
+                  contiguous(m.dtype, sizes), "src_region");
+    }
+  std::vector<int64_t> ext = is;
+  ext.push_back(1);
+  std::vector<int64_t> full = is;
+  full.push_back(Sd);
+  std::vector<int64_t> positions(static_cast<size_t>(Sd));
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<std::byte> bytes(positions.size() * sizeof(int64_t));
+  std::memcpy(bytes.data(), positions.data(), bytes.size());
+  ValueId j = l.constant_tensor(ScalarType::Long, {Sd}, std::move(bytes), "scatter_positions");
+  ValueId idx = l.convert(index, ScalarType::Long);
+  ValueId mask = l.emit("aten.eq.Tensor", {NA("self", tensor_arg(l.view(idx, ext))), NA("other", tensor_arg(j))},
+                        contiguous(ScalarType::Bool, full), "scatter_mask");
+  Argument identity = float_arg(1.0);
+  if (reduce != "prod") {
+    const bool lo = reduce == "amax";
+    if (floating) identity = float_arg(lo ? -INFINITY : INFINITY);
+    else if (m.dtype == ScalarType::Int)
+      identity = int_arg(lo ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int32_t>::max());
+    else identity = int_arg(lo ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max());
+  }
+  Ops o{l, m.dtype};
+  ValueId vals = o.where(mask, l.view(sv, ext), l.scalar_tensor(identity, m.dtype), "scatter_values");
+  std::vector<int64_t> reduced = full;  // without dim
+  reduced.erase(reduced.begin() + dim);
+  ValueId red;
+  if (reduce == "prod")
+    red = l.emit("aten.prod.dim_int", {NA("self", tensor_arg(vals)), NA("dim", int_arg(dim)), NA("keepdim", bool_arg(false)),
+                                       NA("dtype", Argument::none())}, contiguous(m.dtype, reduced), "scatter_prod");
+  else
+    red = l.emit(reduce == "amax" ? "aten.amax.default" : "aten.amin.default",
+                 {NA("self", tensor_arg(vals)), NA("dim", ints_arg({dim})), NA("keepdim", bool_arg(false))},
+                 contiguous(m.dtype, reduced), "scatter_extreme");
+  Ops of{l, ScalarType::Float};
+  ValueId hits = of.where(mask, l.scalar_tensor(float_arg(1.0), ScalarType::Float), of.zero(), "scatter_hits");
+  ValueId count = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(hits)), NA("dim", ints_arg({dim})),
+                                                  NA("keepdim", bool_arg(false)), NA("dtype", Argument::none())},
+                         contiguous(ScalarType::Float, reduced), "scatter_count");
+  // the last axis (positions along dim) back to dim: sizes = the index's with dim's = self's
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < dim; ++i) order.push_back(i);
+  order.push_back(static_cast<int64_t>(rank) - 1);
+  for (int64_t i = dim; i + 1 < static_cast<int64_t>(rank); ++i) order.push_back(i);
+  red = l.permute(red, order, "scatter_reduced");
+  count = l.permute(count, order, "scatter_count");
+  std::vector<int64_t> region = is;
+  region[d] = Sd;
+  ValueId self_r = self;
+  for (size_t i = 0; i < rank; ++i)
+    if (l.meta_of(self_r).sizes[i] != region[i]) {
+      auto sizes = l.meta_of(self_r).sizes;
+      sizes[i] = region[i];
+      self_r = l.emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(self_r)), NA("dim", int_arg(static_cast<int64_t>(i))),
+                                                 NA("start", int_arg(0)), NA("end", int_arg(region[i])), NA("step", int_arg(1))},
+                      contiguous(m.dtype, sizes), "self_region");
+    }
+  if (include_self)
+    red = o.bin(reduce == "prod" ? "aten.mul.Tensor" : reduce == "amax" ? "aten.maximum.default" : "aten.minimum.default",
+                self_r, red, "scatter_with_self");
+  if (region != m.sizes) {  // the region's values and counts padded to self's shape (count 0: self stays)
+    std::vector<int64_t> pad;
+    for (size_t i = rank; i-- > 0;) {
+      pad.push_back(0);
+      pad.push_back(m.sizes[i] - region[i]);
+    }
+    red = l.emit("aten.constant_pad_nd.default", {NA("self", tensor_arg(red)), NA("pad", ints_arg(pad)),
+                                                  NA("value", float_arg(0.0))}, contiguous(m.dtype, m.sizes), "scatter_pad");
+    count = l.emit("aten.constant_pad_nd.default", {NA("self", tensor_arg(count)), NA("pad", ints_arg(pad)),
+                                                    NA("value", float_arg(0.0))},
+                   contiguous(ScalarType::Float, m.sizes), "scatter_pad");
+  }
+  l.bind(n, o.where(of.cmp("aten.gt.Scalar", count, 0.0, "scatter_reached"), red, self, "scatter_reduce"));
+}
+
 // scatter_reduce 'sum' and 'mean' by scatter_add, which ExecuTorch's portable library has (it has no scatter_reduce):
 // the positions no index reaches keep self; include_self=False restarts the reached ones from 0; 'mean' divides by
-// the count of values each position got (plus one for self when include_self). prod/amax/amin: the operator itself
-// (kiln's kernel; ExecuTorch's runtime cannot load it, as it cannot load ExecuTorch's own program of it).
+// the count of values each position got (plus one for self when include_self). prod/amax/amin: densely, above.
 void scatter_reduce(L& l, const Node& n) {
   const TensorMeta m = l.out_meta(n);
   const Argument& r = l.arg(n, "reduce");
   const std::string reduce = r.kind == Argument::Kind::String ? std::get<std::string>(r.payload) : "";
-  if (reduce != "sum" && reduce != "mean") {
-    std::vector<NamedArgument> args;
-    for (const auto& in : n.inputs) args.push_back({in.name, l.remap(in.arg), in.keyword});
-    l.bind(n, l.emit("aten.scatter_reduce.two", std::move(args), m));
+  if (reduce == "prod" || reduce == "amax" || reduce == "amin") {
+    scatter_reduce_dense(l, n, reduce);
     return;
   }
+  if (reduce != "sum" && reduce != "mean") l.unsupported(n, fmt::format("scatter_reduce '{}'", reduce));
   if (reduce == "mean" && m.dtype != ScalarType::Float) l.unsupported(n, "scatter_reduce 'mean' of a non-float32 tensor");
   Ops o{l, m.dtype};
   ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
@@ -1201,6 +1309,166 @@ void exp2(L& l, const Node& n) {
   ValueId x = l.convert(l.tensor_in(n, "self"), m.dtype);
   l.bind(n, l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(l.scalar_tensor(float_arg(2.0), m.dtype))),
                                               NA("exponent", tensor_arg(x))}, m));
+}
+
+// 3-D pooling as two 2-D poolings (ExecuTorch's portable library has no 3-D pooling kernel, its runtime cannot
+// load a program with one): a box window is separable. Over x viewed [B, 1, D, H*W], the 2-D operator with
+// window (kd, 1) pools the depth; over that viewed [B, Do, H, W], window (kh, kw) pools the plane. Max of maxes
+// is the max; an average's divisor is the product of its per-dimension counts (the window's extent clipped to
+// the padded input, or to the input when count_include_pad is false, the adaptive window's length), so the
+// average of averages is the average; divisor_override: a sum over depth (divisor 1), then the override.
+// max_pool3d's indices: the depth pass's flat index over (D, H*W) is already the 3-D flat index
+// d*H*W + h*W + w; the plane pass picks which of them, gathered at its own indices.
+std::vector<int64_t> triple(L& l, const Node& n, const char* name, std::vector<int64_t> dflt) {
+  const Argument* a = l.opt(n, name);
+  std::vector<int64_t> v = !a || a->kind == Argument::Kind::None ? dflt : l.ints_in(n, name);
+  if (v.empty()) v = dflt;
+  if (v.size() == 1) v.assign(3, v[0]);
+  if (v.size() != 3) l.unsupported(n, fmt::format("argument '{}' has {} values, 3-D pooling takes 1 or 3", name, v.size()));
+  return v;
+}
+
+// A pooling window of one element (its padding is then 0, torch requires padding <= window / 2) picks every
+// stride-th element: a strided slice (XNNPACK rejects 1x1 pooling windows).
+ValueId subsample(L& l, ValueId v, int64_t dim, int64_t step) {
+  if (step == 1) return v;
+  auto sizes = l.meta_of(v).sizes;
+  const int64_t len = sizes[static_cast<size_t>(dim)];
+  sizes[static_cast<size_t>(dim)] = (len + step - 1) / step;
+  return l.emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(v)), NA("dim", int_arg(dim)), NA("start", int_arg(0)),
+                                           NA("end", int_arg(len)), NA("step", int_arg(step))},
+                contiguous(l.meta_of(v).dtype, sizes), "pool_subsample");
+}
+
+// Whether the program reads output i of source node n (max pooling's indices usually are not).
+bool output_read(const L& l, const Node& n, size_t i) {
+  const auto outs = l.source_outputs(n);
+  if (i >= outs.size()) return false;
+  const ValueId v = outs[i];
+  for (const Node& u : l.ep_.graph.nodes)
+    for (const auto& in : u.inputs)
+      for (ValueId r : in.arg.tensor_ids())
+        if (r == v) return true;
+  for (const auto& o : l.ep_.graph.outputs)
+    for (ValueId r : o.tensor_ids())
+      if (r == v) return true;
+  return false;
+}
+
+void pool3d(L& l, const Node& n) {
+  const std::string_view t = n.target;
+  const bool max = t.find("max_pool3d") != std::string_view::npos;
+  const bool adaptive = t.starts_with("aten.adaptive_") || t.starts_with("aten._adaptive_");
+  ValueId x = l.tensor_in(n, "self");
+  const auto& xm = l.meta_of(x);
+  const TensorMeta m = l.out_meta(n);
+  const size_t rank = xm.sizes.size();
+  if (rank < 4 || m.sizes.size() != rank) l.unsupported(n, "3-D pooling of a tensor of rank < 4");
+  int64_t B = 1;
+  for (size_t i = 0; i + 3 < rank; ++i) B *= xm.sizes[i];
+  const int64_t D = xm.sizes[rank - 3], H = xm.sizes[rank - 2], W = xm.sizes[rank - 1];
+  const int64_t Do = m.sizes[rank - 3], Ho = m.sizes[rank - 2], Wo = m.sizes[rank - 1];
+  const TensorMeta depth_m = contiguous(m.dtype, {B, 1, Do, H * W}), plane_m = contiguous(m.dtype, {B, Do, Ho, Wo});
+  ValueId xd = l.view(x, {B, 1, D, H * W});
+  if (adaptive && max) {  // adaptive max pooling with sizes that divide: a max pooling with window = stride
+    if (D % Do || H % Ho || W % Wo) l.unsupported(n, "adaptive max pooling whose output size does not divide the input size");
+  }
+  if (adaptive && !max) {
+    ValueId y = l.emit("aten._adaptive_avg_pool2d.default",
+                       {NA("self", tensor_arg(xd)), NA("output_size", ints_arg({Do, H * W}))}, depth_m, "pool_depth");
+    y = l.emit("aten._adaptive_avg_pool2d.default",
+               {NA("self", tensor_arg(l.view(y, {B, Do, H, W}))), NA("output_size", ints_arg({Ho, Wo}))}, plane_m,
+               "pool_plane");
+    l.bind(n, l.view(y, m.sizes));
+    return;
+  }
+  std::vector<int64_t> k, stride, pad{0, 0, 0}, dil{1, 1, 1};
+  bool ceil = false;
+  if (adaptive) {
+    k = {D / Do, H / Ho, W / Wo};
+    stride = k;
+  } else {
+    k = triple(l, n, "kernel_size", {});
+    stride = triple(l, n, "stride", k);
+    pad = triple(l, n, "padding", {0});
+    if (max) dil = triple(l, n, "dilation", {1});
+    ceil = l.int_in(n, "ceil_mode", 0) != 0;
+  }
+  const bool depth_one = k[0] == 1, plane_one = k[1] == 1 && k[2] == 1;
+  const bool indices = max && output_read(l, n, 1);
+  if (max && !indices && (depth_one || plane_one)) {
+    ValueId y = xd;
+    if (depth_one)
+      y = subsample(l, xd, 2, stride[0]);
+    else
+      y = l.emit_raw("aten.max_pool2d_with_indices.default",
+                     {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
+                      NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
+                      NA("dilation", ints_arg({dil[0], 1})), NA("ceil_mode", bool_arg(ceil))},
+                     {depth_m, contiguous(ScalarType::Long, depth_m.sizes)}, "pool_depth")[0];
+    y = l.view(y, {B, Do, H, W});
+    if (plane_one) {
+      y = subsample(l, subsample(l, y, 2, stride[1]), 3, stride[2]);
+    } else {
+      y = l.emit_raw("aten.max_pool2d_with_indices.default",
+                     {NA("self", tensor_arg(y)), NA("kernel_size", ints_arg({k[1], k[2]})),
+                      NA("stride", ints_arg({stride[1], stride[2]})), NA("padding", ints_arg({pad[1], pad[2]})),
+                      NA("dilation", ints_arg({dil[1], dil[2]})), NA("ceil_mode", bool_arg(ceil))},
+                     {plane_m, contiguous(ScalarType::Long, plane_m.sizes)}, "pool_plane")[0];
+    }
+    l.bind(n, l.view(y, m.sizes));
+    return;
+  }
+  if (max) {
+    TensorMeta di = depth_m, pi = plane_m;
+    di.dtype = pi.dtype = ScalarType::Long;
+    auto depth = l.emit_raw("aten.max_pool2d_with_indices.default",
+                            {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
+                             NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
+                             NA("dilation", ints_arg({dil[0], 1})), NA("ceil_mode", bool_arg(ceil))},
+                            {depth_m, di}, "pool_depth");
+    auto plane = l.emit_raw("aten.max_pool2d_with_indices.default",
+                            {NA("self", tensor_arg(l.view(depth[0], {B, Do, H, W}))),
+                             NA("kernel_size", ints_arg({k[1], k[2]})), NA("stride", ints_arg({stride[1], stride[2]})),
+                             NA("padding", ints_arg({pad[1], pad[2]})), NA("dilation", ints_arg({dil[1], dil[2]})),
+                             NA("ceil_mode", bool_arg(ceil))},
+                            {plane_m, pi}, "pool_plane");
+    l.bind(n, l.view(plane[0], m.sizes));
+    if (indices) {
+      TensorMeta im = contiguous(ScalarType::Long, {B, Do, Ho * Wo});
+      ValueId idx = l.emit("aten.gather.default",
+                           {NA("self", tensor_arg(l.view(depth[1], {B, Do, H * W}))), NA("dim", int_arg(2)),
+                            NA("index", tensor_arg(l.view(plane[1], {B, Do, Ho * Wo}))),
+                            NA("sparse_grad", bool_arg(false))},
+                           im, "pool_indices");
+      l.bind(n, l.view(idx, l.out_meta(n, 1).sizes), 1);
+    }
+    return;
+  }
+  const bool include_pad = l.int_in(n, "count_include_pad", 1) != 0;
+  Argument divisor = Argument::none(), depth_divisor = Argument::none();
+  if (const Argument* a = l.opt(n, "divisor_override"); a && a->kind == Argument::Kind::Int) {
+    divisor = *a;
+    depth_divisor = int_arg(1);
+  }
+  ValueId y = depth_one ? subsample(l, xd, 2, stride[0])  // (a divisor override applies in the plane pass)
+                       : l.emit("aten.avg_pool2d.default",
+                                {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
+                                 NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
+                                 NA("ceil_mode", bool_arg(ceil)), NA("count_include_pad", bool_arg(include_pad)),
+                                 NA("divisor_override", depth_divisor)},
+                                depth_m, "pool_depth");
+  if (plane_one && divisor.kind == Argument::Kind::None) {
+    l.bind(n, l.view(subsample(l, subsample(l, l.view(y, {B, Do, H, W}), 2, stride[1]), 3, stride[2]), m.sizes));
+    return;
+  }
+  y = l.emit("aten.avg_pool2d.default",
+             {NA("self", tensor_arg(l.view(y, {B, Do, H, W}))), NA("kernel_size", ints_arg({k[1], k[2]})),
+              NA("stride", ints_arg({stride[1], stride[2]})), NA("padding", ints_arg({pad[1], pad[2]})),
+              NA("ceil_mode", bool_arg(ceil)), NA("count_include_pad", bool_arg(include_pad)),
+              NA("divisor_override", divisor)},
+             plane_m, "pool_plane");
+  l.bind(n, l.view(y, m.sizes));
 }
 
 struct Decomposition {
@@ -1294,6 +1562,12 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.vstack.default", vstack},
     {"aten.row_stack.default", vstack},
     {"aten.dstack.default", dstack},
+    {"aten.avg_pool3d.default", pool3d},
+    {"aten.max_pool3d.default", pool3d},
+    {"aten.max_pool3d_with_indices.default", pool3d},
+    {"aten.adaptive_avg_pool3d.default", pool3d},
+    {"aten._adaptive_avg_pool3d.default", pool3d},
+    {"aten.adaptive_max_pool3d.default", pool3d},
     {"transformers.grouped_mm_fallback.default", grouped_mm},
 };
 

@@ -118,6 +118,12 @@ class Functionalizer {
     old_ = std::move(g_.nodes);
     g_.nodes.clear();
     for (size_t i = 0; i < old_.size(); ++i) {
+      if (auto ip = inplace_of(old_[i]); ip && rebinds(*ip)) {
+        // unsqueeze_, t_, transpose_, squeeze_, as_strided_: a change of the tensor's shape or strides, not of
+        // its values. torch.export already gives the later readers the in-place node's result, so that result
+        // is the functional view of the tensor it changed: an alias, written back through that view's scatter.
+        old_[i].target = ip->functional == "aten.transpose.default" ? "aten.transpose.int" : ip->functional;
+      }
       const Node& n = old_[i];
       if (auto ip = inplace_of(n)) {
         lower_inplace(n, *ip);
@@ -153,6 +159,12 @@ class Functionalizer {
   };
 
   const TensorMeta& meta(ValueId v) const { return g_.value(v).meta; }
+
+  // An in-place operator whose functional form is a view that changes the shape or strides (not detach_).
+  static bool rebinds(const Inplace& ip) {
+    const ViewOp* v = find_view(ip.functional);
+    return v && v->kind != ViewKind::Identity && ip.mutated_arg == "self";
+  }
 
   // The node is a view of its `self` here (reshape of a non-contiguous tensor copies, and so on).
   const ViewOp* view_of(const Node& n) const {
@@ -393,7 +405,7 @@ class Functionalizer {
            at_source(n), ip.mutated_arg);
     const ValueId m = std::get<ValueId>(target->arg.payload);
     const auto outs = n.output_ids();
-    if (const ViewOp* v = find_view(ip.functional)) {  // unsqueeze_, transpose_, detach_: metadata only
+    if (const ViewOp* v = find_view(ip.functional)) {  // detach_ (unsqueeze_, t_, ... are views: run())
       if (v->kind != ViewKind::Identity)
         fail("cannot lower node '{}' ({}){}: an in-place change of a tensor's shape or strides; write the "
              "out-of-place form ({})", n.name, n.target, at_source(n), ip.functional);

@@ -91,7 +91,9 @@ INPLACE = ["add_", "mul_", "div.no_rounding_mode_", "clamp_", "masked_fill_", "i
            # the in-place sweep's functional forms in the decomposition table (2026-12-04)
            "pow_", "rad2deg_", "heaviside_", "sinc_", "sgn_", "nan_to_num_", "nn.functional.threshold_",
            "square_", "lerp_", "xlogy_", "logit_", "renorm_", "nn.functional.feature_alpha_dropout.without_train_",
-           "scatter_reduce.sum_", "scatter_reduce.mean_", "exp2_"]
+           "scatter_reduce.sum_", "scatter_reduce.mean_", "exp2_",
+           # metadata mutations (the tensor becomes a view of itself) and the dense scatter_reduce (2026-12-05)
+           "unsqueeze_", "t_", "as_strided_", "scatter_reduce.prod_", "scatter_reduce.amax_", "scatter_reduce.amin_"]
 MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.MultiheadAttention",
            "nn.TransformerEncoderLayer", "nn.L1Loss", "nn.SmoothL1Loss", "nn.MSELoss", "nn.HuberLoss", "nn.GLU",
            "parametrizations.weight_norm",
@@ -99,7 +101,9 @@ MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.Multi
            "nn.KLDivLoss", "nn.MarginRankingLoss", "nn.SoftMarginLoss", "nn.NLLLoss", "nn.PoissonNLLLoss", "nn.BCELoss",
            "nn.BCEWithLogitsLoss", "nn.CrossEntropyLoss", "nn.MultiMarginLoss", "nn.MultiLabelMarginLoss",
            "nn.Hardshrink", "nn.Softshrink", "nn.Threshold", "nn.HingeEmbeddingLoss", "nn.CosineEmbeddingLoss",
-           "nn.RNNCell", "nn.GRUCell", "nn.LSTMCell", "nn.ReflectionPad3d", "nn.ReplicationPad3d"]
+           "nn.RNNCell", "nn.GRUCell", "nn.LSTMCell", "nn.ReflectionPad3d", "nn.ReplicationPad3d",
+           # 3-D pooling as two 2-D poolings (2026-12-05)
+           "nn.AvgPool3d", "nn.MaxPool3d", "nn.AdaptiveAvgPool3d", "nn.LPPool3d"]
 
 
 # the samples some keys run (the rest run their first): tril/triu all (diagonals above and below, non-square,
@@ -112,7 +116,8 @@ CATEGORY_SAMPLES = {"tril": list(range(8)), "triu": list(range(8)),
                     "nn.RNNCell": [0, 2], "nn.ReflectionPad3d": [0, 1], "nn.ReplicationPad3d": [0, 1],
                     "pow_": [0, 3], "heaviside_": [1, 3], "logit_": [0, 1],
                     "renorm_": [0, 2], "nn.functional.feature_alpha_dropout.without_train_": [1],
-                    "scatter_reduce.sum_": [0, 1, 2], "scatter_reduce.mean_": [0, 1, 2]}
+                    "scatter_reduce.sum_": [0, 1, 2], "scatter_reduce.mean_": [0, 1, 2],
+                    "scatter_reduce.prod_": [0, 1, 2], "scatter_reduce.amax_": [0, 1, 2], "scatter_reduce.amin_": [0, 1, 2]}
 
 
 def _category_rows():

@@ -114,6 +114,36 @@ class InputUpdate(torch.nn.Module):  # in-place on user inputs: returned first, 
         return x * 2 + y.sum()
 
 
+class MetadataMutations(torch.nn.Module):  # unsqueeze_/transpose_/t_/squeeze_: the tensor becomes a view of itself
+    def forward(self, x):
+        h = x * 2
+        row = h[1]           # a view taken before the metadata changes: sees the later writes
+        h.unsqueeze_(0)      # [1, 3, 4]
+        h.transpose_(1, 2)   # [1, 4, 3]
+        h.add_(1)            # written through the new view, into h's storage
+        g = x + 0
+        g.t_()
+        g[0].mul_(3)         # column 0 of x's layout
+        s = (x - 1).unsqueeze(1).unsqueeze(0)
+        s.squeeze_()
+        s.sub_(0.5)
+        d = (x + 2).unsqueeze(0).unsqueeze(2)
+        d.squeeze_((0, 2))
+        k = x * 3
+        w = k[1]             # a view of k, its shape changed, then written: k sees the write
+        w.unsqueeze_(0)
+        w.add_(5)
+        return h * 1, row * 1, g * 1, s * 1, d + 0, k * 1, w * 1
+
+
+class AsStridedInplace(torch.nn.Module):  # as_strided_ rebinds the tensor to a strided view of its storage
+    def forward(self, x):
+        a = x + 0
+        a.as_strided_((2, 3), (1, 2), 1)
+        a.mul_(10)
+        return a * 1, x + 0
+
+
 class TransposeSelectZero(torch.nn.Module):  # zero_ through select of a transpose
     def forward(self, x):
         h = x * 2
@@ -201,6 +231,8 @@ CASES = [
     ("masked_fill", MaskedFill, lambda: (rn(4, 6),)),
     ("input_update", InputUpdate, lambda: (rn(3, 4), rn(2, 4))),
     ("transpose_select_zero", TransposeSelectZero, lambda: (rn(3, 4),)),
+    ("metadata_mutations", MetadataMutations, lambda: (rn(3, 4),)),
+    ("as_strided_inplace", AsStridedInplace, lambda: (rn(3, 4),)),
     ("view_copy_into", ViewCopyInto, lambda: (rn(3, 4), rn(4))),
     ("diagonal_and_chunk", DiagonalAndChunk, lambda: (rn(4, 4),)),
     ("clamp_div_sub", ClampDivSub, lambda: (rn(3, 8),)),
@@ -230,12 +262,13 @@ def test_inplace_graph_is_what_kiln_lowers(tmp_path):
     assert ops.get("aten.add_.Tensor", 0) >= 1 and ops.get("aten.sub_.Tensor", 0) >= 1, ops
 
 
-def test_metadata_mutation_fails_clearly(tmp_path):
-    """An in-place change of a tensor's shape (unsqueeze_) is refused in one line, no file written."""
+def test_unlowerable_inplace_fails_clearly(tmp_path):
+    """An in-place operator kiln still has no form for (resize_, a change of a tensor's size and storage) is
+    refused in one line naming the node, the operator, the source line and the reason; no file written."""
     class M(torch.nn.Module):
         def forward(self, x):
             h = x * 2
-            h.unsqueeze_(0)
+            h.resize_(2, 6)
             return h + 1
 
     spec = export_mutating(M(), (rn(3, 4),), tmp_path / "m", "m")
@@ -244,9 +277,9 @@ def test_metadata_mutation_fails_clearly(tmp_path):
     proc = run_kiln("lower", "--spec", spec, "--out", pte, "-q", check=False)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kiln: error: ") and "unsqueeze_" in lines[0], proc.stderr
-    line_no = inspect.getsourcelines(M.forward)[1] + 2  # the `h.unsqueeze_(0)` line
-    assert f"test_functionalize.py:{line_no}:" in lines[0] and "shape or strides" in lines[0], lines[0]
+    assert len(lines) == 1 and lines[0].startswith("kiln: error: ") and "resize_" in lines[0], proc.stderr
+    line_no = inspect.getsourcelines(M.forward)[1] + 2  # the `h.resize_(2, 6)` line
+    assert f"test_functionalize.py:{line_no}:" in lines[0] and "no kernel or decomposition" in lines[0], lines[0]
     assert sorted(tmp_path.rglob("*")) == before  # nothing written: no .pte, no debug map
 
 

@@ -265,6 +265,13 @@ ONE_OPS = {
                                  torch.max(a, a.flip(0)) - torch.min(a, a[:1])), (X,)),
     "scatter_value_reduce": (lambda a, i: (a.scatter(0, i, 2.5) + a.scatter_reduce(0, i, a[:2] * 3, "amax"),
                                            a.scatter_reduce(0, i, a[:2], "sum", include_self=False)), (X, IDX)),
+    # prod/amax/amin, include_self both ways, an index smaller than self (positions no index reaches keep self)
+    "scatter_reduce_prod_amax_amin": (
+        lambda a, i: (a.scatter_reduce(0, i, a[:2] * 3, "amax"), a.scatter_reduce(0, i, a[1:], "prod"),
+                      a.scatter_reduce(0, i[:, :4], -a, "amin", include_self=False),
+                      a.scatter_reduce(1, i[:1, :2] + 1, a[:, 2:] - 1, "prod", include_self=False),
+                      a.scatter_reduce(-1, i.t()[:3], a * 2, "amax", include_self=False),
+                      a.scatter_reduce(1, i[:2, :3] * 2, a, "amin")), (X, IDX)),
     "index_put_masked": (lambda a, i: (a.index_put((i[0, :2],), a[:2], accumulate=True),
                                        a.masked_fill(a > 0, torch.tensor(0.25))), (X, IDX)),
     "sort_stable_unfold": (lambda a: (torch.sort(a, dim=0, stable=True)[0], a.unfold(1, 3, 2)), (X,)),
@@ -296,7 +303,7 @@ class RnnMix(torch.nn.Module):
 
 
 # kernels kiln's lowering may emit that ExecuTorch's portable library does not register
-NOT_IN_EXECUTORCH = {"aten::scatter_reduce.two_out", "aten::bucketize.Tensor_out"}
+NOT_IN_EXECUTORCH = {"aten::bucketize.Tensor_out"}
 
 
 # programs ExecuTorch's own lowering rejects (what its error names)

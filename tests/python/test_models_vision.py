@@ -420,19 +420,55 @@ def test_operator_corners(case, tmp_path):
         assert et_types & VISION_NODES <= kiln_types, (et_types, kiln_types)
 
 
+class Pool3dCorners(nn.Module):  # 3-D pooling: average (ceil mode, padding not counted, divisor override), max
+    # (dilation, ceil mode, its indices), adaptive average/max, LPPool3d (avg_pool3d of x**2)
+    def forward(self, x):
+        v, i = F.max_pool3d(x, (2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), dilation=(2, 1, 1), ceil_mode=True,
+                            return_indices=True)
+        return (F.avg_pool3d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+                F.avg_pool3d(x, (2, 2, 3), stride=1, padding=(1, 0, 1)), F.avg_pool3d(x, 2, divisor_override=3),
+                v, i, F.adaptive_avg_pool3d(x, (3, 2, 4)), F.adaptive_max_pool3d(x, (2, 3, 1)), nn.LPPool3d(2, 2)(x),
+                # windows of one element in depth or in the plane (a strided slice there: XNNPACK has no 1x1 pooling)
+                F.max_pool3d(x, (1, 2, 2), stride=(2, 1, 2)), F.max_pool3d(x, (2, 1, 1), stride=(1, 2, 3)),
+                F.avg_pool3d(x, (1, 3, 2), stride=2), F.avg_pool3d(x, (3, 1, 1), stride=(1, 1, 2)),
+                F.adaptive_max_pool3d(x, (None, None, None)), F.avg_pool3d(x, (2, 1, 1), divisor_override=3))
+
+
+def test_pooling_3d(tmp_path):
+    """3-D pooling (kiln: two 2-D poolings, depth then plane) on both backends, in both runtimes, every output
+    (values and max pooling's indices) against eager."""
+    from test_functionalize import export_mutating  # (every output's reference; export_spec keeps the first)
+
+    torch.manual_seed(1)
+    spec = export_mutating(Pool3dCorners(), (torch.randn(2, 3, 6, 6, 5),), tmp_path / "pool3d", "pool3d")
+    ins, refs = reference_io(spec)
+    assert len(refs) == 14
+    for backend in ("portable", "xnnpack"):
+        pte = kiln_lower(spec, backend)
+        for runtime, outs in (("ExecuTorch's", et_execute(pte, ins)), ("kiln's", kiln_run(pte, ins, tmp_path))):
+            assert len(outs) == len(refs)
+            for k, (got, ref) in enumerate(zip(outs, refs)):
+                what = f"kiln's {backend} .pte of 3-D pooling, output {k}, in {runtime} runtime"
+                if ref.dtype.kind in "iu":
+                    np.testing.assert_array_equal(got, ref, err_msg=what)
+                else:
+                    assert_close(got, ref, what)
+
+
 def test_unsupported_operator_fails_cleanly(tmp_path):
-    """An operator mode kiln cannot lower: one line naming the node, the source line and why; no file."""
+    """An operator kiln cannot lower: one line naming the node, the source line and why; no file."""
 
-    class AvgPool3d(nn.Module):  # 3-d pooling: not lowered (bench/COVERAGE.md; 3-d reflect padding now is)
+    class MaxUnpool(nn.Module):  # max_unpool2d: not lowered (3-d pooling, this test's operator before, now is)
         def forward(self, x):
-            return F.avg_pool3d(x, 2)
+            v, i = F.max_pool2d(x, 2, return_indices=True)
+            return F.max_unpool2d(v, i, 2)
 
-    spec = export_spec(AvgPool3d(), torch.randn(1, 2, 4, 6, 6), tmp_path / "circ", "circ")
+    spec = export_spec(MaxUnpool(), torch.randn(1, 2, 4, 6), tmp_path / "circ", "circ")
     proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "-q", check=False)
     assert proc.returncode != 0
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1, proc.stderr
-    assert "cannot lower node" in lines[0] and "aten.avg_pool3d.default" in lines[0], lines[0]
+    assert "cannot lower node" in lines[0] and "aten.max_unpool2d.default" in lines[0], lines[0]
     assert "no kernel or decomposition" in lines[0], lines[0]
     assert "test_models_vision.py:" in lines[0], lines[0]
     assert not (tmp_path / "circ" / "circ_portable.pte").exists()
