@@ -126,11 +126,15 @@ int run_lower(const LowerOptions& o) {
   if (r.program_dtype != "float32")
     fmt::print("  dtype: a {} program, {}\n", r.program_dtype,
                r.stored_dtype != r.program_dtype
-                   ? fmt::format("widened to float32 (exactly) for XNNPACK's float32 regions{}; --dtype bf16 keeps "
-                                 "bfloat16 for the portable backend (kiln's and ExecuTorch's portable kernels)",
-                                 r.delegation && r.delegation->quantized_nodes > 0
-                                     ? fmt::format(", quantized from its {} weights", r.program_dtype)
-                                     : "")
+                   ? r.portable_quantization != "none"
+                         ? fmt::format("widened to float32 (exactly) for the quantized products' float32 "
+                                       "activations, quantized from its {} weights", r.program_dtype)
+                         : fmt::format("widened to float32 (exactly) for XNNPACK's float32 regions{}; --dtype bf16 "
+                                       "keeps bfloat16 for the portable backend (kiln's and ExecuTorch's portable "
+                                       "kernels)",
+                                       r.delegation && r.delegation->quantized_nodes > 0
+                                           ? fmt::format(", quantized from its {} weights", r.program_dtype)
+                                           : "")
                    : fmt::format("kept {} (portable kernels: kiln's runtime and ExecuTorch's compute it; XNNPACK's "
                                  "regions take float32 only: --dtype fp32 widens it)",
                                  r.stored_dtype));

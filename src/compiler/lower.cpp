@@ -263,8 +263,9 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
             "another type (export it in bf16: python -m kiln_export llm --dtype bf16)",
             spec.exported_program, r.program_dtype);
       check(o.quantize.empty(),
-            "--quantize {} with --dtype bf16: XNNPACK's quantized products take float32 activations; use --dtype "
-            "fp32 (the default for xnnpack: the bfloat16 weights widened exactly, quantized from their bf16 values)",
+            "--quantize {} with --dtype bf16: the quantized products (XNNPACK's, or mixed_linear on the portable path) "
+            "take float32 activations; use --dtype fp32 (the default with --quantize: the bfloat16 weights widened "
+            "exactly, quantized from their bf16 values)",
             o.quantize);
       check(!xnnpack,
             "--backend xnnpack with --dtype bf16: XNNPACK's regions are float32 only and would take no part of a "

@@ -334,3 +334,43 @@ def test_gpt2_tiny_portable_quantized_matches_torchao_eager(et_quantized, gpt2_t
             f"GPT-2 tiny {scheme}, {what}: {err:.3g} of max|logit| (quantization: {moved:.3g}), argmax {same:.2f}"
     errs = {what: float(np.abs(got - want).max()) / scale for what, got in runs.items()}
     assert errs["kiln's runtime"] <= 2 * errs["ExecuTorch's runtime"] + 1e-4, errs
+
+
+# ---- a bfloat16 program ------------------------------------------------------------------------------------------
+
+def test_bf16_llama_portable_8da4w_quantized_from_bf16_weights(et_quantized, tmp_path_factory, tmp_path):
+    """A bfloat16 Llama with --backend portable --quantize 8da4w: widened to fp32 (the products take float32
+    activations), the weights quantized from their bf16 values with torchao's bf16 arithmetic; both runtimes
+    against test_bf16_lowering's oracle (torchao's bf16 integers and scales in fp32 eager), nearer it than to
+    torchao's fp32 arithmetic at every token."""
+    import torch
+
+    from test_bf16_lowering import _export as bf16_export
+    from test_bf16_lowering import _oracle, _steps
+
+    spec = bf16_export(tmp_path_factory.mktemp("bf16_llama_q"))
+    pte = tmp_path / "bf16_8da4w.pte"
+    proc = run_kiln("lower", "--spec", spec, "--backend", "portable", "--quantize", "8da4w", "--quantize-scales",
+                    "minmax", "--out", pte)
+    assert "a bfloat16 program, widened to float32" in proc.stdout, proc.stdout
+    meta = json.loads(pte.with_suffix(".json").read_text())
+    assert meta["dtype"] == {"program": "bfloat16", "stored": "float32", "widened": True}, meta["dtype"]
+    assert meta["quantization"]["quantized_nodes"] == 2 * 7 + 1, meta["quantization"]
+    oracle, changed, _, fp32_arith = _oracle("8da4w")
+    assert changed > 0
+    from test_bf16_lowering import TOKENS
+
+    with torch.no_grad():
+        want = [oracle(torch.tensor([[t]]), torch.tensor([i])).numpy() for i, t in enumerate(TOKENS)]
+        other = [fp32_arith(torch.tensor([[t]]), torch.tensor([i])).numpy() for i, t in enumerate(TOKENS)]
+    work = tmp_path / "steps"
+    work.mkdir()
+    kiln, et = _steps(pte, work)
+    for what, got in (("kiln's runtime", kiln), ("ExecuTorch's runtime", et)):
+        for i, (g, w, o) in enumerate(zip(got, want, other, strict=True)):
+            rel = float(np.abs(g - w).max()) / float(np.abs(w).max())
+            rel_other = float(np.abs(g - o).max()) / float(np.abs(o).max())
+            assert rel <= 0.02, f"bf16 8da4w portable, {what}, token {i}: {rel:.3g} of max|logit| from torchao eager"
+            assert rel < rel_other, f"bf16 8da4w portable, {what}, token {i}: nearer torchao's fp32 arithmetic"
+        agree = np.mean([int(g.reshape(-1).argmax()) == int(w.reshape(-1).argmax()) for g, w in zip(got, want)])
+        assert agree >= 0.9, f"bf16 8da4w portable, {what}: argmax agrees at {agree:.0%} of tokens"
