@@ -374,3 +374,16 @@ def test_bf16_llama_portable_8da4w_quantized_from_bf16_weights(et_quantized, tmp
             assert rel < rel_other, f"bf16 8da4w portable, {what}, token {i}: nearer torchao's fp32 arithmetic"
         agree = np.mean([int(g.reshape(-1).argmax()) == int(w.reshape(-1).argmax()) for g, w in zip(got, want)])
         assert agree >= 0.9, f"bf16 8da4w portable, {what}: argmax agrees at {agree:.0%} of tokens"
+
+
+def test_portable_quantize_skip_keeps_layers_fp32(llama, tmp_path):
+    """--quantize-skip on the portable backend: the matched layers stay fp32 products (aten mm) reading fp32
+    weights, the others become mixed_linear; the counts add up to the 15 linear layers."""
+    spec, _ = llama
+    pte = tmp_path / "skip.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "--quantize", "8da4w", "--quantize-skip", "mlp",
+             "--out", pte, "-q")
+    q = json.loads(pte.with_suffix(".json").read_text())["quantization"]
+    assert q["kept_fp32_nodes"] == 2 * 3 and q["quantized_nodes"] == 2 * 4 + 1, q  # gate/up/down of 2 layers kept
+    ops = _operators(pte)
+    assert ops["quantized_decomposed::mixed_linear.out"] == 9 and ops.get("aten::mm.out", 0) >= 6, ops
