@@ -126,14 +126,23 @@ int run_lower(const LowerOptions& o) {
   if (r.program_dtype != "float32")
     fmt::print("  dtype: a {} program, {}\n", r.program_dtype,
                r.stored_dtype != r.program_dtype
-                   ? fmt::format("widened to float32 (exactly) for XNNPACK's float32 regions{}; --dtype bf16 keeps "
-                                 "bfloat16 for the portable backend (kiln's and ExecuTorch's portable kernels)",
-                                 r.delegation && r.delegation->quantized_nodes > 0
-                                     ? fmt::format(", quantized from its {} weights", r.program_dtype)
-                                     : "")
+                   ? r.portable_quantization != "none"
+                         ? fmt::format("widened to float32 (exactly) for the quantized products' float32 "
+                                       "activations, quantized from its {} weights", r.program_dtype)
+                         : fmt::format("widened to float32 (exactly) for XNNPACK's float32 regions{}; --dtype bf16 "
+                                       "keeps bfloat16 for the portable backend (kiln's and ExecuTorch's portable "
+                                       "kernels)",
+                                       r.delegation && r.delegation->quantized_nodes > 0
+                                           ? fmt::format(", quantized from its {} weights", r.program_dtype)
+                                           : "")
                    : fmt::format("kept {} (portable kernels: kiln's runtime and ExecuTorch's compute it; XNNPACK's "
                                  "regions take float32 only: --dtype fp32 widens it)",
                                  r.stored_dtype));
+  if (r.portable_quantization != "none")
+    fmt::print("  quantized: {} linear product{} ({}; {} weight{}, {} kept fp32) as ExecuTorch's quantized_decomposed "
+               "ops on the portable path\n",
+               r.portable_quantized_nodes, r.portable_quantized_nodes == 1 ? "" : "s", r.portable_quantization,
+               r.portable_quantized_weights, r.portable_quantized_weights == 1 ? "" : "s", r.portable_kept_fp32);
   if (r.embedding_quantization != "none")
     fmt::print("  quantized: {} embedding table{} ({})\n", r.quantized_embeddings,
                r.quantized_embeddings == 1 ? "" : "s", r.embedding_quantization);
@@ -179,9 +188,12 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("-q,--quiet", opts->quiet, "no progress lines on stderr");
   cmd->add_flag("--per-op", opts->per_op, "xnnpack: delegate every supported node as a call of its own");
   cmd->add_option("--quantize", opts->quantize,
-                  "xnnpack: 8da4w[:32|64|128|256] (int8 activations per token x int4 weights per group of inputs, "
-                  "default 32) or 8da8w (x int8 weights per channel); linear layers only (the tied LM head included); "
-                  "auto: 8da4w or 8da8w per layer by its measured sensitivity, within --max-size");
+                  "8da4w[:32|64|128|256] (int8 activations per token x int4 weights per group of inputs, "
+                  "default 32) or 8da8w (x int8 weights per channel); linear layers only (the tied LM head included). "
+                  "xnnpack: XNNPACK's dynamically quantized fully connected nodes (int4 packed two a byte); portable: "
+                  "ExecuTorch's quantized_decomposed per-token ops and mixed_linear (int4 values one a byte); "
+                  "int8w: int8 weights, fp32 activations; auto (xnnpack): 8da4w or 8da8w per layer by its measured "
+                  "sensitivity, within --max-size");
   cmd->add_option("--max-size", opts->max_size_mb,
                   "with --quantize auto: the file's size budget in MB (10^6 bytes); the layers whose int8 form cuts "
                   "the most error per extra byte are int8, the others int4");
@@ -198,10 +210,11 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
                   "fp32 or bf16: what a bfloat16 / float16 program's unquantized values are stored and computed as. "
                   "fp32 (the default for xnnpack) widens them exactly (XNNPACK regions are float32; --quantize then "
                   "quantizes from the 16-bit weights); bf16 keeps a bfloat16 program as it is (portable backend: "
-                  "kiln's and ExecuTorch's portable kernels run it). Default for portable: the program's own type")
+                  "kiln's and ExecuTorch's portable kernels run it). Default for portable: the program's own type "
+                  "(fp32 with --quantize: the quantized products take float32 activations)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--calibrate", opts->calibrate,
-                  "with --quantize: a text file the fp32 program runs over in kiln's runtime; its activation "
+                  "with --quantize (xnnpack): a text file the fp32 program runs over in kiln's runtime; its activation "
                   "statistics rescale the weights' input channels (AWQ-style, folded into constants)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,

@@ -7,6 +7,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/output_file.h"
 #include "kiln/passes/dynamic.h"
+#include "kiln/passes/quantize_portable.h"
 #include "kiln/pt2/pt2_reader.h"
 #include "kiln/pte/pte_writer_staged.h"
 #include "kiln/runtime/backend.h"
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <malloc.h>
@@ -92,6 +94,11 @@ std::string metadata(const LowerResult& r) {
                                                            [](const auto& L) { return L.int8; })},
                              {"layers", layers}};
   }
+  if (r.backend == LowerBackend::Portable)
+    meta["quantization"] = {{"scheme", r.portable_quantization},
+                            {"quantized_nodes", r.portable_quantized_nodes},
+                            {"quantized_weights", r.portable_quantized_weights},
+                            {"kept_fp32_nodes", r.portable_kept_fp32}};
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
                                     {"quantized_embeddings", r.quantized_embeddings}};
   meta["program"] = {{"kernel_calls", report.kernel_calls},
@@ -180,7 +187,8 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   backends::xnnpack::QuantScheme quant;
   const bool quant_auto = o.quantize == "auto";
   if (!o.quantize.empty()) {
-    check(xnnpack, "--quantize {}: quantized programs are lowered for --backend xnnpack", o.quantize);
+    check(xnnpack || !quant_auto, "--quantize auto: mixed precision is lowered for --backend xnnpack (portable: "
+                                  "--quantize 8da4w[:G], 8da8w or int8w)");
     std::string why;
     auto q = quant_auto ? backends::xnnpack::parse_quant_scheme("8da4w", &why)
                         : backends::xnnpack::parse_quant_scheme(o.quantize, &why);
@@ -200,6 +208,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     quant.scales = *rule;
   }
   if (!o.calibrate.empty()) {
+    check(xnnpack, "--calibrate {}: --calibrate is lowered for --backend xnnpack", o.calibrate);
     using QK = backends::xnnpack::QuantScheme::Kind;
     check(quant.kind == QK::Int4Groups || quant.kind == QK::Int8Channels,
           "--calibrate {}: --calibrate needs --quantize 8da4w or 8da8w", o.calibrate);
@@ -246,15 +255,17 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     for (const auto& v : ep.graph.values) see(v.meta.dtype);
     for (const auto& c : ep.constants) see(c.meta.dtype);
     if (narrow) r.program_dtype = r.stored_dtype = std::string(dtype_name(*narrow));
-    const std::string want = o.dtype.empty() ? (xnnpack ? "fp32" : "") : o.dtype;
+    // quantized products take float32 activations on either backend
+    const std::string want = o.dtype.empty() ? (xnnpack || !o.quantize.empty() ? "fp32" : "") : o.dtype;
     if (want == "bf16") {
       check(narrow == ScalarType::BFloat16,
             "--dtype bf16: {} is a {} program; kiln keeps a bfloat16 program's values bfloat16 but does not narrow "
             "another type (export it in bf16: python -m kiln_export llm --dtype bf16)",
             spec.exported_program, r.program_dtype);
       check(o.quantize.empty(),
-            "--quantize {} with --dtype bf16: XNNPACK's quantized products take float32 activations; use --dtype "
-            "fp32 (the default for xnnpack: the bfloat16 weights widened exactly, quantized from their bf16 values)",
+            "--quantize {} with --dtype bf16: the quantized products (XNNPACK's, or mixed_linear on the portable path) "
+            "take float32 activations; use --dtype fp32 (the default with --quantize: the bfloat16 weights widened "
+            "exactly, quantized from their bf16 values)",
             o.quantize);
       check(!xnnpack,
             "--backend xnnpack with --dtype bf16: XNNPACK's regions are float32 only and would take no part of a "
@@ -292,6 +303,68 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     check(xnnpack, "{}: the program is quantized already ({} linear layers with torchao's quantized weights and "
                    "dynamically quantized activations): kiln lowers quantized programs for --backend xnnpack",
           spec.exported_program, r.lowering.prequantized_linears);
+
+  if (!xnnpack && quant.kind != QK::None) {
+    std::function<bool(const graph::Node&, graph::ValueId)> keep_fp32;
+    if (skip)  // as on the XNNPACK path: the layer's module path, its node's name, its weight's names
+      keep_fp32 = [&](const graph::Node& n, graph::ValueId w) {
+        auto hit = [&](const std::string& s) { return !s.empty() && std::regex_search(s, *skip); };
+        const auto c = edge.constants.find(w);
+        return hit(n.module_path) || hit(n.name) || hit(edge.graph.value(w).name) ||
+               (c != edge.constants.end() && hit(c->second.name));
+      };
+    r.portable_quantization = quant.name();
+    if (quant.kind == QK::Int8WeightOnly) {
+      progress("quantizing linear weights to int8 (weight only)");
+      const auto st = backends::xnnpack::quantize_weights_int8_only(edge, keep_fp32, quant.scales);
+      r.portable_quantized_nodes = r.portable_quantized_weights = st.quantized;
+      r.portable_kept_fp32 = st.kept_fp32;
+    } else {
+      progress(fmt::format("quantizing linear layers ({}: ExecuTorch's quantized_decomposed ops)", quant.name()));
+      passes::PortableQuantOptions po;
+      po.group = quant.kind == QK::Int4Groups ? quant.group : 0;
+      po.keep_fp32 = keep_fp32;
+      po.quantize = [&](const float* w, int64_t n, int64_t k) {
+        // the XNNPACK path's quantizer (the same values): int4 two a byte (even input low, q + 8) with bf16
+        // scales, or int8 with fp32 scales; ExecuTorch's mixed_linear reads int8 values and fp32 scales
+        backends::xnnpack::QuantizedWeights qw = backends::xnnpack::quantize_weights(w, n, k, quant);
+        passes::PortableQuantizedWeight pq;
+        pq.q.resize(static_cast<size_t>(n * k));
+        if (quant.kind == QK::Int4Groups) {
+          for (size_t i = 0; i < pq.q.size(); ++i) {
+            const auto b = static_cast<uint8_t>(qw.data.at(i / 2));
+            pq.q[i] = static_cast<int8_t>(((i & 1) ? (b >> 4) : (b & 0x0f)) - 8);
+          }
+          pq.scales.resize(qw.scales.size() / 2);
+          for (size_t i = 0; i < pq.scales.size(); ++i) {
+            uint16_t h;
+            std::memcpy(&h, qw.scales.data() + 2 * i, 2);
+            const uint32_t u = static_cast<uint32_t>(h) << 16;
+            std::memcpy(&pq.scales[i], &u, 4);
+          }
+        } else {
+          std::memcpy(pq.q.data(), qw.data.data(), pq.q.size());
+          pq.scales.resize(qw.scales.size() / 4);
+          std::memcpy(pq.scales.data(), qw.scales.data(), qw.scales.size());
+        }
+        return pq;
+      };
+      const auto st = passes::quantize_linears_portable(edge, po);
+      r.portable_quantized_nodes = st.quantized;
+      r.portable_quantized_weights = st.weights;
+      r.portable_kept_fp32 = st.kept_fp32;
+    }
+    if (r.portable_quantized_nodes == 0)
+      fail("--quantize {}: nothing in {} was quantized: {}", o.quantize, spec.exported_program,
+           r.portable_kept_fp32 > 0
+               ? fmt::format("--quantize-skip '{}' keeps all {} linear layers fp32", o.quantize_skip,
+                             r.portable_kept_fp32)
+               : fmt::format("it has no linear layer (mm, addmm or linear) whose weight is a constant float32 [N, K] "
+                             "matrix (the program is {})", r.program_dtype));
+    if (skip && r.portable_kept_fp32 == 0)
+      r.warnings.push_back(fmt::format("--quantize-skip '{}' matches no linear layer: every layer is quantized",
+                                       o.quantize_skip));
+  }
 
   std::optional<backends::xnnpack::XnnpackDelegation> delegation;
   if (xnnpack) {

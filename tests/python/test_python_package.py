@@ -121,8 +121,8 @@ def test_errors_are_the_cli_lines(tiny_gpt2, tmp_path):
         kiln.lower(bad)
     assert str(e.value) == _cli_error("lower", "--spec", bad)
     with pytest.raises(kiln.Error) as e:
-        kiln.lower(tiny_gpt2, backend="portable", quantize="8da4w")
-    assert str(e.value) == _cli_error("lower", "--spec", tiny_gpt2, "--quantize", "8da4w", "-q")
+        kiln.lower(tiny_gpt2, backend="portable", quantize="8da4w:48")
+    assert str(e.value) == _cli_error("lower", "--spec", tiny_gpt2, "--quantize", "8da4w:48", "-q")
     with pytest.raises(kiln.Error) as e:
         kiln.lower(tiny_gpt2, backend="xnnpack", quantize="8da3w")
     assert str(e.value) == _cli_error("lower", "--spec", tiny_gpt2, "--backend", "xnnpack", "--quantize", "8da3w", "-q")

@@ -108,6 +108,10 @@ struct LowerResult {
   std::optional<backends::xnnpack::AutoPlan> auto_plan;  // --quantize auto: the per-layer choices
   int64_t max_size_bytes = 0;                            // --max-size, in bytes
   int64_t untied_weights = 0;  // tied weights given a copy of their own for their quantized linear products
+  // --backend portable --quantize: the scheme ("8da4w:32 (mse scales)", "none") and the linear products rewritten to
+  // ExecuTorch's quantized_decomposed per-token activation quantization and mixed_linear (kiln/passes/quantize_portable.h)
+  std::string portable_quantization = "none";
+  int64_t portable_quantized_nodes = 0, portable_quantized_weights = 0, portable_kept_fp32 = 0;
   // Verification: whether it ran, and the delegate backends kiln's runtime
   // lacked (then only the loader checked the file, the method was not prepared).
   bool verified = false;
