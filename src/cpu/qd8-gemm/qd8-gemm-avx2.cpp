@@ -1,10 +1,11 @@
 // qd8 x qb4w / qc8w, x86-64-v3 (AVX2 + FMA): products by vpmaddubsw + vpmaddwd
 // (int4 weights), or bytes widened to 16 bits + vpmaddwd (int8 weights, exact).
 // The whole file is compiled for the ISA (its helpers have internal linkage).
-#include "../isa.h"
+#include "../ukernels.h"  // (before the target pragma: declarations only)
 #ifdef KILN_CPU_X86
 KILN_CPU_TARGET_BEGIN("arch=x86-64-v3")
 #include "kiln/cpu/quant.h"
+#include "qd8-gemm-rows.h"
 
 #include <immintrin.h>
 
@@ -203,34 +204,22 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
   }
 }
 
-}  // namespace
-
-void qd8_qb4w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qb4w_rows<4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qb4w_rows<3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qb4w_rows<2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qb4w_rows<1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+void qb4w_avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
+               const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+    qb4w_rows<decltype(rows)::value>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  });
 }
 
-void qd8_qc8w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qc8w_rows<4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qc8w_rows<3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qc8w_rows<2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qc8w_rows<1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+void qc8w_avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
+               const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+    qc8w_rows<decltype(rows)::value>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  });
 }
 
-void qd8_qb4w_panels__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, int64_t p1,
-                           const float* bias, float* y, int64_t ldy, float lo, float hi) {
+void qb4w_panels_avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, int64_t p1,
+                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
   // Panels in chunks of ~128 KB that stay in L2 while every pair of rows passes over them (as the
   // AVX-512 body: a pair's stores are then contiguous runs, not rows ldy apart).
   const int64_t chunk = static_cast<int64_t>(std::max<size_t>(1, (size_t{128} << 10) / qb4w_panel_bytes(k, w.group)));
@@ -244,6 +233,10 @@ void qd8_qb4w_panels__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPan
         }
   }
 }
+
+}  // namespace
+
+const Qd8GemmVariant qd8_gemm__avx2{"qd8_gemm__avx2", Isa::Avx2, false, qb4w_avx2, qc8w_avx2, qb4w_panels_avx2};
 
 }  // namespace kiln::cpu
 KILN_CPU_TARGET_END

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kiln/cpu/quant.h"
+#include "qd8-gemm-rows.h"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which
 // -Wmaybe-uninitialized reports (a known false positive) once they are inlined.
@@ -91,14 +92,9 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
 template <bool Vnni>
 inline void qb4w_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qb4w_rows<Vnni, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qb4w_rows<Vnni, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qb4w_rows<Vnni, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qb4w_rows<Vnni, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+  for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+    qb4w_rows<Vnni, decltype(rows)::value>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  });
 }
 
 // qb4w panels (kiln/cpu/quant.h), Signed rows: lane l of a 64-byte vector of low (high)
@@ -208,14 +204,9 @@ inline void qb4w_panels_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4
   const int64_t chunk = static_cast<int64_t>(std::max<size_t>(1, (size_t{128} << 10) / qb4w_panel_bytes(k, w.group)));
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
-    int64_t m0 = 0;
-    for (; m0 + 4 <= m; m0 += 4) qb4w_panel_rows<Vnni, 4>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi);
-    switch (m - m0) {
-      case 3: qb4w_panel_rows<Vnni, 3>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
-      case 2: qb4w_panel_rows<Vnni, 2>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
-      case 1: qb4w_panel_rows<Vnni, 1>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
-      default: break;
-    }
+    for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+      qb4w_panel_rows<Vnni, decltype(rows)::value>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi);
+    });
   }
 }
 
@@ -267,14 +258,15 @@ inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights
 template <bool Vnni>
 inline void qc8w_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qc8w_rows<Vnni, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qc8w_rows<Vnni, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qc8w_rows<Vnni, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qc8w_rows<Vnni, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+  for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+    qc8w_rows<Vnni, decltype(rows)::value>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  });
+}
+
+// The variant's row of the selection table (config.cpp), with its products for Vnni.
+template <bool Vnni>
+constexpr Qd8GemmVariant avx512_variant(const char* name) {
+  return {name, Isa::Avx512, Vnni, qb4w_avx512<Vnni>, qc8w_avx512<Vnni>, qb4w_panels_avx512<Vnni>};
 }
 
 }  // namespace

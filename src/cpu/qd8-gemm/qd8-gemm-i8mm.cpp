@@ -5,7 +5,7 @@
 // SDOT's. Two activation rows by two outputs per pass (an odd last row or output is
 // computed twice and stored once). Same sign tricks and zero-point algebra as
 // qd8-gemm-dotprod.cpp. The whole file is compiled for the ISA (internal helpers).
-#include "../isa.h"
+#include "../ukernels.h"  // (before the target pragma: declarations only)
 #ifdef KILN_CPU_ARM64
 #pragma GCC target("arch=armv8.2-a+dotprod+i8mm")
 #include "qd8-gemm-neon.h"
@@ -105,15 +105,7 @@ void qc8w_i8mm(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int
 
 }  // namespace
 
-void qd8_qb4w_gemm__i8mm(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  qb4w_i8mm(a, m, k, w, n0, n1, bias, y, ldy, lo, hi);
-}
-
-void qd8_qc8w_gemm__i8mm(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  qc8w_i8mm(a, m, k, w, n0, n1, bias, y, ldy, lo, hi);
-}
+const Qd8GemmVariant qd8_gemm__i8mm{"qd8_gemm__i8mm", Isa::I8mm, false, qb4w_i8mm, qc8w_i8mm, nullptr};
 
 }  // namespace kiln::cpu
 #endif

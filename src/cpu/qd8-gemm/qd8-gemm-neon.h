@@ -7,6 +7,7 @@
 
 #include "../isa.h"
 #include "kiln/cpu/quant.h"
+#include "qd8-gemm-rows.h"
 
 #include <arm_neon.h>
 
@@ -142,27 +143,17 @@ KILN_CPU_INLINE void qc8w_rows_neon(const Qd8Rows& a, int64_t m0, int64_t k, con
 template <class P>
 KILN_CPU_INLINE void qb4w_neon(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
                                const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qb4w_rows_neon<P, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qb4w_rows_neon<P, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qb4w_rows_neon<P, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qb4w_rows_neon<P, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+  for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+    qb4w_rows_neon<P, decltype(rows)::value>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  });
 }
 
 template <class P>
 KILN_CPU_INLINE void qc8w_neon(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
                                const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qc8w_rows_neon<P, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qc8w_rows_neon<P, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qc8w_rows_neon<P, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qc8w_rows_neon<P, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+  for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+    qc8w_rows_neon<P, decltype(rows)::value>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
+  });
 }
 
 }  // namespace
