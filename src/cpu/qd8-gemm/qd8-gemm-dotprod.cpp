@@ -26,8 +26,9 @@ struct SdotProduct {
 
 }  // namespace
 
-const Qd8GemmVariant qd8_gemm__dotprod{"qd8_gemm__dotprod", Isa::Dotprod, false, qb4w_neon<SdotProduct>,
-                                       qc8w_neon<SdotProduct>, nullptr};
+const Qd8GemmVariant qd8_gemm__dotprod{"qd8_gemm__dotprod", Isa::Dotprod, false,
+                                       by_row_blocks<Neon<SdotProduct>, Qb4wWeights>,
+                                       by_row_blocks<Neon<SdotProduct>, Qc8wWeights>, nullptr};
 
 }  // namespace kiln::cpu
 #endif
