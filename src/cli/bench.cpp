@@ -34,15 +34,9 @@ int run_bench(const BenchOptions& o) {
   check(o.iters >= 1 && o.warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
   check_threads(o.threads);
   auto t0 = Clock::now();
+  auto program = load_program(o);
+  auto method = load_method(program.value(), o, o.profile);
   rt::ErrorMessage err;
-  auto program = rt::Program::load(o.file.c_str(), &err);
-  if (!program.ok()) fail("{}: {}", o.file, err.c_str());
-  rt::MethodOptions mo;
-  mo.backend.threads = static_cast<size_t>(o.threads);
-  mo.backend.engine = o.engine.c_str();
-  mo.backend.profiling_detail = o.profile;
-  auto method = program->load_method(o.method.c_str(), mo, &err);
-  if (!method.ok()) fail("{}: method '{}': {}", o.file, o.method, err.c_str());
   auto t1 = Clock::now();
   rt::Method& m = method.value();
 

@@ -1,5 +1,7 @@
-// The inputs `kiln bench` and `kiln profile` run a method on (method_inputs.h).
+// The method `kiln bench` and `kiln profile` time and its inputs (method_inputs.h).
 #include "method_inputs.h"
+
+#include "commands.h"
 
 #include "kiln/core/error.h"
 #include "kiln/io/npy.h"
@@ -7,6 +9,24 @@
 #include <fmt/format.h>
 
 namespace kiln::cli {
+
+rt::Result<rt::Program> load_program(const TimedRunOptions& o) {
+  rt::ErrorMessage err;
+  auto program = rt::Program::load(o.file.c_str(), &err);
+  if (!program.ok()) fail("{}: {}", o.file, err.c_str());
+  return program;
+}
+
+rt::Result<rt::Method> load_method(const rt::Program& program, const TimedRunOptions& o, bool profiling_detail) {
+  rt::ErrorMessage err;
+  rt::MethodOptions mo;
+  mo.backend.threads = static_cast<size_t>(o.threads);
+  mo.backend.engine = o.engine.c_str();
+  mo.backend.profiling_detail = profiling_detail;
+  auto method = program.load_method(o.method.c_str(), mo, &err);
+  if (!method.ok()) fail("{}: method '{}': {}", o.file, o.method, err.c_str());
+  return method;
+}
 
 MethodInputs method_inputs(const rt::Method& m, const std::vector<std::string>& files, const std::string& program) {
   MethodInputs in;

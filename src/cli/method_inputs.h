@@ -1,5 +1,5 @@
-// The inputs `kiln bench` and `kiln profile` run a method on: the --input .npy
-// files, each checked against the method's input, or zeros of the planned
+// The method `kiln bench` and `kiln profile` time, and the inputs they run it on: the
+// --input .npy files, each checked against the method's input, or zeros of the planned
 // shapes (valid token ids for language models).
 #pragma once
 
@@ -11,6 +11,14 @@
 #include <vector>
 
 namespace kiln::cli {
+
+struct TimedRunOptions;  // commands.h
+
+// The program a timed run names (o.file); throws kiln::Error "FILE: why" if it does not load.
+rt::Result<rt::Program> load_program(const TimedRunOptions& o);
+// Its method o.method with o's threads and engine (profiling_detail: XNNPACK's nodes one
+// subgraph each, so that each is timed); throws kiln::Error "FILE: method 'M': why".
+rt::Result<rt::Method> load_method(const rt::Program& program, const TimedRunOptions& o, bool profiling_detail);
 
 struct MethodInputs {
   std::vector<std::vector<std::byte>> data;

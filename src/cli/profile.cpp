@@ -168,15 +168,9 @@ int run_profile(const ProfileOptions& o) {
   check(o.debug_buffer.empty() || o.debug_outputs, "--debug-buffer needs --debug-outputs");
   check(o.debug_buffer_mb >= 1 && o.debug_buffer_mb <= (int64_t{1} << 20), "--debug-buffer-mb must be 1 to 1048576");
   check_threads(o.threads);
+  auto program = load_program(o);
+  auto method = load_method(program.value(), o, /*profiling_detail=*/true);  // XNNPACK's nodes each timed
   rt::ErrorMessage err;
-  auto program = rt::Program::load(o.file.c_str(), &err);
-  if (!program.ok()) fail("{}: {}", o.file, err.c_str());
-  rt::MethodOptions mo;
-  mo.backend.threads = static_cast<size_t>(o.threads);
-  mo.backend.engine = o.engine.c_str();
-  mo.backend.profiling_detail = true;  // XNNPACK's nodes one subgraph each, so each is timed
-  auto method = program->load_method(o.method.c_str(), mo, &err);
-  if (!method.ok()) fail("{}: method '{}': {}", o.file, o.method, err.c_str());
   rt::Method& m = method.value();
 
   // An LLM program (constant method use_kv_cache = true): forward(tokens[1, T], input_pos) keeps a

@@ -164,10 +164,15 @@ class Pickler {
     std::memcpy(&bits, &d, 8);
     for (int k = 7; k >= 0; --k) out.push_back(static_cast<char>((bits >> (8 * k)) & 0xff));
   }
-  void ints_tuple(const std::vector<int64_t>& v) {
+  // MARK, what items() writes, then op (TUPLE 't', APPENDS 'e', SETITEMS 'u'), which takes them
+  template <class F>
+  void marked(char op, F&& items) {
     out += '(';
-    for (int64_t x : v) integer(x);
-    out += 't';
+    items();
+    out += op;
+  }
+  void ints_tuple(const std::vector<int64_t>& v) {
+    marked('t', [&] { for (int64_t x : v) integer(x); });
   }
   void empty_ordered_dict() {
     global("collections", "OrderedDict");
@@ -183,29 +188,22 @@ class Pickler {
       case K::Int: integer(v.i); break;
       case K::Float: floating(v.f); break;
       case K::String: string(v.s); break;
+      // (APPENDS to an EMPTY_LIST, SETITEMS to an EMPTY_DICT: only when there are items)
       case K::Tuple:
-        out += '(';
-        for (const PyValue& x : v.items) value(x, storages);
-        out += 't';
+        marked('t', [&] { for (const PyValue& x : v.items) value(x, storages); });
         break;
       case K::List:
         out += ']';
-        if (!v.items.empty()) {
-          out += '(';
-          for (const PyValue& x : v.items) value(x, storages);
-          out += 'e';
-        }
+        if (!v.items.empty()) marked('e', [&] { for (const PyValue& x : v.items) value(x, storages); });
         break;
       case K::Dict:
         out += '}';
-        if (!v.dict.empty()) {
-          out += '(';
+        if (!v.dict.empty()) marked('u', [&] {
           for (const auto& [k, x] : v.dict) {
             string(k);
             value(x, storages);
           }
-          out += 'u';
-        }
+        });
         break;
       case K::Tensor: tensor(v, storages); break;
     }

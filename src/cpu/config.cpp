@@ -4,6 +4,7 @@
 
 #include "ukernels.h"
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -102,15 +103,14 @@ const F32VBinaryVariant kF32VBinary[] = {
     KILN_VBINARY_ROW(generic, Generic, 4),
 };
 
-// panels: the variant's qb4w product on kiln's panels (null: it reads the file's layout)
-#define KILN_QD8_ROW(isa, ISA, vnni, panels) {"qd8_gemm__" #isa, Isa::ISA, vnni, qd8_qb4w_gemm__##isa, qd8_qc8w_gemm__##isa, panels}
-const Qd8GemmVariant kQd8Gemm[] = {
-    KILN_X86_ONLY(KILN_QD8_ROW(avx512vnni, Avx512, true, qd8_qb4w_panels__avx512vnni))
-    KILN_X86_ONLY(KILN_QD8_ROW(avx512, Avx512, false, qd8_qb4w_panels__avx512))
-    KILN_X86_ONLY(KILN_QD8_ROW(avx2, Avx2, false, qd8_qb4w_panels__avx2))
-    KILN_ARM64_ONLY(KILN_QD8_ROW(i8mm, I8mm, false, nullptr))
-    KILN_ARM64_ONLY(KILN_QD8_ROW(dotprod, Dotprod, false, nullptr))
-    KILN_QD8_ROW(generic, Generic, false, qd8_qb4w_panels__generic),
+// Each qd8 variant's row is defined in its own file, beside its products (ukernels.h).
+const Qd8GemmVariant* const kQd8Gemm[] = {
+    KILN_X86_ONLY(&qd8_gemm__avx512vnni)
+    KILN_X86_ONLY(&qd8_gemm__avx512)
+    KILN_X86_ONLY(&qd8_gemm__avx2)
+    KILN_ARM64_ONLY(&qd8_gemm__i8mm)
+    KILN_ARM64_ONLY(&qd8_gemm__dotprod)
+    &qd8_gemm__generic,
 };
 
 // GenuineIntel (CPUID leaf 0): the f32-gemm variants tuned for Intel's cores (F32GemmVariant::intel).
@@ -186,8 +186,8 @@ const Tables& tables() {
     if (warning)
       std::fprintf(stderr, "kiln: KILN_CPU_ISA=%s is not an ISA this CPU runs (%s); using %s\n", request,
                    kIsaChoices, isa_name(isa));
-    const Qd8GemmVariant* qd8 = &kQd8Gemm[std::size(kQd8Gemm) - 1];
-    for (const Qd8GemmVariant& v : kQd8Gemm)
+    const Qd8GemmVariant* qd8 = &qd8_gemm_variants().back();
+    for (const Qd8GemmVariant& v : qd8_gemm_variants())
       if (v.isa <= isa && (!v.vnni || cpu_has_vnni())) {
         qd8 = &v;
         break;
@@ -230,7 +230,7 @@ bool parse_isa(const char* name, Isa* isa) {
 bool isa_supported(Isa isa) {
   bool built = false;  // some family has a variant for it (Dotprod and I8mm: only qd8-gemm)
   for (const F32GemmVariant& v : kF32Gemm) built = built || v.isa == isa;
-  for (const Qd8GemmVariant& v : kQd8Gemm) built = built || v.isa == isa;
+  for (const Qd8GemmVariant& v : qd8_gemm_variants()) built = built || v.isa == isa;
   return built && cpu_has(isa);
 }
 
@@ -274,7 +274,14 @@ const F32VUnaryVariant& f32_vunary_config() { return *tables().f32_vunary; }
 std::span<const F32VBinaryVariant> f32_vbinary_variants() { return kF32VBinary; }
 const F32VBinaryVariant& f32_vbinary_config() { return *tables().f32_vbinary; }
 
-std::span<const Qd8GemmVariant> qd8_gemm_variants() { return kQd8Gemm; }
+std::span<const Qd8GemmVariant> qd8_gemm_variants() {
+  static const auto variants = [] {  // the rows, copied in order (at first use: they are other files' constants)
+    std::array<Qd8GemmVariant, std::size(kQd8Gemm)> v{};
+    for (size_t i = 0; i < v.size(); ++i) v[i] = *kQd8Gemm[i];
+    return v;
+  }();
+  return variants;
+}
 bool qd8_gemm_runnable(const Qd8GemmVariant& v) { return cpu_has(v.isa) && (!v.vnni || cpu_has_vnni()); }
 const Qd8GemmVariant& qd8_gemm_config() { return *tables().qd8_gemm; }
 

@@ -75,26 +75,13 @@ KILN_DECLARE_F32_VBINARY(avx512);
 KILN_DECLARE_F32_ROWS(avx512);
 #endif
 
-// qd8 x qb4w / qc8w products (see kiln/cpu/quant.h).
-#define KILN_DECLARE_QD8_GEMM(isa)                                                                             \
-  void qd8_qb4w_gemm__##isa(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1, \
-                            const float* bias, float* y, int64_t ldy, float lo, float hi);                          \
-  void qd8_qc8w_gemm__##isa(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1, \
-                            const float* bias, float* y, int64_t ldy, float lo, float hi)
-
-#define KILN_DECLARE_QB4W_PANELS(isa)                                                                               \
-  void qd8_qb4w_panels__##isa(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, \
-                              int64_t p1, const float* bias, float* y, int64_t ldy, float lo, float hi)
-
-KILN_DECLARE_QD8_GEMM(generic);
-KILN_DECLARE_QB4W_PANELS(generic);
+// qd8 x qb4w / qc8w products (see kiln/cpu/quant.h): each variant's row of the selection
+// table, defined in its file next to its products (which have internal linkage).
+extern const Qd8GemmVariant qd8_gemm__generic;
 #ifdef KILN_CPU_X86
-KILN_DECLARE_QD8_GEMM(avx2);
-KILN_DECLARE_QD8_GEMM(avx512);
-KILN_DECLARE_QD8_GEMM(avx512vnni);
-KILN_DECLARE_QB4W_PANELS(avx2);
-KILN_DECLARE_QB4W_PANELS(avx512);
-KILN_DECLARE_QB4W_PANELS(avx512vnni);
+extern const Qd8GemmVariant qd8_gemm__avx2;
+extern const Qd8GemmVariant qd8_gemm__avx512;
+extern const Qd8GemmVariant qd8_gemm__avx512vnni;
 // AVX-512 activation quantization, Plain or Signed rows (qd8_quantize_rows calls it when the
 // selected qd8 variant is an AVX-512 one): one row of k inputs into dst (row_bytes, zeroed
 // past k), the same results as the generic loop; Signed: q itself and its sums per 32 inputs.
@@ -102,8 +89,8 @@ void qd8_quantize_row__avx512(const float* x, int64_t k, bool signed_rows, uint8
                               float* scale, int32_t* zp, int32_t* sums);
 #endif
 #ifdef KILN_CPU_ARM64
-KILN_DECLARE_QD8_GEMM(dotprod);
-KILN_DECLARE_QD8_GEMM(i8mm);
+extern const Qd8GemmVariant qd8_gemm__dotprod;
+extern const Qd8GemmVariant qd8_gemm__i8mm;
 // NEON activation quantization (the baseline on AArch64; qd8_quantize_rows calls it): one row of
 // k inputs into dst (row_bytes zeroed bytes), the same results as the generic loop.
 void qd8_quantize_row__neon(const float* x, int64_t k, bool nibbles, uint8_t* dst, float* scale, int32_t* zp);

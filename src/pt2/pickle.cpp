@@ -156,26 +156,17 @@ class Machine {
     v->kind = k;
     return v;
   }
-  static ValuePtr boolean(bool b) {
-    auto v = make(Value::Kind::Bool);
-    v->b = b;
+  // A value of kind k whose one field `field` is x.
+  template <class F, class T>
+  static ValuePtr make(Value::Kind k, F Value::*field, T x) {
+    auto v = make(k);
+    (*v).*field = std::move(x);
     return v;
   }
-  static ValuePtr integer(int64_t i) {
-    auto v = make(Value::Kind::Int);
-    v->i = i;
-    return v;
-  }
-  static ValuePtr real(double f) {
-    auto v = make(Value::Kind::Float);
-    v->f = f;
-    return v;
-  }
-  static ValuePtr global(std::string name) {
-    auto v = make(Value::Kind::Global);
-    v->s = std::move(name);
-    return v;
-  }
+  static ValuePtr boolean(bool b) { return make(Value::Kind::Bool, &Value::b, b); }
+  static ValuePtr integer(int64_t i) { return make(Value::Kind::Int, &Value::i, i); }
+  static ValuePtr real(double f) { return make(Value::Kind::Float, &Value::f, f); }
+  static ValuePtr global(std::string name) { return make(Value::Kind::Global, &Value::s, std::move(name)); }
   ValuePtr text(uint64_t len, Value::Kind k = Value::Kind::String) {
     if (n_ - pos_ < len) bad("truncated string");
     auto v = make(k);

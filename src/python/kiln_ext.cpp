@@ -195,12 +195,17 @@ struct Loaded {
   std::map<std::string, std::unique_ptr<MethodHandle>> methods;
 };
 
-Loaded* load(const std::string& path, size_t threads, const std::string& engine, bool share_inputs) {
+// kiln.load's and kiln.generate's threads and engine, checked, and the XNNPACK backend registered.
+void check_backend(size_t threads, const std::string& engine) {
   kiln::check(engine == "kiln" || engine == "xnnpack", "engine '{}': kiln's XNNPACK backend has the engines kiln "
               "and xnnpack", engine);
   kiln::check(threads >= 1, "threads must be at least 1");
   kiln::check(kiln::backends::xnnpack::register_runtime_backend(), "the XNNPACK backend cannot be initialized "
               "on this CPU");
+}
+
+Loaded* load(const std::string& path, size_t threads, const std::string& engine, bool share_inputs) {
+  check_backend(threads, engine);
   kiln::rt::ErrorMessage err;
   auto p = kiln::rt::Program::load(path.c_str(), &err);
   kiln::check(p.ok(), "{}", err.c_str());
@@ -298,11 +303,7 @@ std::unique_ptr<kiln::tok::Tokenizer> load_tokenizer(const std::string& path) {
 }
 
 std::unique_ptr<kiln::llm::Runner> load_runner(const std::string& pte, size_t threads, const std::string& engine) {
-  kiln::check(engine == "kiln" || engine == "xnnpack", "engine '{}': kiln's XNNPACK backend has the engines kiln "
-              "and xnnpack", engine);
-  kiln::check(threads >= 1, "threads must be at least 1");
-  kiln::check(kiln::backends::xnnpack::register_runtime_backend(), "the XNNPACK backend cannot be initialized "
-              "on this CPU");
+  check_backend(threads, engine);
   kiln::rt::MethodOptions mo;
   mo.backend.threads = threads;
   mo.backend.engine = engine.c_str();

@@ -338,6 +338,17 @@ class Builder {
   }
 
  private:
+  static std::shared_ptr<Stmt> stmt(Stmt::K k) {
+    auto s = std::make_shared<Stmt>();
+    s->k = k;
+    return s;
+  }
+  // A name, then more after each `sep`, `most` names at the most (a for loop's targets, a set's).
+  static std::vector<std::string> names(Parser& p, const char* sep, size_t most) {
+    std::vector<std::string> v{p.name()};
+    while (v.size() < most && p.accept(sep)) v.push_back(p.name());
+    return v;
+  }
   // Parses statements until one of `ends` (its keyword returned in *stop with its parser).
   Body body(const std::vector<std::string>& ends, std::string* stop, std::unique_ptr<Parser>* stop_parser = nullptr) {
     DepthGuard guard(depth_, kMaxBlockDepth, "blocks ({% if %}, {% for %})");
@@ -345,12 +356,12 @@ class Builder {
     while (i_ < p_.size()) {
       const Piece& pc = p_[i_++];
       if (pc.k == Piece::K::Text) {
-        auto s = std::make_shared<Stmt>(); s->k = Stmt::K::Text; s->text = pc.s; out.push_back(s);
+        auto s = stmt(Stmt::K::Text); s->text = pc.s; out.push_back(s);
         continue;
       }
       auto parser = std::make_unique<Parser>(lex_expr(pc.s));
       if (pc.k == Piece::K::Expr) {
-        auto s = std::make_shared<Stmt>(); s->k = Stmt::K::Out; s->e = parser->expr();
+        auto s = stmt(Stmt::K::Out); s->e = parser->expr();
         if (!parser->at_end()) error(fmt::format("unexpected text in '{{{{{}}}}}'", pc.s));
         out.push_back(s);
         continue;
@@ -362,7 +373,7 @@ class Builder {
         return out;
       }
       if (kw == "if") {
-        auto s = std::make_shared<Stmt>(); s->k = Stmt::K::If;
+        auto s = stmt(Stmt::K::If);
         ExprP c = parser->expr();
         for (;;) {
           std::string st;
@@ -381,9 +392,8 @@ class Builder {
         }
         out.push_back(s);
       } else if (kw == "for") {
-        auto s = std::make_shared<Stmt>(); s->k = Stmt::K::For;
-        s->vars.push_back(parser->name());
-        while (parser->accept(",")) s->vars.push_back(parser->name());
+        auto s = stmt(Stmt::K::For);
+        s->vars = names(*parser, ",", SIZE_MAX);
         parser->expect("in");
         s->e = parser->expr();  // a trailing `if cond` parses as a conditional expression: undo that
         if (s->e->k == Expr::K::Cond && s->e->args[2] == nullptr) { s->filter = s->e->args[0]; s->e = s->e->args[1]; }
@@ -393,14 +403,13 @@ class Builder {
         if (st != "endfor") error("missing '{% endfor %}'");
         out.push_back(s);
       } else if (kw == "set") {
-        auto s = std::make_shared<Stmt>(); s->k = Stmt::K::Set;
-        s->vars.push_back(parser->name());
-        if (parser->accept(".")) s->vars.push_back(parser->name());
+        auto s = stmt(Stmt::K::Set);
+        s->vars = names(*parser, ".", 2);  // a name, or {namespace, attribute}
         parser->expect("=");
         s->e = parser->expr();
         out.push_back(s);
       } else if (kw == "generation") {
-        auto s = std::make_shared<Stmt>(); s->k = Stmt::K::Block;
+        auto s = stmt(Stmt::K::Block);
         std::string st;
         s->body = body({"endgeneration"}, &st);
         out.push_back(s);

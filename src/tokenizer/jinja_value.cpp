@@ -153,6 +153,18 @@ void json_into(std::string& out, const Value& v, int indent, int depth) {
     out.append(n, ' ');
   };
   const char* sep = indent < 0 ? ", " : ",";
+  // a list or a dict: its n items (item(k) writes item k) between open and close, one a line
+  auto items = [&](size_t n, const char* empty, const char* open, const char* close, auto&& item) {
+    if (n == 0) return append(out, empty);
+    append(out, open);
+    for (size_t k = 0; k < n; ++k) {
+      if (k) append(out, sep);
+      nl(depth + 1);
+      item(k);
+    }
+    nl(depth);
+    append(out, close);
+  };
   switch (v.t) {
     case Value::T::Undefined: case Value::T::None: return append(out, "null");
     case Value::T::Bool: return append(out, v.b ? "true" : "false");
@@ -160,27 +172,13 @@ void json_into(std::string& out, const Value& v, int indent, int depth) {
     case Value::T::Float: return append(out, fmt::format("{}", v.f));
     case Value::T::Str: return json_string(out, v.s);
     case Value::T::VList:
-      if (v.l->empty()) return append(out, "[]");
-      append(out, "[");
-      for (size_t k = 0; k < v.l->size(); ++k) {
-        if (k) append(out, sep);
-        nl(depth + 1);
-        json_into(out, (*v.l)[k], indent, depth + 1);
-      }
-      nl(depth);
-      return append(out, "]");
+      return items(v.l->size(), "[]", "[", "]", [&](size_t k) { json_into(out, (*v.l)[k], indent, depth + 1); });
     case Value::T::VDict:
-      if (v.d->empty()) return append(out, "{}");
-      append(out, "{");
-      for (size_t k = 0; k < v.d->size(); ++k) {
-        if (k) append(out, sep);
-        nl(depth + 1);
+      return items(v.d->size(), "{}", "{", "}", [&](size_t k) {
         json_string(out, (*v.d)[k].first);
         append(out, ": ");
         json_into(out, (*v.d)[k].second, indent, depth + 1);
-      }
-      nl(depth);
-      return append(out, "}");
+      });
   }
 }
 

@@ -390,6 +390,12 @@ struct PlanReader {
     using U = fbx::XNodeUnion;
     const void* p = xn.xnode_union();
     if (!p) return io;
+    // the nodes that read input_id and write output_id (t, for their attributes)
+    auto one_to_one = [&io](auto* t) {
+      io.inputs = {t->input_id()};
+      io.outputs = {t->output_id()};
+      return t;
+    };
     switch (xn.xnode_union_type()) {
       case U::XNNAdd: case U::XNNDiv: case U::XNNMinimum: case U::XNNMaximum: case U::XNNMultiply:
       case U::XNNSubtract: case U::XNNPReLU: case U::XNNBatchMatrixMultiply: {
@@ -410,15 +416,13 @@ struct PlanReader {
         auto* t = static_cast<const fbx::_XNNNodeConv*>(p);
         io.inputs = {t->input1_id(), t->filter_id(), t->bias_id()};
         io.outputs = {t->output_id()};
-        io.attrs.push_back({"kernel", fmt::format("{}x{}", t->kernel_height(), t->kernel_width())});
-        io.attrs.push_back({"stride", fmt::format("{}x{}", t->subsampling_height(), t->subsampling_width())});
-        io.attrs.push_back({"groups", std::to_string(t->groups())});
+        io.attrs = {{"kernel", fmt::format("{}x{}", t->kernel_height(), t->kernel_width())},
+                    {"stride", fmt::format("{}x{}", t->subsampling_height(), t->subsampling_width())},
+                    {"groups", std::to_string(t->groups())}};
         break;
       }
       case U::XNNAvgPooling2d: case U::XNNMaxPooling2d: {
-        auto* t = static_cast<const fbx::_XNNPooling2D*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
+        auto* t = one_to_one(static_cast<const fbx::_XNNPooling2D*>(p));
         io.attrs.push_back({"pooling", fmt::format("{}x{}", t->pooling_height(), t->pooling_width())});
         break;
       }
@@ -429,39 +433,27 @@ struct PlanReader {
         break;
       }
       case U::XNNStaticTranspose: {
-        auto* t = static_cast<const fbx::XNNStaticTranspose*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
+        auto* t = one_to_one(static_cast<const fbx::XNNStaticTranspose*>(p));
         io.attrs.push_back({"perm", uints(t->perm())});
         break;
       }
       case U::XNNStaticReshape: {
-        auto* t = static_cast<const fbx::XNNStaticReshape*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
+        auto* t = one_to_one(static_cast<const fbx::XNNStaticReshape*>(p));
         io.attrs.push_back({"new_shape", uints(t->new_shape())});
         break;
       }
       case U::XNNStaticSlice: {
-        auto* t = static_cast<const fbx::XNNStaticSlice*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
-        io.attrs.push_back({"offsets", uints(t->offsets())});
-        io.attrs.push_back({"sizes", uints(t->sizes())});
+        auto* t = one_to_one(static_cast<const fbx::XNNStaticSlice*>(p));
+        io.attrs = {{"offsets", uints(t->offsets())}, {"sizes", uints(t->sizes())}};
         break;
       }
       case U::XNNStaticResizeBilinear2D: {
-        auto* t = static_cast<const fbx::XNNStaticResizeBilinear2D*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
+        one_to_one(static_cast<const fbx::XNNStaticResizeBilinear2D*>(p));
         break;
       }
       case U::XNNStaticConstantPad: {
-        auto* t = static_cast<const fbx::XNNStaticConstantPad*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
-        io.attrs.push_back({"pre_paddings", uints(t->pre_paddings())});
-        io.attrs.push_back({"post_paddings", uints(t->post_paddings())});
+        auto* t = one_to_one(static_cast<const fbx::XNNStaticConstantPad*>(p));
+        io.attrs = {{"pre_paddings", uints(t->pre_paddings())}, {"post_paddings", uints(t->post_paddings())}};
         break;
       }
       case U::XNNConcatenate2: case U::XNNConcatenate3: case U::XNNConcatenate4: case U::XNNConcatenate5: {
@@ -472,16 +464,12 @@ struct PlanReader {
         break;
       }
       case U::XNNELU: {
-        auto* t = static_cast<const fbx::XNNELU*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
+        auto* t = one_to_one(static_cast<const fbx::XNNELU*>(p));
         io.attrs.push_back({"alpha", fmt::format("{}", t->alpha())});
         break;
       }
       case U::XNNLeakyReLU: {
-        auto* t = static_cast<const fbx::XNNLeakyReLU*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
+        auto* t = one_to_one(static_cast<const fbx::XNNLeakyReLU*>(p));
         io.attrs.push_back({"negative_slope", fmt::format("{}", t->negative_slope())});
         break;
       }
@@ -493,27 +481,28 @@ struct PlanReader {
       }
       case U::NONE: break;
       default: {  // the one-input, one-output layout (softmax, tanh, convert, ...)
-        auto* t = static_cast<const fbx::_XNNNode1x1*>(p);
-        io.inputs = {t->input_id()};
-        io.outputs = {t->output_id()};
+        one_to_one(static_cast<const fbx::_XNNNode1x1*>(p));
         break;
       }
     }
     return io;
   }
 
+  // The node of the plan's input (or output) number k.
+  int plan_node(Node::Kind kind, size_t k) {
+    const bool input = kind == Node::Kind::Input;
+    Node n;
+    n.kind = kind;
+    n.id = fmt::format("{}{}", input ? "in" : "out", k);
+    n.label = fmt::format("{} {}", input ? "input" : "output", k);
+    return add_node(std::move(n));
+  }
+
   void run() {
     for (int32_t i : *plan.inputs()) plan_inputs.insert(i);
     for (int32_t i : *plan.outputs()) plan_outputs.insert(i);
     size_t k = 0;
-    for (int32_t i : *plan.inputs()) {
-      Node n;
-      n.kind = Node::Kind::Input;
-      n.id = fmt::format("in{}", k++);
-      n.label = fmt::format("input {}", k - 1);
-      int node = add_node(std::move(n));
-      write(i, node);
-    }
+    for (int32_t i : *plan.inputs()) write(i, plan_node(Node::Kind::Input, k++));
     size_t index = 0;
     if (plan.chains())
       for (const fb::Chain* chain : *plan.chains()) {
@@ -554,11 +543,7 @@ struct PlanReader {
       }
     k = 0;
     for (int32_t o : *plan.outputs()) {
-      Node n;
-      n.kind = Node::Kind::Output;
-      n.id = fmt::format("out{}", k++);
-      n.label = fmt::format("output {}", k - 1);
-      int node = add_node(std::move(n));
+      const int node = plan_node(Node::Kind::Output, k++);
       g.nodes[static_cast<size_t>(node)].inputs.push_back(tensor_info(o));
       read(o, node);
     }

@@ -1,10 +1,11 @@
 // qd8 x qb4w / qc8w, x86-64-v3 (AVX2 + FMA): products by vpmaddubsw + vpmaddwd
 // (int4 weights), or bytes widened to 16 bits + vpmaddwd (int8 weights, exact).
 // The whole file is compiled for the ISA (its helpers have internal linkage).
-#include "../isa.h"
+#include "../ukernels.h"  // (before the target pragma: declarations only)
 #ifdef KILN_CPU_X86
 KILN_CPU_TARGET_BEGIN("arch=x86-64-v3")
 #include "kiln/cpu/quant.h"
+#include "qd8-gemm-rows.h"
 
 #include <immintrin.h>
 
@@ -16,7 +17,6 @@ namespace kiln::cpu {
 namespace {
 
 inline float bf16f(uint16_t b) { return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(b) << 16))); }
-inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -41,20 +41,16 @@ inline __m256i load_w(const uint8_t* p, int64_t rem) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
 }
 
+// The tag of the AVX2 block kernels (by_row_blocks).
+struct Avx2 {};
+
 template <int MR>
-inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
+inline void block_rows(Avx2, RowBlock<MR>, const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w, int64_t n0,
+                       int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const int64_t ldw = (k + 1) / 2, G = w.group, groups = k / G, chunks = (k + 127) / 128;
   const __m256i low4 = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-  const uint8_t* arow[MR];
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
-  for (int64_t j = n0; j < n1; ++j) {
-    const uint8_t* wr = w.data + j * ldw;
-    const uint16_t* sr = w.scales + j * groups;
-    __m256 f[MR];
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) f[r] = _mm256_setzero_ps();
+  auto accumulate = [&](int64_t j, const uint8_t* const (&arow)[MR], __m256 (&f)[MR]) KILN_CPU_LAMBDA {
+    const auto [wr, sr] = qb4w_row(w, k, j);
     for (int64_t c = 0; c < chunks; ++c) {
       for (int h = 0; h < 2; ++h) {  // half h: inputs 64h .. 64h+63 of the chunk
         const int64_t rem = ldw - c * 64 - h * 32;
@@ -78,27 +74,17 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
         }
       }
     }
-    const float b = bias ? bias[j] : 0.0f;
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const float v = a.scale[m0 + r] * (hsum(f[r]) - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
-      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
-    }
-  }
+  };
+  for_outputs<MR, __m256>(a, m0, n0, n1, w.sums, bias, y, ldy, lo, hi, 0, accumulate,
+                          [](int64_t, const uint8_t*, __m256 f) KILN_CPU_LAMBDA { return hsum(f); });
 }
 
 template <int MR>
-inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  const uint8_t* arow[MR];
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
+inline void block_rows(Avx2, RowBlock<MR>, const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w, int64_t n0,
+                       int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const int64_t k16 = k / 16 * 16;
-  for (int64_t j = n0; j < n1; ++j) {
+  auto accumulate = [&](int64_t j, const uint8_t* const (&arow)[MR], __m256i (&acc)[MR]) KILN_CPU_LAMBDA {
     const int8_t* wr = w.data + j * k;
-    __m256i acc[MR];
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_si256();
     for (int64_t i = 0; i < k16; i += 16) {
       const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + i)));
       #pragma GCC unroll 8
@@ -107,16 +93,14 @@ inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights
         acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(av, wv));
       }
     }
-    const float b = bias ? bias[j] : 0.0f;
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      int32_t dot = hsum_i32(acc[r]);
-      for (int64_t i = k16; i < k; ++i) dot += static_cast<int32_t>(arow[r][i]) * wr[i];
-      const float v =
-          a.scale[m0 + r] * (w.scales[j] * static_cast<float>(dot) - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
-      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
-    }
-  }
+  };
+  for_outputs<MR, __m256i>(a, m0, n0, n1, w.sums, bias, y, ldy, lo, hi, 0, accumulate,
+                           [&](int64_t j, const uint8_t* ar, __m256i acc) KILN_CPU_LAMBDA {
+                             const int8_t* wr = w.data + j * k;
+                             int32_t dot = hsum_i32(acc);
+                             for (int64_t i = k16; i < k; ++i) dot += static_cast<int32_t>(ar[i]) * wr[i];
+                             return w.scales[j] * static_cast<float>(dot);
+                           });
 }
 
 // qb4w panels (kiln/cpu/quant.h), Signed rows, AVX2: a panel's 64-byte vectors are two
@@ -138,11 +122,7 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const int8_t* arow[MR];
   const int32_t* srow[MR];
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    arow[r] = reinterpret_cast<const int8_t*>(a.data + (m0 + r) * a.stride);
-    srow[r] = a.sums + (m0 + r) * a.sums_stride;
-  }
+  signed_rows(a, m0, arow, srow);
   const uint8_t* wp = w.data + static_cast<size_t>(p) * qb4w_panel_bytes(k, G) + 64 * h;
   __m256 f[MR][2];
   #pragma GCC unroll 8
@@ -177,8 +157,7 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
       const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(s16), 16));
       #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        int32_t qsum = 0;
-        for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) qsum += srow[r][c];
+        const int32_t qsum = group_qsum(srow[r], g, per_group);
         const __m256i d = _mm256_sub_epi32(acc[r][q], _mm256_set1_epi32(8 * qsum));
         f[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, f[r][q]);
       }
@@ -203,34 +182,8 @@ inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
   }
 }
 
-}  // namespace
-
-void qd8_qb4w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qb4w_rows<4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qb4w_rows<3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qb4w_rows<2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qb4w_rows<1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
-}
-
-void qd8_qc8w_gemm__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                         const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qc8w_rows<4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qc8w_rows<3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qc8w_rows<2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qc8w_rows<1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
-}
-
-void qd8_qb4w_panels__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, int64_t p1,
-                           const float* bias, float* y, int64_t ldy, float lo, float hi) {
+void qb4w_panels_avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0, int64_t p1,
+                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
   // Panels in chunks of ~128 KB that stay in L2 while every pair of rows passes over them (as the
   // AVX-512 body: a pair's stores are then contiguous runs, not rows ldy apart).
   const int64_t chunk = static_cast<int64_t>(std::max<size_t>(1, (size_t{128} << 10) / qb4w_panel_bytes(k, w.group)));
@@ -244,6 +197,11 @@ void qd8_qb4w_panels__avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPan
         }
   }
 }
+
+}  // namespace
+
+const Qd8GemmVariant qd8_gemm__avx2{"qd8_gemm__avx2", Isa::Avx2, false, by_row_blocks<Avx2, Qb4wWeights>,
+                                    by_row_blocks<Avx2, Qc8wWeights>, qb4w_panels_avx2};
 
 }  // namespace kiln::cpu
 KILN_CPU_TARGET_END

@@ -5,11 +5,9 @@
 #pragma once
 
 #include "kiln/cpu/quant.h"
+#include "qd8-gemm-rows.h"
 
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which
-// -Wmaybe-uninitialized reports (a known false positive) once they are inlined.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
+#include "../avx512-intrinsics.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -30,12 +28,14 @@ inline __m512i dot_u8s8(__m512i acc, __m512i a_u8, __m512i b_s8) {
 
 inline float bf16f(uint16_t b) { return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(b) << 16))); }
 
-inline float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+// The tag of the AVX-512 block kernels (by_row_blocks), with or without VNNI.
+template <bool Vnni>
+struct Avx512 {};
 
 // MR activation rows against weight rows n0..n1, qb4w.
 template <bool Vnni, int MR>
-inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
+inline void block_rows(Avx512<Vnni>, RowBlock<MR>, const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w,
+                       int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const int64_t ldw = (k + 1) / 2, G = w.group, groups = k / G, chunks = (k + 127) / 128;
   // Lane j of a chunk's int32 products holds inputs 8j .. 8j+7 of the chunk (even
   // ones from the low nibbles, odd ones from the high): its group is (8j) / G
@@ -45,15 +45,8 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
   const __m512i lane_idx = _mm512_load_si512(lane_group);
   const int per_chunk = G <= 128 ? static_cast<int>(128 / G) : 1;
   const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
-  const uint8_t* arow[MR];
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
-  for (int64_t j = n0; j < n1; ++j) {
-    const uint8_t* wr = w.data + j * ldw;
-    const uint16_t* sr = w.scales + j * groups;
-    __m512 f[MR];
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) f[r] = _mm512_setzero_ps();
+  auto accumulate = [&](int64_t j, const uint8_t* const (&arow)[MR], __m512 (&f)[MR]) KILN_CPU_LAMBDA {
+    const auto [wr, sr] = qb4w_row(w, k, j);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t rem = ldw - c * 64;
       const __m512i bytes = rem >= 64 ? _mm512_loadu_si512(wr + c * 64)
@@ -78,27 +71,9 @@ inline void qb4w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights
         f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sv, f[r]);
       }
     }
-    const float b = bias ? bias[j] : 0.0f;
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const float acc = _mm512_reduce_add_ps(f[r]);
-      const float v = a.scale[m0 + r] * (acc - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
-      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
-    }
-  }
-}
-
-template <bool Vnni>
-inline void qb4w_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                        const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qb4w_rows<Vnni, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qb4w_rows<Vnni, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qb4w_rows<Vnni, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qb4w_rows<Vnni, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+  };
+  for_outputs<MR, __m512>(a, m0, n0, n1, w.sums, bias, y, ldy, lo, hi, 0, accumulate,
+                          [](int64_t, const uint8_t*, __m512 f) KILN_CPU_LAMBDA { return _mm512_reduce_add_ps(f); });
 }
 
 // qb4w panels (kiln/cpu/quant.h), Signed rows: lane l of a 64-byte vector of low (high)
@@ -122,11 +97,7 @@ inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   const int8_t* arow[MR];
   const int32_t* srow[MR];
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    arow[r] = reinterpret_cast<const int8_t*>(a.data + (m0 + r) * a.stride);
-    srow[r] = a.sums + (m0 + r) * a.sums_stride;
-  }
+  signed_rows(a, m0, arow, srow);
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* wp = w.data + static_cast<size_t>(p) * pb;
     __m512 f[MR][2];
@@ -165,8 +136,7 @@ inline void qb4w_panel_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
       wp += 64;
       #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
-        int32_t qsum = 0;
-        for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) qsum += srow[r][c];
+        const int32_t qsum = group_qsum(srow[r], g, per_group);
         const __m512i corr = _mm512_set1_epi32(8 * qsum);
         __m512i d0 = acc[r][0], d1 = acc[r][1];
         if constexpr (kSplit) {
@@ -208,14 +178,9 @@ inline void qb4w_panels_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qb4
   const int64_t chunk = static_cast<int64_t>(std::max<size_t>(1, (size_t{128} << 10) / qb4w_panel_bytes(k, w.group)));
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
-    int64_t m0 = 0;
-    for (; m0 + 4 <= m; m0 += 4) qb4w_panel_rows<Vnni, 4>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi);
-    switch (m - m0) {
-      case 3: qb4w_panel_rows<Vnni, 3>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
-      case 2: qb4w_panel_rows<Vnni, 2>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
-      case 1: qb4w_panel_rows<Vnni, 1>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi); break;
-      default: break;
-    }
+    for_row_blocks(m, [&](auto rows, int64_t m0) KILN_CPU_LAMBDA {
+      qb4w_panel_rows<Vnni, decltype(rows)::value>(a, m0, k, w, n, c0, c1, bias, y, ldy, lo, hi);
+    });
   }
 }
 
@@ -236,17 +201,11 @@ inline __m512i dot_u8s8_wide(__m512i acc, __m512i a_u8, __m512i b_s8) {
 }
 
 template <bool Vnni, int MR>
-inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                      const float* bias, float* y, int64_t ldy, float lo, float hi) {
+inline void block_rows(Avx512<Vnni>, RowBlock<MR>, const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w,
+                       int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const int64_t chunks = (k + 63) / 64;
-  const uint8_t* arow[MR];
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
-  for (int64_t j = n0; j < n1; ++j) {
+  auto accumulate = [&](int64_t j, const uint8_t* const (&arow)[MR], __m512i (&acc)[MR]) KILN_CPU_LAMBDA {
     const int8_t* wr = w.data + j * k;
-    __m512i acc[MR];
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t rem = k - c * 64;
       const __m512i wv = rem >= 64 ? _mm512_loadu_si512(wr + c * 64)
@@ -254,27 +213,18 @@ inline void qc8w_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights
       #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) acc[r] = dot_u8s8_wide<Vnni>(acc[r], _mm512_loadu_si512(arow[r] + c * 64), wv);
     }
-    const float b = bias ? bias[j] : 0.0f;
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const float dot = static_cast<float>(_mm512_reduce_add_epi32(acc[r]));
-      const float v = a.scale[m0 + r] * (w.scales[j] * dot - static_cast<float>(a.zp[m0 + r]) * w.sums[j]) + b;
-      y[(m0 + r) * ldy + j] = clampf(v, lo, hi);
-    }
-  }
+  };
+  for_outputs<MR, __m512i>(a, m0, n0, n1, w.sums, bias, y, ldy, lo, hi, 0, accumulate,
+                           [&](int64_t j, const uint8_t*, __m512i acc) KILN_CPU_LAMBDA {
+                             return w.scales[j] * static_cast<float>(_mm512_reduce_add_epi32(acc));
+                           });
 }
 
+// The variant's row of the selection table (config.cpp), with its products for Vnni.
 template <bool Vnni>
-inline void qc8w_avx512(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                        const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qc8w_rows<Vnni, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qc8w_rows<Vnni, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qc8w_rows<Vnni, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qc8w_rows<Vnni, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+constexpr Qd8GemmVariant avx512_variant(const char* name) {
+  return {name, Isa::Avx512, Vnni, by_row_blocks<Avx512<Vnni>, Qb4wWeights>, by_row_blocks<Avx512<Vnni>, Qc8wWeights>,
+          qb4w_panels_avx512<Vnni>};
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 // weight sums are quant.h's scale-weighted sums), the same value as the generic
 // variant's s_x (sum_g s_g (dot_g + 128 sum_g w) - zp sum_w) without the large
 // cancelling terms.
-#include "../isa.h"
+#include "../ukernels.h"  // (before the target pragma: declarations only)
 #ifdef KILN_CPU_ARM64
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #include "qd8-gemm-neon.h"
@@ -26,15 +26,9 @@ struct SdotProduct {
 
 }  // namespace
 
-void qd8_qb4w_gemm__dotprod(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                            const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  qb4w_neon<SdotProduct>(a, m, k, w, n0, n1, bias, y, ldy, lo, hi);
-}
-
-void qd8_qc8w_gemm__dotprod(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                            const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  qc8w_neon<SdotProduct>(a, m, k, w, n0, n1, bias, y, ldy, lo, hi);
-}
+const Qd8GemmVariant qd8_gemm__dotprod{"qd8_gemm__dotprod", Isa::Dotprod, false,
+                                       by_row_blocks<Neon<SdotProduct>, Qb4wWeights>,
+                                       by_row_blocks<Neon<SdotProduct>, Qc8wWeights>, nullptr};
 
 }  // namespace kiln::cpu
 #endif

@@ -154,6 +154,8 @@ void qc8w_weight_sums(const int8_t* w, const float* scales, int64_t n, int64_t k
   }
 }
 
+namespace {
+
 void qd8_qb4w_gemm__generic(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
                             const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const int64_t ldw = (k + 1) / 2, groups = k / w.group;
@@ -188,6 +190,8 @@ void qd8_qc8w_gemm__generic(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWe
     }
   }
 }
+
+}  // namespace
 
 size_t qb4w_panel_bytes(int64_t k, int64_t group) {
   return static_cast<size_t>((k / group) * (kQb4wPanel / 2 * group + 2 * kQb4wPanel));
@@ -226,6 +230,8 @@ void qb4w_pack_panels(const uint8_t* w, const uint16_t* scales, int64_t n, int64
     }
 }
 
+namespace {
+
 // The panels product, plainly: per output, per group, the dot product of the unsigned
 // nibbles with the signed q, less 8 * sum q (what the + 8 added).
 void qd8_qb4w_panels__generic(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p0,
@@ -259,5 +265,10 @@ void qd8_qb4w_panels__generic(const Qd8Rows& a, int64_t m, int64_t k, const Qb4w
     }
   }
 }
+
+}  // namespace
+
+const Qd8GemmVariant qd8_gemm__generic{"qd8_gemm__generic", Isa::Generic, false, qd8_qb4w_gemm__generic,
+                                       qd8_qc8w_gemm__generic, qd8_qb4w_panels__generic};
 
 }  // namespace kiln::cpu

@@ -7,6 +7,7 @@
 
 #include "../isa.h"
 #include "kiln/cpu/quant.h"
+#include "qd8-gemm-rows.h"
 
 #include <arm_neon.h>
 
@@ -22,23 +23,22 @@ KILN_CPU_INLINE float bf16f(uint16_t b) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
-KILN_CPU_INLINE float clampf(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// The tag of the NEON block kernels (by_row_blocks), with P's dot-product step.
+template <class P>
+struct Neon {};
 
 // MR rows (m0 ..) x outputs n0 .. n1: per 16 weight bytes (32 inputs, one group or part of
 // one), 2 dot steps per row; per group one FMA per row into 4 float partial sums.
 template <class P, int MR>
-KILN_CPU_INLINE void qb4w_rows_neon(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w, int64_t n0,
-                                    int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  const int64_t ldw = (k + 1) / 2, groups = k / w.group, regs = ldw / 16, per_group = w.group / 32;
+KILN_CPU_INLINE void block_rows(Neon<P>, RowBlock<MR>, const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wWeights& w,
+                                int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
+  const int64_t ldw = (k + 1) / 2, regs = ldw / 16, per_group = w.group / 32;
   const uint8x16_t x88 = vdupq_n_u8(0x88), xf0 = vdupq_n_u8(0xf0), x80 = vdupq_n_u8(0x80);
-  const uint8_t* arow[MR];
-  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
-  for (int64_t j = n0; j < n1; ++j) {
-    const uint8_t* wr = w.data + j * ldw;
-    const uint16_t* sr = w.scales + j * groups;
-    float32x4_t f[MR];
+  auto accumulate = [&](int64_t j, const uint8_t* const (&arow)[MR], float32x4_t (&f)[MR]) KILN_CPU_LAMBDA {
+    const auto [wr, sr] = qb4w_row(w, k, j);
     int32x4_t d[MR];
-    for (int r = 0; r < MR; ++r) f[r] = vdupq_n_f32(0.0f), d[r] = vdupq_n_s32(0);
+    for (int r = 0; r < MR; ++r) d[r] = vdupq_n_s32(0);
     int64_t left = per_group, g = 0;
     // one register of weights: bytes wp .. wp+15 (inputs 32 apart from the last), their even
     // inputs at activation bytes off .. off+15 of the row, the odd ones 64 further
@@ -102,67 +102,33 @@ KILN_CPU_INLINE void qb4w_rows_neon(const Qd8Rows& a, int64_t m0, int64_t k, con
       step(wp + 48, off + 48);
     }
     for (; i < regs; ++i) step(wr + 16 * i, (i >> 2) * 128 + (i & 3) * 16);
-    const float b = bias ? bias[j] : 0.0f;
-    for (int r = 0; r < MR; ++r) {
-      const float dot = vaddvq_f32(f[r]) * 0.0625f;  // the 16 of 16 w, exactly
-      const float z = static_cast<float>(a.zp[m0 + r] - 128);
-      y[(m0 + r) * ldy + j] = clampf(a.scale[m0 + r] * (dot - z * w.sums[j]) + b, lo, hi);
-    }
-  }
+  };
+  // the 16 of 16 w comes out exactly; the activations were made signed (zero point less 128)
+  for_outputs<MR, float32x4_t>(a, m0, n0, n1, w.sums, bias, y, ldy, lo, hi, 128, accumulate,
+                               [](int64_t, const uint8_t*, float32x4_t f) KILN_CPU_LAMBDA { return vaddvq_f32(f) * 0.0625f; });
 }
 
 template <class P, int MR>
-KILN_CPU_INLINE void qc8w_rows_neon(const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w, int64_t n0,
-                                    int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
+KILN_CPU_INLINE void block_rows(Neon<P>, RowBlock<MR>, const Qd8Rows& a, int64_t m0, int64_t k, const Qc8wWeights& w,
+                                int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, float lo, float hi) {
   const uint8x16_t x80 = vdupq_n_u8(0x80);
-  const uint8_t* arow[MR];
-  for (int r = 0; r < MR; ++r) arow[r] = a.data + (m0 + r) * a.stride;
   const int64_t k16 = k / 16 * 16;
-  for (int64_t j = n0; j < n1; ++j) {
+  auto accumulate = [&](int64_t j, const uint8_t* const (&arow)[MR], int32x4_t (&d)[MR]) KILN_CPU_LAMBDA {
     const int8_t* wr = w.data + j * k;
-    int32x4_t d[MR];
-    for (int r = 0; r < MR; ++r) d[r] = vdupq_n_s32(0);
     for (int64_t i = 0; i < k16; i += 16) {
       const int8x16_t wv = vld1q_s8(wr + i);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r)
         d[r] = P::dot(d[r], vreinterpretq_s8_u8(veorq_u8(vld1q_u8(arow[r] + i), x80)), wv);
     }
-    const float b = bias ? bias[j] : 0.0f;
-    for (int r = 0; r < MR; ++r) {
-      int32_t dot = vaddvq_s32(d[r]);  // sum of q w, exact
-      for (int64_t i = k16; i < k; ++i) dot += (static_cast<int32_t>(arow[r][i]) - 128) * wr[i];
-      const float z = static_cast<float>(a.zp[m0 + r] - 128);
-      y[(m0 + r) * ldy + j] =
-          clampf(a.scale[m0 + r] * (w.scales[j] * static_cast<float>(dot) - z * w.sums[j]) + b, lo, hi);
-    }
-  }
-}
-
-template <class P>
-KILN_CPU_INLINE void qb4w_neon(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wWeights& w, int64_t n0, int64_t n1,
-                               const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qb4w_rows_neon<P, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qb4w_rows_neon<P, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qb4w_rows_neon<P, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qb4w_rows_neon<P, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
-}
-
-template <class P>
-KILN_CPU_INLINE void qc8w_neon(const Qd8Rows& a, int64_t m, int64_t k, const Qc8wWeights& w, int64_t n0, int64_t n1,
-                               const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  int64_t m0 = 0;
-  for (; m0 + 4 <= m; m0 += 4) qc8w_rows_neon<P, 4>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi);
-  switch (m - m0) {
-    case 3: qc8w_rows_neon<P, 3>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 2: qc8w_rows_neon<P, 2>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    case 1: qc8w_rows_neon<P, 1>(a, m0, k, w, n0, n1, bias, y, ldy, lo, hi); break;
-    default: break;
-  }
+  };
+  for_outputs<MR, int32x4_t>(a, m0, n0, n1, w.sums, bias, y, ldy, lo, hi, 128, accumulate,
+                             [&](int64_t j, const uint8_t* ar, int32x4_t d) KILN_CPU_LAMBDA {
+                               const int8_t* wr = w.data + j * k;
+                               int32_t dot = vaddvq_s32(d);  // sum of q w, exact
+                               for (int64_t i = k16; i < k; ++i) dot += (static_cast<int32_t>(ar[i]) - 128) * wr[i];
+                               return w.scales[j] * static_cast<float>(dot);
+                             });
 }
 
 }  // namespace

@@ -17,9 +17,7 @@
 
 #ifdef KILN_CPU_X86
 KILN_CPU_TARGET_BEGIN("arch=x86-64-v4")
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12: _mm512_undefined_* (see qd8-gemm-avx512.h)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
+#include "../avx512-intrinsics.h"
 
 namespace kiln::cpu {
 namespace {
