@@ -93,7 +93,10 @@ std::string metadata(const LowerResult& r) {
                              {"layers", layers}};
   }
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
-                                    {"quantized_embeddings", r.quantized_embeddings}};
+                                    {"quantized_embeddings", r.quantized_embeddings},
+                                    {"tables", r.embedding_tables},
+                                    {"streamed_while_writing", r.streamed_embeddings}};
+  if (!r.recipe.empty()) meta["recipe"] = {{"name", r.recipe}, {"choices", r.recipe_choices}};
   meta["program"] = {{"kernel_calls", report.kernel_calls},
                      {"delegate_calls", report.delegate_calls},
                      {"operators", report.operators},
@@ -225,6 +228,8 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   const std::string_view backend = lower_backend_name(o.backend);
 
   LowerResult r;
+  r.recipe = o.recipe;
+  r.recipe_choices = o.recipe_choices;
   r.spec = spec;
   r.backend = o.backend;
   r.per_op = o.per_op;
@@ -284,7 +289,10 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
                                                       : passes::to_edge_dynamic(ep, &r.lowering, edge_options);
   if (embedding_quant.bits != 0) {
     progress(fmt::format("quantizing embedding tables (int{})", embedding_quant.bits));
-    r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant);
+    backends::xnnpack::EmbeddingQuantReport eq_report;
+    r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant, &eq_report);
+    r.embedding_tables = std::move(eq_report.tables);
+    r.streamed_embeddings = std::move(eq_report.streamed);
     r.embedding_quantization = embedding_quant.name();
   }
   const double t_edge = seconds_since(t0);
