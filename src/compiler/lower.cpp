@@ -411,6 +411,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   // The .pte, its metadata and its debug map are staged beside the output and published as one set
   // (kiln/core/output_file.h): a failure leaves none of them, concurrent lowerings one whole set each.
   StagedFile pte_file(out);
+  pte_file.hash_contents();  // the metadata's pte_sha256, computed as the file is written (not read back)
   pte::write_pte(program, pte_file);
   const double t_write = seconds_since(t0);
   // What kiln computed for the file (quantized weights, folded constants) is in it now: freed before
@@ -440,7 +441,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
          static_cast<double>(o.max_size_bytes) / 1e6, static_cast<double>(r.pte_size) / 1e6,
          static_cast<double>(r.auto_plan->estimate) / 1e6,
          static_cast<double>(r.pte_size - static_cast<uint64_t>(o.max_size_bytes)) / 1e6);
-  r.pte_sha256 = sha256_file(pte_file.path());
+  r.pte_sha256 = pte_file.sha256();
   const double total = seconds_since(t0);
   r.seconds = {t_read, t_edge - t_read, t_partition - t_edge, t_emit - t_partition, t_write - t_emit, total};
 

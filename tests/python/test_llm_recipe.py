@@ -165,3 +165,63 @@ def test_unknown_recipe_is_one_error(tiny, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert lines == ["kiln: error: --recipe llm-int3: unknown recipe (llm-int4)"], proc.stderr
     assert not (tmp_path / "x.pte").exists()
+
+
+def test_bf16_tables_quantized_with_torchaos_bf16_arithmetic(tmp_path):
+    """A bf16 Gemma 4 (E2B's dtype): its tables, widened to fp32 as they are read, are quantized with torchao's
+    arithmetic in bf16 (scale = bf16(max|w| / 7.5), q = round(bf16(w * bf16(1 / scale)))), not in fp32. Oracle:
+    torchao's IntxWeightOnlyConfig on the bf16 model itself: its integers and bf16 scales, dequantized exactly in
+    fp32 into the fp32 copy of the model, run in eager: both runtimes within DESIGN's fp32 tolerance. torchao's fp32
+    arithmetic on the same bf16 values gives other integers for some groups (checked: the test can tell)."""
+    import torch
+    from torchao.quantization import IntxWeightOnlyConfig, PerGroup, quantize_
+
+    import executorch.kernels.quantized  # noqa: F401
+
+    from conftest import assert_close
+
+    sys.path.insert(0, str(REPO / "python"))
+    from kiln_export import llm
+
+    class Args:
+        arch, config, gguf, seed, dtype = "gemma4", "tiny", None, 0, "bf16"
+
+    bf16, _, _ = llm.build_model(Args)
+    assert bf16.dtype == torch.bfloat16
+    cfg = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
+    is_table = lambda m, fqn: isinstance(m, torch.nn.Embedding)  # noqa: E731
+
+    def dequantized(model):
+        """{table fqn: q * scale in fp32} of torchao's quantization of `model`'s tables in its own dtype."""
+        q = copy.deepcopy(model)
+        q.lm_head.weight = torch.nn.Parameter(q.model.embed_tokens.weight.detach().clone())
+        quantize_(q, cfg, filter_fn=is_table)
+        out = {}
+        for name in ("model.embed_tokens", "model.embed_tokens_per_layer"):
+            w = q.get_submodule(name).weight
+            v, d = w.qdata.shape
+            assert w.scale.dtype == model.dtype and not torch.any(w.zero_point != 0)
+            out[name] = (w.qdata.float().view(v, d // 32, 32) * w.scale.float().unsqueeze(-1)).view(v, d)
+        return out
+
+    tables = dequantized(bf16)
+    fp32_arith = dequantized(bf16.float())
+    assert any(not torch.equal(tables[k], fp32_arith[k]) for k in tables), "bf16 and fp32 arithmetic agree"
+    ref = copy.deepcopy(bf16).float()
+    ref.lm_head.weight = torch.nn.Parameter(ref.model.embed_tokens.weight.detach().clone())
+    with torch.no_grad():
+        for name, t in tables.items():
+            ref.get_submodule(name).weight.copy_(t)
+    tokens = PROMPT + [5, 9, 300, 77]
+    with torch.no_grad():
+        want = ref(torch.tensor([tokens]), use_cache=False).logits[0].numpy()
+    spec = _export(tmp_path / "bf16", "--cache", FORM[0], "--dynamic", "--dtype", "bf16")
+    pte = tmp_path / "tables.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--quantize-embedding", "4:32", "--out", pte, "-q")
+    s = json.loads(spec.read_text())
+    calls = _calls(tokens, FORM[1])
+    shapes = [i["shape"] for i in s["inputs"][2:]]
+    for what, got in (("kiln's runtime", _kiln_calls(pte, calls, len(shapes), tmp_path / "kiln")),
+                      ("ExecuTorch's runtime", _et_calls(pte, calls, shapes))):
+        rows = np.concatenate([g[0] for g in got])
+        assert_close(rows, want[:-1], f"bf16 int4 tables, {what} vs torchao's bf16 quantization in fp32 eager")
