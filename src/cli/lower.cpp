@@ -184,7 +184,7 @@ int run_lower(const LowerOptions& given) {
                r.quantized_embeddings == 1 ? "" : "s", r.embedding_quantization);
     for (const auto& t : r.embedding_tables) fmt::print("    {}\n", t);
     if (!r.streamed_embeddings.empty())
-      fmt::print("    quantized again block by block as the file was written (never whole in memory): {}\n",
+      fmt::print("    quantized block by block as the file was written (never whole in memory): {}\n",
                  fmt::join(r.streamed_embeddings, ", "));
   }
   if (r.calibration)

@@ -104,12 +104,12 @@ QuantizedWeights quantize_embedding_table(const float* w, int64_t v, int64_t d, 
 // into the quantized lookup on new constants; the fp32 table stays only if
 // something else still reads it (a tied LM head). Throws kiln::Error when a
 // table's row does not divide into groups. Returns the tables rewritten.
-// Every offset is 64-bit (a table may have more than 2^31 elements); a table read from the .pt2 is streamed: its
-// scales are computed now and its data again, block by block, as the .pte is written
-// (passes::ConstantData::generated), so that neither the fp32 table nor its quantized form is ever whole in memory. `report` (may be null) gets one line per table and the names of the streamed ones.
+// Every offset is 64-bit (a table may have more than 2^31 elements); a table read from the .pt2 is quantized as
+// the .pte is written, block by block, in one read of the table (its data and scales are both
+// passes::ConstantData::generated), so that neither the fp32 table nor its quantized form is ever whole in memory. `report` (may be null) gets one line per table and the names of the streamed ones.
 struct EmbeddingQuantReport {
   std::vector<std::string> tables;    // "name [V, D] -> int4 [V, D/2] + fp32 scales [V, D/G]"
-  std::vector<std::string> streamed;  // tables quantized as the file is written
+  std::vector<std::string> streamed;  // tables quantized as the file is written (not at lowering time)
 };
 int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& q,
                             EmbeddingQuantReport* report = nullptr);

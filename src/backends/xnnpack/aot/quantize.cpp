@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <thread>
 
@@ -600,35 +601,66 @@ int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& 
     const int64_t groups = d / group;
     const size_t row_bytes = static_cast<size_t>(q.bits == 4 ? d / 2 : d);
     const uint64_t data_bytes = static_cast<uint64_t>(v) * row_bytes;
-    auto scales = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(v) * static_cast<size_t>(groups) * 4);
-    // A table read from the .pt2 has its scales computed now and its data quantized again as the .pte is
-    // written, block by block (ConstantData::generated): the same arithmetic, so the same bytes, and neither the
-    // table nor its quantized form whole in memory (Gemma 4's per-layer table quantizes to 1.2 GB). A folded
-    // table (bytes computed during lowering, in memory already) is quantized now.
-    std::shared_ptr<const std::vector<std::byte>> data_bytes_now;
-    std::shared_ptr<const passes::GeneratedBytes> generated;
+    const size_t scale_bytes = static_cast<size_t>(v) * static_cast<size_t>(groups) * 4;
+    // A table read from the .pt2 is quantized as the .pte is written, block by block (ConstantData::generated),
+    // its data and its scales both: neither the table nor its quantized form is ever whole in memory (Gemma 4's
+    // per-layer table quantizes to 1.2 GB). The table is read once: the data constant is written first (the
+    // emitter stores constants in value order, and the data's value is created first), and its pass keeps the
+    // scales for the scales constant; written in any other order (or asked for alone), the scales are computed by
+    // a pass of their own, with the same arithmetic, so the same bytes. A folded table (bytes computed during
+    // lowering, in memory already) is quantized now.
+    std::shared_ptr<const std::vector<std::byte>> data_bytes_now, scales_now;
+    std::shared_ptr<const passes::GeneratedBytes> generated, generated_scales;
     if (!source.source) {
       auto data = std::make_shared<std::vector<std::byte>>(static_cast<size_t>(data_bytes));
+      auto scales = std::make_shared<std::vector<std::byte>>(scale_bytes);
       for_each_quantized_block(program.exported, source, v, d, eq, false, [&](int64_t r0, int64_t n, const uint8_t* qd, const float* qs) {
         std::memcpy(data->data() + static_cast<size_t>(r0) * row_bytes, qd, static_cast<size_t>(n) * row_bytes);
         std::memcpy(scales->data() + static_cast<size_t>(r0) * static_cast<size_t>(groups) * 4, qs,
                     static_cast<size_t>(n) * static_cast<size_t>(groups) * 4);
       });
       data_bytes_now = std::move(data);
+      scales_now = std::move(scales);
     } else {
-      for_each_quantized_block(program.exported, source, v, d, eq, true, [&](int64_t r0, int64_t n, const uint8_t*, const float* qs) {
-        std::memcpy(scales->data() + static_cast<size_t>(r0) * static_cast<size_t>(groups) * 4, qs,
-                    static_cast<size_t>(n) * static_cast<size_t>(groups) * 4);
-      });
+      struct Kept {  // the scales the data pass computed, until the scales constant is written
+        std::mutex m;
+        std::unique_ptr<std::vector<std::byte>> scales;
+      };
+      auto kept = std::make_shared<Kept>();
+      const pt2::ExportedProgram* ep = program.exported;
       auto gen = std::make_shared<passes::GeneratedBytes>();
       gen->size = data_bytes;
-      const pt2::ExportedProgram* ep = program.exported;
-      gen->write = [ep, source, v, d, eq, row_bytes](const std::function<void(std::span<const std::byte>)>& sink) {
-        for_each_quantized_block(ep, source, v, d, eq, false, [&](int64_t, int64_t n, const uint8_t* qd, const float*) {
+      gen->write = [ep, source, v, d, eq, row_bytes, groups, scale_bytes,
+                    kept](const std::function<void(std::span<const std::byte>)>& sink) {
+        auto scales = std::make_unique<std::vector<std::byte>>(scale_bytes);
+        for_each_quantized_block(ep, source, v, d, eq, false, [&](int64_t r0, int64_t n, const uint8_t* qd, const float* qs) {
           sink(std::as_bytes(std::span(qd, static_cast<size_t>(n) * row_bytes)));
+          std::memcpy(scales->data() + static_cast<size_t>(r0) * static_cast<size_t>(groups) * 4, qs,
+                      static_cast<size_t>(n) * static_cast<size_t>(groups) * 4);
         });
+        std::lock_guard<std::mutex> lock(kept->m);
+        kept->scales = std::move(scales);
+      };
+      auto gen_scales = std::make_shared<passes::GeneratedBytes>();
+      gen_scales->size = scale_bytes;
+      gen_scales->write = [ep, source, v, d, eq, groups, scale_bytes,
+                           kept](const std::function<void(std::span<const std::byte>)>& sink) {
+        std::unique_ptr<std::vector<std::byte>> scales;
+        {
+          std::lock_guard<std::mutex> lock(kept->m);
+          scales = std::move(kept->scales);  // handed over once: a second write computes them again
+        }
+        if (!scales) {
+          scales = std::make_unique<std::vector<std::byte>>(scale_bytes);
+          for_each_quantized_block(ep, source, v, d, eq, true, [&](int64_t r0, int64_t n, const uint8_t*, const float* qs) {
+            std::memcpy(scales->data() + static_cast<size_t>(r0) * static_cast<size_t>(groups) * 4, qs,
+                        static_cast<size_t>(n) * static_cast<size_t>(groups) * 4);
+          });
+        }
+        sink(*scales);
       };
       generated = std::move(gen);
+      generated_scales = std::move(gen_scales);
       if (report) report->streamed.push_back(table);
     }
     if (report) report->tables.push_back(fmt::format("{} [{}, {}] -> int{} [{}, {}] + fp32 scales [{}, {}]", table, v,
@@ -653,8 +685,9 @@ int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& 
     qc.generated = std::move(generated);
     program.constants[qv] = std::move(qc);
     const graph::ValueId sv = g.add_value(fresh(node_name + "_qscales"), contiguous(ScalarType::Float, {v, groups}));
-    program.constants[sv] = passes::ConstantData{nullptr, std::move(scales),
-                                                 fmt::format("{} (int{} embedding scales)", table, q.bits)};
+    passes::ConstantData sc{nullptr, std::move(scales_now), fmt::format("{} (int{} embedding scales)", table, q.bits)};
+    sc.generated = std::move(generated_scales);
+    program.constants[sv] = std::move(sc);
     graph::Node& n = g.nodes[i];  // re-fetched: add_value does not move nodes, but keep it obvious
     const graph::Argument indices = n.input("indices")->arg;
     n.target = q.bits == 4 ? "quantized_decomposed.embedding_4bit.default" : "quantized_decomposed.embedding_byte.default";
