@@ -100,7 +100,10 @@ std::string metadata(const LowerResult& r) {
                             {"quantized_weights", r.portable_quantized_weights},
                             {"kept_fp32_nodes", r.portable_kept_fp32}};
   meta["embedding_quantization"] = {{"scheme", r.embedding_quantization},
-                                    {"quantized_embeddings", r.quantized_embeddings}};
+                                    {"quantized_embeddings", r.quantized_embeddings},
+                                    {"tables", r.embedding_tables},
+                                    {"streamed_while_writing", r.streamed_embeddings}};
+  if (!r.recipe.empty()) meta["recipe"] = {{"name", r.recipe}, {"choices", r.recipe_choices}};
   meta["program"] = {{"kernel_calls", report.kernel_calls},
                      {"delegate_calls", report.delegate_calls},
                      {"operators", report.operators},
@@ -234,6 +237,8 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   const std::string_view backend = lower_backend_name(o.backend);
 
   LowerResult r;
+  r.recipe = o.recipe;
+  r.recipe_choices = o.recipe_choices;
   r.spec = spec;
   r.backend = o.backend;
   r.per_op = o.per_op;
@@ -295,7 +300,10 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
                                                       : passes::to_edge_dynamic(ep, &r.lowering, edge_options);
   if (embedding_quant.bits != 0) {
     progress(fmt::format("quantizing embedding tables (int{})", embedding_quant.bits));
-    r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant);
+    backends::xnnpack::EmbeddingQuantReport eq_report;
+    r.quantized_embeddings = backends::xnnpack::quantize_embeddings(edge, embedding_quant, &eq_report);
+    r.embedding_tables = std::move(eq_report.tables);
+    r.streamed_embeddings = std::move(eq_report.streamed);
     r.embedding_quantization = embedding_quant.name();
   }
   const double t_edge = seconds_since(t0);
@@ -476,6 +484,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   // The .pte, its metadata and its debug map are staged beside the output and published as one set
   // (kiln/core/output_file.h): a failure leaves none of them, concurrent lowerings one whole set each.
   StagedFile pte_file(out);
+  pte_file.hash_contents();  // the metadata's pte_sha256, computed as the file is written (not read back)
   pte::write_pte(program, pte_file);
   const double t_write = seconds_since(t0);
   // What kiln computed for the file (quantized weights, folded constants) is in it now: freed before
@@ -505,7 +514,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
          static_cast<double>(o.max_size_bytes) / 1e6, static_cast<double>(r.pte_size) / 1e6,
          static_cast<double>(r.auto_plan->estimate) / 1e6,
          static_cast<double>(r.pte_size - static_cast<uint64_t>(o.max_size_bytes)) / 1e6);
-  r.pte_sha256 = sha256_file(pte_file.path());
+  r.pte_sha256 = pte_file.sha256();
   const double total = seconds_since(t0);
   r.seconds = {t_read, t_edge - t_read, t_partition - t_edge, t_emit - t_partition, t_write - t_emit, total};
 

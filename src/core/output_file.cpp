@@ -84,6 +84,7 @@ StagedFile::~StagedFile() {
 }
 
 void StagedFile::flush() {
+  if (hash_) hash_block(buf_.data(), buf_.size());
   size_t done = 0;
   while (done < buf_.size()) {
     ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
@@ -216,6 +217,24 @@ struct Sha256 {
 };
 
 }  // namespace
+
+struct StagedFile::Hash : Sha256 {
+  std::string digest;  // hex, once finished
+};
+
+void StagedFile::hash_contents() {
+  check(written_ == 0, "{}: hashing asked for after the first write", target_);
+  hash_ = std::make_shared<Hash>();
+}
+
+void StagedFile::hash_block(const std::byte* p, size_t n) { hash_->update(reinterpret_cast<const uint8_t*>(p), n); }
+
+std::string StagedFile::sha256() {
+  if (!hash_) return {};
+  close();
+  if (hash_->digest.empty()) hash_->digest = hash_->hex();
+  return hash_->digest;
+}
 
 std::string sha256_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -256,20 +256,24 @@ class Emitter {
                                                                                c.source->meta.storage_offset,
                                                                                fmt::join(c.source->meta.sizes, ","),
                                                                                fmt::join(c.source->meta.strides, ","))}
-                   : std::pair<const void*, std::string>{c.bytes.get(), ""};
+                   : std::pair<const void*, std::string>{
+                         c.generated ? static_cast<const void*>(c.generated.get()) : c.bytes.get(), ""};
       if (auto it = by_identity.find(identity); it != by_identity.end()) {
         constant_index_[v] = it->second;
         ++report_->deduplicated_constants;
         continue;
       }
       uint64_t size = 0;
-      uint64_t h = content_hash(v, c, &size);
+      // bytes computed as the file is written (a streamed quantized table): distinct by construction, not hashed
+      // (sampling them would compute them twice more)
+      uint64_t h = c.generated ? 0 : content_hash(v, c, &size);
+      if (c.generated) size = c.generated->size;
       // A constant with no elements has no bytes to store: it is planned (0 bytes) instead.
       // A zero-size constant segment would make ExecuTorch's runtime take the program for one
       // that uses the deprecated in-flatbuffer constant buffers and reject it.
       if (size == 0) continue;
       uint32_t found = 0;
-      for (uint32_t candidate : by_hash[h]) {
+      for (uint32_t candidate : c.generated ? std::vector<uint32_t>{} : by_hash[h]) {
         if (p_.constant_bytes(constant_value_[candidate]) == p_.constant_bytes(v)) {
           found = candidate;
           break;
@@ -282,13 +286,16 @@ class Emitter {
         continue;
       }
       auto index = static_cast<uint32_t>(program_.constants.size());
-      by_hash[h].push_back(index);
+      if (!c.generated) by_hash[h].push_back(index);
       by_identity[identity] = index;
       constant_index_[v] = index;
       constant_value_[index] = v;
       pte::DataBlob blob;
       blob.size = size;
-      if (c.source) {
+      if (c.generated) {
+        auto gen = c.generated;
+        blob.write = [gen](const std::function<void(std::span<const std::byte>)>& sink) { gen->write(sink); };
+      } else if (c.source) {
         const pt2::ConstantTensor* src = c.source;
         const pt2::ExportedProgram* ep = p_.exported;
         blob.write = [ep, src](const std::function<void(std::span<const std::byte>)>& sink) {

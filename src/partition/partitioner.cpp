@@ -319,9 +319,12 @@ ContentDigest content_digest(const passes::EdgeProgram& program, graph::ValueId 
     XXH3_128bits_update(state, s.data(), s.size());
     size += s.size();
   };
-  uint64_t expected = c.bytes ? c.bytes->size() : static_cast<uint64_t>(c.source->meta.nbytes());
+  uint64_t expected = c.generated ? c.generated->size
+                      : c.bytes   ? c.bytes->size()
+                                  : static_cast<uint64_t>(c.source->meta.nbytes());
   XXH3_128bits_reset_withSeed(state, expected);
-  if (c.bytes) sink(*c.bytes);
+  if (c.generated) c.generated->write(sink);
+  else if (c.bytes) sink(*c.bytes);
   else program.exported->stream_constant(*c.source, sink);
   XXH128_hash_t h = XXH3_128bits_digest(state);
   XXH3_freeState(state);

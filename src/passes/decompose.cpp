@@ -23,6 +23,12 @@ namespace kiln::passes {
 
 std::vector<std::byte> EdgeProgram::constant_bytes(graph::ValueId v) const {
   const ConstantData& c = constants.at(v);
+  if (c.generated) {
+    std::vector<std::byte> out;
+    out.reserve(static_cast<size_t>(c.generated->size));
+    c.generated->write([&](std::span<const std::byte> s) { out.insert(out.end(), s.begin(), s.end()); });
+    return out;
+  }
   if (c.bytes) return *c.bytes;
   std::vector<std::byte> out(static_cast<size_t>(c.source->meta.nbytes()));
   exported->read_constant(*c.source, out);

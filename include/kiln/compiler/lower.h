@@ -53,6 +53,10 @@ struct LowerOptions {
   // quantized_decomposed::embedding_4bit / embedding_byte lookups (portable
   // kernels; backends/xnnpack/quantize.h); empty: fp32. Either backend.
   std::string quantize_embedding;
+  // A named recipe the caller expanded into the options above (kiln lower --recipe llm-int4): recorded in
+  // the metadata with `recipe_choices`, one "flag value (why)" or "flag value (given: overrides ...)" line each.
+  std::string recipe;
+  std::vector<std::string> recipe_choices;
   // With `quantize`: linear layers whose module path (the .pt2's nn_module_stack,
   // "lm_head", "model.layers.0.mlp.down_proj"), node name or weight name the
   // regex (ECMAScript, searched) matches stay fp32. Matching none is a warning.
@@ -101,6 +105,10 @@ struct LowerResult {
   std::optional<backends::xnnpack::DelegationSummary> delegation;  // XNNPACK lowerings
   std::string embedding_quantization = "none";  // --quantize-embedding ("4:32", "8")
   int64_t quantized_embeddings = 0;              // embedding lookups rewritten to quantized tables
+  std::vector<std::string> embedding_tables;     // one line per quantized table (its shape before and after)
+  std::vector<std::string> streamed_embeddings;  // tables quantized again as the file was written (not held)
+  std::string recipe;                            // LowerOptions::recipe
+  std::vector<std::string> recipe_choices;
   std::optional<compiler::CalibrationResult> calibration;  // with LowerOptions::calibrate
   // The program's floating-point type as read ("float32", "bfloat16", "float16") and what its unquantized values
   // are stored and computed as in the .pte (the same, or "float32" when widened)

@@ -9,6 +9,8 @@
 #include "kiln/pt2/pt2_reader.h"
 
 #include <cstddef>
+#include <functional>
+#include <span>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,6 +29,13 @@ struct QuantizedConstant {
   std::vector<std::byte> scales;  // bits 4: bf16 [N, K/group]; bits 8: fp32 [N]
 };
 
+// Bytes computed as the .pte is written (a quantized embedding table too large to hold: kiln lower
+// --quantize-embedding on Gemma 4's per-layer table), `size` of them, passed to the sink in order.
+struct GeneratedBytes {
+  uint64_t size = 0;
+  std::function<void(const std::function<void(std::span<const std::byte>)>&)> write;
+};
+
 // Where a constant value's bytes come from: a tensor of the .pt2 (read on
 // demand) or bytes computed during lowering (folded subgraphs, transposed weights).
 struct ConstantData {
@@ -36,6 +45,8 @@ struct ConstantData {
   // Set for a weight the .pt2 holds quantized; `bytes` then holds it dequantized (what a reader other
   // than XNNPACK's quantized fully connected node sees), the payload builder uses this.
   std::shared_ptr<const QuantizedConstant> quantized{};
+  // Set instead of `source` and `bytes` for bytes computed while the file is written (GeneratedBytes).
+  std::shared_ptr<const GeneratedBytes> generated{};
 };
 
 // A buffer the program mutates (a KV cache): planned memory that lives across

@@ -88,6 +88,9 @@ QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const Qu
 struct EmbeddingQuant {
   int bits = 0;       // 0: none; 4 or 8
   int64_t group = 0;  // columns per scale; 0: the whole row
+  // The type the table had in the .pt2 (set per table by quantize_embeddings from a widened bf16 / fp16
+  // constant): torchao's arithmetic in that type, as QuantScheme::source (the scales stay exact in fp32).
+  QuantScheme::Source source = QuantScheme::Source::Float;
   std::string name() const;  // "4:32", "8", "none"
 };
 
@@ -101,7 +104,15 @@ QuantizedWeights quantize_embedding_table(const float* w, int64_t v, int64_t d, 
 // into the quantized lookup on new constants; the fp32 table stays only if
 // something else still reads it (a tied LM head). Throws kiln::Error when a
 // table's row does not divide into groups. Returns the tables rewritten.
-int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& q);
+// Every offset is 64-bit (a table may have more than 2^31 elements); a table read from the .pt2 is quantized as
+// the .pte is written, block by block, in one read of the table (its data and scales are both
+// passes::ConstantData::generated), so that neither the fp32 table nor its quantized form is ever whole in memory. `report` (may be null) gets one line per table and the names of the streamed ones.
+struct EmbeddingQuantReport {
+  std::vector<std::string> tables;    // "name [V, D] -> int4 [V, D/2] + fp32 scales [V, D/G]"
+  std::vector<std::string> streamed;  // tables quantized as the file is written (not at lowering time)
+};
+int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& q,
+                            EmbeddingQuantReport* report = nullptr);
 
 // int8w: every linear layer's constant fp32 weight (the mat2 of mm/addmm, as is or
 // through permute_copy [1,0]) becomes an int8 constant with fp32 scales per output

@@ -20,7 +20,11 @@ constexpr size_t kMaxDims = 6;  // XNN_MAX_TENSOR_DIMS
 pte::DataBlob constant_blob(const passes::EdgeProgram& p, graph::ValueId v) {
   const passes::ConstantData& c = p.constants.at(v);
   pte::DataBlob blob;
-  if (c.bytes) {
+  if (c.generated) {
+    auto gen = c.generated;
+    blob.size = gen->size;
+    blob.write = [gen](const std::function<void(std::span<const std::byte>)>& sink) { gen->write(sink); };
+  } else if (c.bytes) {
     auto data = c.bytes;
     blob.size = data->size();
     blob.write = [data](const std::function<void(std::span<const std::byte>)>& sink) { sink(*data); };
