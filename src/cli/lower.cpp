@@ -37,6 +37,7 @@ struct LowerOptions {
   std::string quantize_skip;
   std::string dtype;
   std::string calibrate;
+  std::string calibrate_method;
   double max_size_mb = 0;
 };
 
@@ -99,6 +100,7 @@ int run_lower(const LowerOptions& o) {
   lo.quantize_skip = o.quantize_skip;
   lo.dtype = o.dtype;
   lo.calibrate = o.calibrate;
+  lo.calibrate_method = o.calibrate_method;
   check(o.max_size_mb >= 0 && o.max_size_mb < 1e7, "--max-size {}: give the budget in megabytes, above 0",
         o.max_size_mb);
   lo.max_size_bytes = std::llround(o.max_size_mb * 1e6);
@@ -146,6 +148,15 @@ int run_lower(const LowerOptions& o) {
                    ? 100.0 * (r.calibration->proxy_after - r.calibration->proxy_before) / r.calibration->proxy_before
                    : 0.0,
                r.calibration->run_seconds, r.calibration->search_seconds);
+  if (r.calibration && r.calibration->gptq_layers > 0)
+    fmt::print("  GPTQ ({}): {} layers, objective sum (w - q) H (w - q)^T {:+.1f}% against the plain rule (sampled "
+               "rows), Gram matrices {:.0f} MB, {:.1f} s\n",
+               r.calibration->method, r.calibration->gptq_layers,
+               r.calibration->gptq_objective_plain > 0
+                   ? 100.0 * (r.calibration->gptq_objective - r.calibration->gptq_objective_plain) /
+                         r.calibration->gptq_objective_plain
+                   : 0.0,
+               static_cast<double>(r.calibration->gram_bytes) / 1e6, r.calibration->gptq_seconds);
   if (r.auto_plan) {
     const auto& a = *r.auto_plan;
     int64_t int8 = 0;
@@ -203,6 +214,9 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--calibrate", opts->calibrate,
                   "with --quantize: a text file the fp32 program runs over in kiln's runtime; its activation "
                   "statistics rescale the weights' input channels (AWQ-style, folded into constants)");
+  cmd->add_option("--calibrate-method", opts->calibrate_method,
+                  "with --calibrate: awq+gptq (the default: AWQ's channel scales, then GPTQ's error feedback on each "
+                  "input's X^T X), gptq, or awq (AWQ's scales and activation-weighted int4 groups)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

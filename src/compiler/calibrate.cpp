@@ -72,6 +72,7 @@ struct Group {
   std::vector<double> abs_sum, sq_sum;
   int64_t rows = 0;
   std::vector<float> s;  // the chosen scales (1 when alpha is 0)
+  std::vector<float> gram;  // GPTQ: sum x x^T over every token, the upper triangle (row i: columns i..k-1)
 };
 
 struct Graph {
@@ -312,6 +313,16 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
             g.sq_sum[static_cast<size_t>(c)] += v * v;
           }
         g.rows += rows;
+        if (!g.gram.empty())  // the upper triangle of sum x x^T, row by row (the loop over j vectorises)
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* xr = x + r * g.k;
+            for (int64_t i = 0; i < g.k; ++i) {
+              const float a = xr[i];
+              if (a == 0.0f) continue;
+              float* __restrict hi = g.gram.data() + i * g.k;
+              for (int64_t j = i; j < g.k; ++j) hi[j] += a * xr[j];
+            }
+          }
       }
       tokens += n;
       at += n;
@@ -325,8 +336,10 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
 CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& text_path,
                                 const std::string& tokenizer_path, int64_t max_positions, const QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
-                                const std::function<void(std::string_view)>& progress) {
+                                const std::function<void(std::string_view)>& progress, CalibrationMethod method) {
   CalibrationResult result;
+  result.method = std::string(calibration_method_name(method));
+  const bool gptq = method != CalibrationMethod::Awq, awq = method != CalibrationMethod::Gptq;
   check(scheme.kind == QuantScheme::Kind::Int4Groups || scheme.kind == QuantScheme::Kind::Int8Channels,
         "--calibrate needs --quantize 8da4w or 8da8w");
   std::string text;
@@ -429,10 +442,22 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
       }
     }
   }
-  std::erase_if(groups, [](const Group& gr) { return gr.fold == Group::Fold::None; });
-  result.inputs_found = static_cast<int64_t>(groups.size());
+  // AWQ needs a foldable producer; GPTQ takes every input whose layers are quantized
+  std::erase_if(groups, [&](const Group& gr) {
+    return (!gptq || std::none_of(gr.sites.begin(), gr.sites.end(), [&](size_t si) { return sites[si].quantized; })) &&
+           gr.fold == Group::Fold::None;
+  });
+  result.inputs_found =
+      std::count_if(groups.begin(), groups.end(), [](const Group& gr) { return gr.fold != Group::Fold::None; });
   if (groups.empty()) return result;
-  for (Group& gr : groups) gr.abs_sum.assign(static_cast<size_t>(gr.k), 0.0), gr.sq_sum.assign(static_cast<size_t>(gr.k), 0.0);
+  for (Group& gr : groups) {
+    gr.abs_sum.assign(static_cast<size_t>(gr.k), 0.0), gr.sq_sum.assign(static_cast<size_t>(gr.k), 0.0);
+    gr.s.assign(static_cast<size_t>(gr.k), 1.0f);
+    if (gptq) {
+      gr.gram.assign(static_cast<size_t>(gr.k * gr.k), 0.0f);
+      result.gram_bytes += gr.k * gr.k * static_cast<int64_t>(sizeof(float));
+    }
+  }
 
   if (progress)
     progress(fmt::format("calibrating: running the fp32 program over {} tokens of {} ({} inputs of linear layers)",
@@ -469,8 +494,9 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
   };
   static constexpr int kGrid = 10;
   const bool output_aware =
-      scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == backends::xnnpack::ScaleRule::Mse;
+      !gptq && scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == backends::xnnpack::ScaleRule::Mse;
   for (Group& gr : groups) {
+    if (!awq || gr.fold == Group::Fold::None) continue;
     const size_t k = static_cast<size_t>(gr.k);
     std::vector<double> mean_abs(k), mean_sq(k);
     for (size_t c = 0; c < k; ++c)
@@ -566,6 +592,61 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
       }
     }
   }
+  if (gptq) {
+    // per input: H = X'^T X' / tokens with x' = x / s (the AWQ scales folded above), damped 1% of its mean
+    // diagonal, factorised once for every layer reading it; then each layer's rows with error feedback
+    if (progress) progress("calibrating: GPTQ (error feedback on each input's X^T X)");
+    const auto t1 = std::chrono::steady_clock::now();
+    for (Group& gr : groups) {
+      const int64_t k = gr.k;
+      std::vector<size_t> todo;
+      for (size_t si : gr.sites)
+        if (sites[si].quantized) todo.push_back(si);
+      if (todo.empty() || gr.rows == 0) continue;
+      std::vector<double> h(static_cast<size_t>(k * k));
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = i; j < k; ++j) {
+          const double v = static_cast<double>(gr.gram[static_cast<size_t>(i * k + j)]) / static_cast<double>(gr.rows) /
+                           (static_cast<double>(gr.s[static_cast<size_t>(i)]) * gr.s[static_cast<size_t>(j)]);
+          h[static_cast<size_t>(i * k + j)] = h[static_cast<size_t>(j * k + i)] = v;
+        }
+      std::vector<float>().swap(gr.gram);
+      int64_t dead = 0;
+      const std::vector<float> u = backends::xnnpack::gptq_inverse_factor(h, k, 0.01, &dead);
+      result.gptq_dead_inputs += dead;
+      for (size_t si : todo) {
+        const Site& st = sites[si];
+        std::vector<float> w = weight(st.weight);  // a copy: GPTQ changes it
+        current.erase(st.weight);
+        rescaled.erase(st.weight);
+        // the objective on a sample of rows (every 32nd): the plain rule's codes, then GPTQ's
+        auto objective = [&](const std::vector<float>& deq, const std::vector<float>& orig) {
+          double total = 0;
+          std::vector<double> d(static_cast<size_t>(k));
+          for (int64_t r = 0; r < st.n; r += 32) {
+            for (int64_t c = 0; c < k; ++c)
+              d[static_cast<size_t>(c)] = static_cast<double>(orig[static_cast<size_t>(r * k + c)]) - deq[static_cast<size_t>(r * k + c)];
+            for (int64_t i = 0; i < k; ++i) {
+              double t = 0;
+              const double* hi = h.data() + i * k;
+              for (int64_t j = 0; j < k; ++j) t += hi[j] * d[static_cast<size_t>(j)];
+              total += d[static_cast<size_t>(i)] * t;
+            }
+          }
+          return total;
+        };
+        const std::vector<float> plain =
+            dequantize(backends::xnnpack::quantize_weights(w.data(), st.n, k, scheme), st.n, k, scheme);
+        result.gptq_objective_plain += objective(plain, w);
+        std::vector<float> fed = w;
+        auto qw = backends::xnnpack::quantize_weights_gptq(fed, st.n, k, u, scheme);
+        result.gptq_objective += objective(fed, w);
+        result.precomputed[st.weight] = {scheme, std::move(qw)};
+        ++result.gptq_layers;
+      }
+    }
+    result.gptq_seconds = seconds_since(t1);
+  }
   for (auto& [w, f] : current)
     if (rescaled.contains(w)) {
       const Site& st = *site_of_weight.at(w);
@@ -573,6 +654,18 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     }
   result.search_seconds = seconds_since(t0);
   return result;
+}
+
+std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error) {
+  if (text == "awq") return CalibrationMethod::Awq;
+  if (text == "gptq") return CalibrationMethod::Gptq;
+  if (text == "awq+gptq") return CalibrationMethod::AwqGptq;
+  *error = fmt::format("unknown calibration method '{}' in --calibrate-method (awq, gptq or awq+gptq)", text);
+  return std::nullopt;
+}
+
+std::string_view calibration_method_name(CalibrationMethod m) {
+  return m == CalibrationMethod::Awq ? "awq" : m == CalibrationMethod::Gptq ? "gptq" : "awq+gptq";
 }
 
 }  // namespace kiln::compiler
