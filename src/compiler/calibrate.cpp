@@ -251,8 +251,11 @@ std::vector<float> awq_scales(const std::vector<double>& mean_abs, double alpha)
 }
 
 // The program's fp32 run over the text: per group, sum |x_i| and x_i^2 over every token.
-int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, const std::vector<int32_t>& ids,
-                int64_t max_positions) {
+// With `generate` > 0 the text is the fp32 program's own: windows of max_positions tokens, each started from
+// `seed` and continued by sampling the program's next-token distribution (temperature 1, the 40 most likely
+// tokens, a fixed-seed generator: the same text every lowering), `generate` tokens in all (ids is then filled).
+int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, std::vector<int32_t>& ids,
+                int64_t max_positions, int64_t generate = 0, int32_t seed = 0) {
   passes::EdgeProgram probe = edge;  // the same program, the groups' inputs as extra outputs
   const size_t first_extra = probe.outputs.size();
   for (const Group& g : groups) probe.outputs.push_back(g.root);
@@ -282,23 +285,7 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
   const int64_t window = max_positions > 0 ? max_positions : step;
   std::vector<int64_t> tok(static_cast<size_t>(step)), pos(static_cast<size_t>(step));
   int64_t tokens = 0;
-  for (size_t w0 = 0; w0 < ids.size(); w0 += static_cast<size_t>(window)) {
-    const int64_t wlen = std::min<int64_t>(window, static_cast<int64_t>(ids.size() - w0));
-    for (int64_t at = 0; at < wlen;) {
-      int64_t n = std::min(step, wlen - at);
-      if (!dynamic && n < step) break;  // a static program takes whole steps
-      for (int64_t i = 0; i < n; ++i) {
-        tok[static_cast<size_t>(i)] = ids[w0 + static_cast<size_t>(at + i)];
-        pos[static_cast<size_t>(i)] = at + i;
-      }
-      const int64_t tshape[2] = {1, n}, pshape[1] = {pos_vector ? n : 1};
-      const bool ok = (dynamic ? f.set_input(0, tok.data(), static_cast<size_t>(n) * 8, tshape, &err)
-                               : f.set_input(0, tok.data(), static_cast<size_t>(n) * 8, &err)) == rt::Status::Ok &&
-                      (dynamic ? f.set_input(1, pos.data(), static_cast<size_t>(pshape[0]) * 8, pshape, &err)
-                               : f.set_input(1, pos.data(), static_cast<size_t>(pshape[0]) * 8, &err)) ==
-                          rt::Status::Ok &&
-                      f.execute(&err) == rt::Status::Ok;
-      check(ok, "--calibrate: the fp32 program failed at positions {}..{}: {}", at, at + n - 1, err.c_str());
+  auto accumulate = [&] {
       for (size_t gi = 0; gi < groups.size(); ++gi) {
         Group& g = groups[gi];
         const rt::Tensor& t = f.output(first_extra + gi);
@@ -324,6 +311,71 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
             }
           }
       }
+  };
+  if (generate > 0) {
+    check(step == 1 || dynamic, "--calibrate-self needs a program that takes one token per call (or any count)");
+    uint64_t state = 0x9e3779b97f4a7c15ull;  // xorshift64*
+    auto uniform = [&] {
+      state ^= state >> 12, state ^= state << 25, state ^= state >> 27;
+      return static_cast<double>((state * 0x2545f4914f6cdd1dull) >> 11) * 0x1p-53;
+    };
+    ids.clear();
+    while (tokens < generate) {
+      int32_t next = seed;
+      for (int64_t at = 0; at < window && tokens < generate; ++at) {
+        ids.push_back(next);
+        tok[0] = next, pos[0] = at;
+        const int64_t one[2] = {1, 1}, pshape[1] = {1};
+        const bool ok = (dynamic ? f.set_input(0, tok.data(), 8, one, &err) : f.set_input(0, tok.data(), 8, &err)) ==
+                            rt::Status::Ok &&
+                        (dynamic ? f.set_input(1, pos.data(), 8, pshape, &err) : f.set_input(1, pos.data(), 8, &err)) ==
+                            rt::Status::Ok &&
+                        f.execute(&err) == rt::Status::Ok;
+        check(ok, "--calibrate-self: the fp32 program failed at position {}: {}", at, err.c_str());
+        accumulate();
+        ++tokens;
+        const rt::Tensor& logits = f.output(0);
+        check(logits.dtype == ScalarType::Float && logits.numel > 0, "--calibrate-self: the program's first output is not fp32 logits");
+        const int64_t vocab = logits.size(logits.dim - 1);
+        const float* l = logits.data_as<const float>() + (logits.numel - vocab);
+        std::vector<int32_t> order(static_cast<size_t>(vocab));
+        for (int32_t v = 0; v < vocab; ++v) order[static_cast<size_t>(v)] = v;
+        const int64_t top = std::min<int64_t>(40, vocab);
+        std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int32_t a, int32_t b) {
+          return l[a] > l[b] || (l[a] == l[b] && a < b);
+        });
+        double total = 0;
+        std::vector<double> p(static_cast<size_t>(top));
+        for (int64_t i = 0; i < top; ++i) total += p[static_cast<size_t>(i)] = std::exp(static_cast<double>(l[order[static_cast<size_t>(i)]]) - l[order[0]]);
+        double u = uniform() * total;
+        next = order[static_cast<size_t>(top - 1)];
+        for (int64_t i = 0; i < top; ++i)
+          if ((u -= p[static_cast<size_t>(i)]) < 0) {
+            next = order[static_cast<size_t>(i)];
+            break;
+          }
+      }
+    }
+    return tokens;
+  }
+  for (size_t w0 = 0; w0 < ids.size(); w0 += static_cast<size_t>(window)) {
+    const int64_t wlen = std::min<int64_t>(window, static_cast<int64_t>(ids.size() - w0));
+    for (int64_t at = 0; at < wlen;) {
+      int64_t n = std::min(step, wlen - at);
+      if (!dynamic && n < step) break;  // a static program takes whole steps
+      for (int64_t i = 0; i < n; ++i) {
+        tok[static_cast<size_t>(i)] = ids[w0 + static_cast<size_t>(at + i)];
+        pos[static_cast<size_t>(i)] = at + i;
+      }
+      const int64_t tshape[2] = {1, n}, pshape[1] = {pos_vector ? n : 1};
+      const bool ok = (dynamic ? f.set_input(0, tok.data(), static_cast<size_t>(n) * 8, tshape, &err)
+                               : f.set_input(0, tok.data(), static_cast<size_t>(n) * 8, &err)) == rt::Status::Ok &&
+                      (dynamic ? f.set_input(1, pos.data(), static_cast<size_t>(pshape[0]) * 8, pshape, &err)
+                               : f.set_input(1, pos.data(), static_cast<size_t>(pshape[0]) * 8, &err)) ==
+                          rt::Status::Ok &&
+                      f.execute(&err) == rt::Status::Ok;
+      check(ok, "--calibrate: the fp32 program failed at positions {}..{}: {}", at, at + n - 1, err.c_str());
+      accumulate();
       tokens += n;
       at += n;
     }
@@ -336,25 +388,34 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
 CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& text_path,
                                 const std::string& tokenizer_path, int64_t max_positions, const QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
-                                const std::function<void(std::string_view)>& progress, CalibrationMethod method) {
+                                const std::function<void(std::string_view)>& progress, CalibrationMethod method,
+                                int64_t self_tokens) {
   CalibrationResult result;
   result.method = std::string(calibration_method_name(method));
   const bool gptq = method != CalibrationMethod::Awq, awq = method != CalibrationMethod::Gptq;
   check(scheme.kind == QuantScheme::Kind::Int4Groups || scheme.kind == QuantScheme::Kind::Int8Channels,
         "--calibrate needs --quantize 8da4w or 8da8w");
-  std::string text;
-  {
-    std::ifstream in(text_path, std::ios::binary);
-    check(static_cast<bool>(in), "{}: cannot open the calibration text", text_path);
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  check(!tokenizer_path.empty(), "--calibrate: no tokenizer.json (nor tokenizer.model) beside the spec");
-  std::string why;
-  auto tokenizer = tok::Tokenizer::load(tokenizer_path, &why);
-  check(tokenizer != nullptr, "{}", why);
   std::vector<int32_t> ids;
-  check(tokenizer->encode(text, &ids, &why, false), "{}: {}", text_path, why);
-  check(ids.size() >= 2, "{}: the calibration text has {} tokens (at least 2)", text_path, ids.size());
+  int32_t seed = 0;  // --calibrate-self: each window starts from the BOS token (or <|endoftext|>, or id 0)
+  if (self_tokens > 0) {
+    std::string why;
+    std::unique_ptr<tok::Tokenizer> tokenizer;
+    if (!tokenizer_path.empty()) tokenizer = tok::Tokenizer::load(tokenizer_path, &why);
+    if (tokenizer) seed = tokenizer->bos_id().value_or(tokenizer->id_of("<|endoftext|>").value_or(0));
+  } else {
+    std::string text;
+    {
+      std::ifstream in(text_path, std::ios::binary);
+      check(static_cast<bool>(in), "{}: cannot open the calibration text", text_path);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    check(!tokenizer_path.empty(), "--calibrate: no tokenizer.json (nor tokenizer.model) beside the spec");
+    std::string why;
+    auto tokenizer = tok::Tokenizer::load(tokenizer_path, &why);
+    check(tokenizer != nullptr, "{}", why);
+    check(tokenizer->encode(text, &ids, &why, false), "{}: {}", text_path, why);
+    check(ids.size() >= 2, "{}: the calibration text has {} tokens (at least 2)", text_path, ids.size());
+  }
 
   // the linear layers, grouped by the input they read
   const Graph g(edge);
@@ -463,7 +524,7 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     progress(fmt::format("calibrating: running the fp32 program over {} tokens of {} ({} inputs of linear layers)",
                          ids.size(), text_path, groups.size()));
   auto t0 = std::chrono::steady_clock::now();
-  result.tokens = collect(edge, groups, ids, max_positions);
+  result.tokens = collect(edge, groups, ids, max_positions, self_tokens, seed);
   result.run_seconds = seconds_since(t0);
   check(result.tokens > 0, "{}: the calibration text is shorter than one step of the program", text_path);
 

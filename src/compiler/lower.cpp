@@ -168,7 +168,8 @@ compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::Mode
   std::string why;
   const auto method = compiler::parse_calibration_method(o.calibrate_method.empty() ? "awq+gptq" : o.calibrate_method, &why);
   check(method.has_value(), "{}", why);
-  return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method);
+  return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method,
+                                 o.calibrate_self);
 }
 
 }  // namespace
@@ -209,8 +210,15 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     check(rule.has_value(), "{}", why);
     quant.scales = *rule;
   }
-  check(o.calibrate_method.empty() || !o.calibrate.empty(),
-        "--calibrate-method {}: --calibrate-method needs --calibrate FILE", o.calibrate_method);
+  check(o.calibrate_method.empty() || !o.calibrate.empty() || o.calibrate_self > 0,
+        "--calibrate-method {}: --calibrate-method needs --calibrate FILE or --calibrate-self N", o.calibrate_method);
+  check(o.calibrate.empty() || o.calibrate_self == 0, "--calibrate-self {}: give --calibrate FILE or --calibrate-self, not both",
+        o.calibrate_self);
+  if (o.calibrate_self > 0) {
+    using QK = backends::xnnpack::QuantScheme::Kind;
+    check(!quant_auto && (quant.kind == QK::Int4Groups || quant.kind == QK::Int8Channels),
+          "--calibrate-self {}: --calibrate-self needs --quantize 8da4w or 8da8w", o.calibrate_self);
+  }
   if (!o.calibrate.empty()) {
     using QK = backends::xnnpack::QuantScheme::Kind;
     check(quant.kind == QK::Int4Groups || quant.kind == QK::Int8Channels,
@@ -337,7 +345,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         partition_options.transformed_constants.insert(untied.copies.begin(), untied.copies.end());
         r.untied_weights = static_cast<int64_t>(untied.copies.size());
         kept_tied = untied.kept_fp32;
-        if (!o.calibrate.empty()) {
+        if (!o.calibrate.empty() || o.calibrate_self > 0) {
           r.calibration = calibrate(edge, spec, o, quant, keep_fp32);
           payload_options.precomputed = std::move(r.calibration->precomputed);
           r.calibration->precomputed.clear();

@@ -119,9 +119,41 @@ def test_bad_calibration_method_is_one_error_line(tiny, tmp_path):
     out = tiny[0]
     for args, message in [(["--calibrate", out / "calibration.txt", "--calibrate-method", "sgd"],
                            "unknown calibration method 'sgd'"),
-                          (["--calibrate-method", "gptq"], "--calibrate-method needs --calibrate")]:
+                          (["--calibrate-method", "gptq"], "--calibrate-method needs --calibrate"),
+                          (["--calibrate", out / "calibration.txt", "--calibrate-self", "8"], "not both"),
+                          (["--calibrate-self", "8"], "one token per call")]:
         pte = tmp_path / "bad.pte"
         proc = run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--quantize", "8da4w",
                         *args, "--out", pte, "-q", check=False)
         assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: ") and message in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1 and not pte.exists(), proc.stderr
+
+
+def test_self_calibration_runs_and_is_deterministic(tmp_path):
+    """--calibrate-self N: the fp32 program samples its own text (one token per call, a fixed seed), GPTQ runs on
+    the statistics of it; two lowerings write the same bytes, and both runtimes agree on the file."""
+    positions = 16
+    model = TinyLM().eval()
+    model.pos = torch.nn.Embedding(positions, D)
+    with torch.no_grad():
+        model.pos.weight.copy_(0.1 * torch.randn(positions, D, generator=torch.Generator().manual_seed(1)))
+    torch.export.save(torch.export.export(model, (torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]))),
+                      tmp_path / "m.pt2")
+    spec = {"name": "m", "model_id": "tests/gptq_self", "seq_len": 1, "exported_program": "m.pt2", "ir": "default",
+            "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, 1]},
+                       {"name": "input_pos", "dtype": "int64", "shape": [1]}],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": [1, 1, 256]}],
+            "constant_methods": {"get_max_seq_len": positions}}
+    (tmp_path / "model_spec.json").write_text(json.dumps(spec))
+    _byte_tokenizer(tmp_path / "tokenizer.json")
+    metas = [_lower(tmp_path, tmp_path / f"self{i}.pte", "--calibrate-self", "40") for i in range(2)]
+    c = metas[0]["calibration"]
+    assert c["tokens"] == 40 and c["gptq_layers"] == 4 and c["method"] == "awq+gptq", c
+    assert (tmp_path / "self0.pte").read_bytes() == (tmp_path / "self1.pte").read_bytes()
+    plain = _lower(tmp_path, tmp_path / "plain.pte")
+    assert (tmp_path / "self0.pte").read_bytes() != (tmp_path / "plain.pte").read_bytes()
+    assert metas[0]["delegation"]["quantized_nodes"] == plain["delegation"]["quantized_nodes"] == 4
+    for t in ([[5]], [[77]]):
+        inputs = [np.array(t, dtype=np.int64), np.array([3])]
+        et = et_execute(tmp_path / "self0.pte", inputs)[0]
+        assert_close(kiln_run(tmp_path / "self0.pte", inputs, tmp_path)[0], et, "self-calibrated: kiln vs ExecuTorch")

@@ -67,6 +67,8 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const backends::xnnpack::QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
                                 const std::function<void(std::string_view)>& progress,
-                                CalibrationMethod method = CalibrationMethod::Awq);
+                                CalibrationMethod method = CalibrationMethod::Awq, int64_t self_tokens = 0);
+// (self_tokens > 0: data-free self-calibration, --calibrate-self N: the text is N tokens the fp32 program samples
+// itself, windows of max_positions from the BOS token; text_path is not read)
 
 }  // namespace kiln::compiler
