@@ -300,16 +300,8 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, std
             g.sq_sum[static_cast<size_t>(c)] += v * v;
           }
         g.rows += rows;
-        if (!g.gram.empty())  // the upper triangle of sum x x^T, row by row (the loop over j vectorises)
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* xr = x + r * g.k;
-            for (int64_t i = 0; i < g.k; ++i) {
-              const float a = xr[i];
-              if (a == 0.0f) continue;
-              float* __restrict hi = g.gram.data() + i * g.k;
-              for (int64_t j = i; j < g.k; ++j) hi[j] += a * xr[j];
-            }
-          }
+        if (!g.gram.empty())  // the upper triangle of sum x x^T, row by row
+          for (int64_t r = 0; r < rows; ++r) backends::xnnpack::gptq_gram_update(g.gram.data(), x + r * g.k, g.k);
       }
   };
   if (generate > 0) {

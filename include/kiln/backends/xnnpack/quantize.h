@@ -81,6 +81,8 @@ QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const Qu
 // The upper Cholesky factor U of (H + damp mean(diag H) I)^-1 (row-major [k, k]; H^-1 = U^T U) of a symmetric Gram
 // matrix H = X^T X [k, k] (row-major, both triangles). A zero diagonal entry (an input never seen) becomes the mean
 // diagonal first; `dead` (may be null) counts those.
+// gram [k, k] row-major += the upper triangle (j >= i) of x x^T, x [k]
+void gptq_gram_update(float* gram, const float* x, int64_t k);
 std::vector<float> gptq_inverse_factor(std::vector<double> h, int64_t k, double damp, int64_t* dead);
 // w [n, k] row-major fp32, quantized column by column with GPTQ's error feedback through U (gptq_inverse_factor):
 // each group's scale (the whole row's for 8da8w) is `scheme`'s rule applied to the row's error-fed values when the

@@ -28,11 +28,55 @@ float bf16_value(const std::byte* p) {
   return f;
 }
 
-// y[0..n) -= a x[0..n): a loop the compiler vectorises
+// y[0..n) -= a x[0..n), 32 bytes at a time (GCC's and Clang's vector extension: -O2 does not vectorise the plain
+// loop); on x86-64 an AVX2 clone where the CPU has it
+template <class T>
+[[gnu::always_inline]] inline void axpy_sub_impl(T* __restrict y, T a, const T* __restrict x, int64_t n) {
+  typedef T V __attribute__((vector_size(32)));
+  constexpr int64_t L = 32 / sizeof(T);
+  const V va = a - V{};
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    V vy, vx;
+    std::memcpy(&vy, y + i, sizeof vy);
+    std::memcpy(&vx, x + i, sizeof vx);
+    vy -= va * vx;
+    std::memcpy(y + i, &vy, sizeof vy);
+  }
+  for (; i < n; ++i) y[i] -= a * x[i];
+}
+
+template <class T>
+void axpy_sub_baseline(T* __restrict y, T a, const T* __restrict x, int64_t n) {
+  axpy_sub_impl(y, a, x, n);
+}
+#if defined(__x86_64__)
+template <class T>
+__attribute__((target("avx2"))) void axpy_sub_avx2(T* __restrict y, T a, const T* __restrict x, int64_t n) {
+  axpy_sub_impl(y, a, x, n);
+}
+#endif
+
 template <class T>
 void axpy_sub(T* __restrict y, T a, const T* __restrict x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] -= a * x[i];
+#if defined(__x86_64__)
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+  }();
+  if (avx2) return axpy_sub_avx2(y, a, x, n);
+#endif
+  axpy_sub_baseline(y, a, x, n);
 }
+
+}  // namespace
+
+void gptq_gram_update(float* gram, const float* x, int64_t k) {
+  for (int64_t i = 0; i < k; ++i)
+    if (x[i] != 0.0f) axpy_sub(gram + i * k + i, -x[i], x + i, k - i);
+}
+
+namespace {
 
 }  // namespace
 
