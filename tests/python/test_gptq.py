@@ -146,7 +146,8 @@ def test_self_calibration_runs_and_is_deterministic(tmp_path):
             "constant_methods": {"get_max_seq_len": positions}}
     (tmp_path / "model_spec.json").write_text(json.dumps(spec))
     _byte_tokenizer(tmp_path / "tokenizer.json")
-    metas = [_lower(tmp_path, tmp_path / f"self{i}.pte", "--calibrate-self", "40") for i in range(2)]
+    metas = [_lower(tmp_path, tmp_path / f"self{i}.pte", "--calibrate-self", "40", "--calibrate-method", "awq+gptq")
+             for i in range(2)]
     c = metas[0]["calibration"]
     assert c["tokens"] == 40 and c["gptq_layers"] == 4 and c["method"] == "awq+gptq", c
     assert (tmp_path / "self0.pte").read_bytes() == (tmp_path / "self1.pte").read_bytes()
