@@ -54,6 +54,8 @@ struct CalibrationResult {
 // awq: AWQ channel scales + output-aware int4 groups (the diagonal mean x^2 proxy); gptq: GPTQ's error feedback on
 // the Gram matrix X^T X per input (quantize.h: quantize_weights_gptq; one pass: every layer's H from the fp32
 // program's activations, not sequential); awq+gptq: AWQ's scales, then GPTQ on the rescaled weights and H.
+// GPTQ's damping: 1% of H's mean diagonal with at least 2k calibration tokens for k inputs, 10% with at least k, else
+// 100% (calibrate.cpp).
 enum class CalibrationMethod : uint8_t { Awq, Gptq, AwqGptq };
 std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error);
 std::string_view calibration_method_name(CalibrationMethod m);
