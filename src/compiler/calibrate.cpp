@@ -72,6 +72,7 @@ struct Group {
   std::vector<double> abs_sum, sq_sum;
   int64_t rows = 0;
   std::vector<float> s;  // the chosen scales (1 when alpha is 0)
+  std::vector<float> gram;  // GPTQ: sum x x^T over every token, the upper triangle (row i: columns i..k-1)
 };
 
 struct Graph {
@@ -250,8 +251,11 @@ std::vector<float> awq_scales(const std::vector<double>& mean_abs, double alpha)
 }
 
 // The program's fp32 run over the text: per group, sum |x_i| and x_i^2 over every token.
-int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, const std::vector<int32_t>& ids,
-                int64_t max_positions) {
+// With `generate` > 0 the text is the fp32 program's own: windows of max_positions tokens, each started from
+// `seed` and continued by sampling the program's next-token distribution (temperature 1, the 40 most likely
+// tokens, a fixed-seed generator: the same text every lowering), `generate` tokens in all (ids is then filled).
+int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, std::vector<int32_t>& ids,
+                int64_t max_positions, int64_t generate = 0, int32_t seed = 0) {
   passes::EdgeProgram probe = edge;  // the same program, the groups' inputs as extra outputs
   const size_t first_extra = probe.outputs.size();
   for (const Group& g : groups) probe.outputs.push_back(g.root);
@@ -281,6 +285,71 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
   const int64_t window = max_positions > 0 ? max_positions : step;
   std::vector<int64_t> tok(static_cast<size_t>(step)), pos(static_cast<size_t>(step));
   int64_t tokens = 0;
+  auto accumulate = [&] {
+      for (size_t gi = 0; gi < groups.size(); ++gi) {
+        Group& g = groups[gi];
+        const rt::Tensor& t = f.output(first_extra + gi);
+        check(t.dtype == ScalarType::Float && t.numel % g.k == 0, "internal: calibration output {} is not [.., {}] fp32",
+              gi, g.k);
+        const float* x = t.data_as<const float>();
+        const int64_t rows = t.numel / g.k;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < g.k; ++c) {
+            const double v = x[r * g.k + c];
+            g.abs_sum[static_cast<size_t>(c)] += std::fabs(v);
+            g.sq_sum[static_cast<size_t>(c)] += v * v;
+          }
+        g.rows += rows;
+        if (!g.gram.empty())  // the upper triangle of sum x x^T, row by row
+          for (int64_t r = 0; r < rows; ++r) backends::xnnpack::gptq_gram_update(g.gram.data(), x + r * g.k, g.k);
+      }
+  };
+  if (generate > 0) {
+    check(step == 1 || dynamic, "--calibrate-self needs a program that takes one token per call (or any count)");
+    uint64_t state = 0x9e3779b97f4a7c15ull;  // xorshift64*
+    auto uniform = [&] {
+      state ^= state >> 12, state ^= state << 25, state ^= state >> 27;
+      return static_cast<double>((state * 0x2545f4914f6cdd1dull) >> 11) * 0x1p-53;
+    };
+    ids.clear();
+    while (tokens < generate) {
+      int32_t next = seed;
+      for (int64_t at = 0; at < window && tokens < generate; ++at) {
+        ids.push_back(next);
+        tok[0] = next, pos[0] = at;
+        const int64_t one[2] = {1, 1}, pshape[1] = {1};
+        const bool ok = (dynamic ? f.set_input(0, tok.data(), 8, one, &err) : f.set_input(0, tok.data(), 8, &err)) ==
+                            rt::Status::Ok &&
+                        (dynamic ? f.set_input(1, pos.data(), 8, pshape, &err) : f.set_input(1, pos.data(), 8, &err)) ==
+                            rt::Status::Ok &&
+                        f.execute(&err) == rt::Status::Ok;
+        check(ok, "--calibrate-self: the fp32 program failed at position {}: {}", at, err.c_str());
+        accumulate();
+        ++tokens;
+        const rt::Tensor& logits = f.output(0);
+        check(logits.dtype == ScalarType::Float && logits.numel > 0, "--calibrate-self: the program's first output is not fp32 logits");
+        const int64_t vocab = logits.size(logits.dim - 1);
+        const float* l = logits.data_as<const float>() + (logits.numel - vocab);
+        std::vector<int32_t> order(static_cast<size_t>(vocab));
+        for (int32_t v = 0; v < vocab; ++v) order[static_cast<size_t>(v)] = v;
+        const int64_t top = std::min<int64_t>(40, vocab);
+        std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int32_t a, int32_t b) {
+          return l[a] > l[b] || (l[a] == l[b] && a < b);
+        });
+        double total = 0;
+        std::vector<double> p(static_cast<size_t>(top));
+        for (int64_t i = 0; i < top; ++i) total += p[static_cast<size_t>(i)] = std::exp(static_cast<double>(l[order[static_cast<size_t>(i)]]) - l[order[0]]);
+        double u = uniform() * total;
+        next = order[static_cast<size_t>(top - 1)];
+        for (int64_t i = 0; i < top; ++i)
+          if ((u -= p[static_cast<size_t>(i)]) < 0) {
+            next = order[static_cast<size_t>(i)];
+            break;
+          }
+      }
+    }
+    return tokens;
+  }
   for (size_t w0 = 0; w0 < ids.size(); w0 += static_cast<size_t>(window)) {
     const int64_t wlen = std::min<int64_t>(window, static_cast<int64_t>(ids.size() - w0));
     for (int64_t at = 0; at < wlen;) {
@@ -298,21 +367,7 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
                           rt::Status::Ok &&
                       f.execute(&err) == rt::Status::Ok;
       check(ok, "--calibrate: the fp32 program failed at positions {}..{}: {}", at, at + n - 1, err.c_str());
-      for (size_t gi = 0; gi < groups.size(); ++gi) {
-        Group& g = groups[gi];
-        const rt::Tensor& t = f.output(first_extra + gi);
-        check(t.dtype == ScalarType::Float && t.numel % g.k == 0, "internal: calibration output {} is not [.., {}] fp32",
-              gi, g.k);
-        const float* x = t.data_as<const float>();
-        const int64_t rows = t.numel / g.k;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < g.k; ++c) {
-            const double v = x[r * g.k + c];
-            g.abs_sum[static_cast<size_t>(c)] += std::fabs(v);
-            g.sq_sum[static_cast<size_t>(c)] += v * v;
-          }
-        g.rows += rows;
-      }
+      accumulate();
       tokens += n;
       at += n;
     }
@@ -325,23 +380,34 @@ int64_t collect(const passes::EdgeProgram& edge, std::vector<Group>& groups, con
 CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& text_path,
                                 const std::string& tokenizer_path, int64_t max_positions, const QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
-                                const std::function<void(std::string_view)>& progress) {
+                                const std::function<void(std::string_view)>& progress, CalibrationMethod method,
+                                int64_t self_tokens) {
   CalibrationResult result;
+  result.method = std::string(calibration_method_name(method));
+  const bool gptq = method != CalibrationMethod::Awq, awq = method != CalibrationMethod::Gptq;
   check(scheme.kind == QuantScheme::Kind::Int4Groups || scheme.kind == QuantScheme::Kind::Int8Channels,
         "--calibrate needs --quantize 8da4w or 8da8w");
-  std::string text;
-  {
-    std::ifstream in(text_path, std::ios::binary);
-    check(static_cast<bool>(in), "{}: cannot open the calibration text", text_path);
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  check(!tokenizer_path.empty(), "--calibrate: no tokenizer.json (nor tokenizer.model) beside the spec");
-  std::string why;
-  auto tokenizer = tok::Tokenizer::load(tokenizer_path, &why);
-  check(tokenizer != nullptr, "{}", why);
   std::vector<int32_t> ids;
-  check(tokenizer->encode(text, &ids, &why, false), "{}: {}", text_path, why);
-  check(ids.size() >= 2, "{}: the calibration text has {} tokens (at least 2)", text_path, ids.size());
+  int32_t seed = 0;  // --calibrate-self: each window starts from the BOS token (or <|endoftext|>, or id 0)
+  if (self_tokens > 0) {
+    std::string why;
+    std::unique_ptr<tok::Tokenizer> tokenizer;
+    if (!tokenizer_path.empty()) tokenizer = tok::Tokenizer::load(tokenizer_path, &why);
+    if (tokenizer) seed = tokenizer->bos_id().value_or(tokenizer->id_of("<|endoftext|>").value_or(0));
+  } else {
+    std::string text;
+    {
+      std::ifstream in(text_path, std::ios::binary);
+      check(static_cast<bool>(in), "{}: cannot open the calibration text", text_path);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    check(!tokenizer_path.empty(), "--calibrate: no tokenizer.json (nor tokenizer.model) beside the spec");
+    std::string why;
+    auto tokenizer = tok::Tokenizer::load(tokenizer_path, &why);
+    check(tokenizer != nullptr, "{}", why);
+    check(tokenizer->encode(text, &ids, &why, false), "{}: {}", text_path, why);
+    check(ids.size() >= 2, "{}: the calibration text has {} tokens (at least 2)", text_path, ids.size());
+  }
 
   // the linear layers, grouped by the input they read
   const Graph g(edge);
@@ -429,16 +495,28 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
       }
     }
   }
-  std::erase_if(groups, [](const Group& gr) { return gr.fold == Group::Fold::None; });
-  result.inputs_found = static_cast<int64_t>(groups.size());
+  // AWQ needs a foldable producer; GPTQ takes every input whose layers are quantized
+  std::erase_if(groups, [&](const Group& gr) {
+    return (!gptq || std::none_of(gr.sites.begin(), gr.sites.end(), [&](size_t si) { return sites[si].quantized; })) &&
+           gr.fold == Group::Fold::None;
+  });
+  result.inputs_found =
+      std::count_if(groups.begin(), groups.end(), [](const Group& gr) { return gr.fold != Group::Fold::None; });
   if (groups.empty()) return result;
-  for (Group& gr : groups) gr.abs_sum.assign(static_cast<size_t>(gr.k), 0.0), gr.sq_sum.assign(static_cast<size_t>(gr.k), 0.0);
+  for (Group& gr : groups) {
+    gr.abs_sum.assign(static_cast<size_t>(gr.k), 0.0), gr.sq_sum.assign(static_cast<size_t>(gr.k), 0.0);
+    gr.s.assign(static_cast<size_t>(gr.k), 1.0f);
+    if (gptq) {
+      gr.gram.assign(static_cast<size_t>(gr.k * gr.k), 0.0f);
+      result.gram_bytes += gr.k * gr.k * static_cast<int64_t>(sizeof(float));
+    }
+  }
 
   if (progress)
     progress(fmt::format("calibrating: running the fp32 program over {} tokens of {} ({} inputs of linear layers)",
                          ids.size(), text_path, groups.size()));
   auto t0 = std::chrono::steady_clock::now();
-  result.tokens = collect(edge, groups, ids, max_positions);
+  result.tokens = collect(edge, groups, ids, max_positions, self_tokens, seed);
   result.run_seconds = seconds_since(t0);
   check(result.tokens > 0, "{}: the calibration text is shorter than one step of the program", text_path);
 
@@ -469,8 +547,9 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
   };
   static constexpr int kGrid = 10;
   const bool output_aware =
-      scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == backends::xnnpack::ScaleRule::Mse;
+      !gptq && scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == backends::xnnpack::ScaleRule::Mse;
   for (Group& gr : groups) {
+    if (!awq || gr.fold == Group::Fold::None) continue;
     const size_t k = static_cast<size_t>(gr.k);
     std::vector<double> mean_abs(k), mean_sq(k);
     for (size_t c = 0; c < k; ++c)
@@ -566,6 +645,66 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
       }
     }
   }
+  if (gptq) {
+    // per input: H = X'^T X' / tokens with x' = x / s (the AWQ scales folded above), damped 1% of its mean
+    // diagonal, factorised once for every layer reading it; then each layer's rows with error feedback
+    if (progress) progress("calibrating: GPTQ (error feedback on each input's X^T X)");
+    const auto t1 = std::chrono::steady_clock::now();
+    for (Group& gr : groups) {
+      const int64_t k = gr.k;
+      std::vector<size_t> todo;
+      for (size_t si : gr.sites)
+        if (sites[si].quantized) todo.push_back(si);
+      if (todo.empty() || gr.rows == 0) continue;
+      std::vector<double> h(static_cast<size_t>(k * k));
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = i; j < k; ++j) {
+          const double v = static_cast<double>(gr.gram[static_cast<size_t>(i * k + j)]) / static_cast<double>(gr.rows) /
+                           (static_cast<double>(gr.s[static_cast<size_t>(i)]) * gr.s[static_cast<size_t>(j)]);
+          h[static_cast<size_t>(i * k + j)] = h[static_cast<size_t>(j * k + i)] = v;
+        }
+      std::vector<float>().swap(gr.gram);
+      int64_t dead = 0;
+      // Damping by how well the text covers the input: GPTQ's 1% of the mean diagonal with >= 2k tokens, 10% with
+      // >= k, else 100% (H then has a rank below k, and the feedback would push the error into directions the text
+      // never excited: on SmolLM2 with 840 tokens, down_proj's held-out output error was 1.6x the plain rule's at
+      // 1% and 0.8x at 100%; q_proj's 0.30x at 1%, 0.25x at 10%; bench/RESULTS.md)
+      const double damp = gr.rows >= 2 * k ? 0.01 : gr.rows >= k ? 0.1 : 1.0;
+      const std::vector<float> u = backends::xnnpack::gptq_inverse_factor(h, k, damp, &dead);
+      result.gptq_dead_inputs += dead;
+      for (size_t si : todo) {
+        const Site& st = sites[si];
+        std::vector<float> w = weight(st.weight);  // a copy: GPTQ changes it
+        current.erase(st.weight);
+        rescaled.erase(st.weight);
+        // the objective on a sample of rows (every 32nd): the plain rule's codes, then GPTQ's
+        auto objective = [&](const std::vector<float>& deq, const std::vector<float>& orig) {
+          double total = 0;
+          std::vector<double> d(static_cast<size_t>(k));
+          for (int64_t r = 0; r < st.n; r += 32) {
+            for (int64_t c = 0; c < k; ++c)
+              d[static_cast<size_t>(c)] = static_cast<double>(orig[static_cast<size_t>(r * k + c)]) - deq[static_cast<size_t>(r * k + c)];
+            for (int64_t i = 0; i < k; ++i) {
+              double t = 0;
+              const double* hi = h.data() + i * k;
+              for (int64_t j = 0; j < k; ++j) t += hi[j] * d[static_cast<size_t>(j)];
+              total += d[static_cast<size_t>(i)] * t;
+            }
+          }
+          return total;
+        };
+        const std::vector<float> plain =
+            dequantize(backends::xnnpack::quantize_weights(w.data(), st.n, k, scheme), st.n, k, scheme);
+        result.gptq_objective_plain += objective(plain, w);
+        std::vector<float> fed = w;
+        auto qw = backends::xnnpack::quantize_weights_gptq(fed, st.n, k, u, scheme);
+        result.gptq_objective += objective(fed, w);
+        result.precomputed[st.weight] = {scheme, std::move(qw)};
+        ++result.gptq_layers;
+      }
+    }
+    result.gptq_seconds = seconds_since(t1);
+  }
   for (auto& [w, f] : current)
     if (rescaled.contains(w)) {
       const Site& st = *site_of_weight.at(w);
@@ -573,6 +712,18 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     }
   result.search_seconds = seconds_since(t0);
   return result;
+}
+
+std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error) {
+  if (text == "awq") return CalibrationMethod::Awq;
+  if (text == "gptq") return CalibrationMethod::Gptq;
+  if (text == "awq+gptq") return CalibrationMethod::AwqGptq;
+  *error = fmt::format("unknown calibration method '{}' in --calibrate-method (awq, gptq or awq+gptq)", text);
+  return std::nullopt;
+}
+
+std::string_view calibration_method_name(CalibrationMethod m) {
+  return m == CalibrationMethod::Awq ? "awq" : m == CalibrationMethod::Gptq ? "gptq" : "awq+gptq";
 }
 
 }  // namespace kiln::compiler

@@ -76,7 +76,14 @@ std::string metadata(const LowerResult& r) {
                            {"proxy_before", c.proxy_before}, {"proxy_after", c.proxy_after},
                            {"run_seconds", c.run_seconds},   {"search_seconds", c.search_seconds},
                            {"int4_groups", c.groups}, {"int4_groups_not_reproduced", c.groups_kept},
-                           {"choices", c.choices}};
+                           {"choices", c.choices},
+                           {"method", c.method},
+                           {"gptq_layers", c.gptq_layers},
+                           {"gptq_dead_inputs", c.gptq_dead_inputs},
+                           {"gram_bytes", c.gram_bytes},
+                           {"gptq_objective_plain", c.gptq_objective_plain},
+                           {"gptq_objective", c.gptq_objective},
+                           {"gptq_seconds", c.gptq_seconds}};
   }
   meta["dtype"] = {{"program", r.program_dtype}, {"stored", r.stored_dtype}, {"widened", r.program_dtype != r.stored_dtype}};
   if (r.auto_plan) {
@@ -168,7 +175,11 @@ compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::Mode
   for (const auto& cm : spec.constant_methods)
     if (cm.name == "get_max_seq_len" && cm.values.size() == 1 && std::holds_alternative<int64_t>(cm.values[0]))
       max_positions = std::get<int64_t>(cm.values[0]);
-  return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress);
+  std::string why;
+  const auto method = compiler::parse_calibration_method(o.calibrate_method.empty() ? "awq" : o.calibrate_method, &why);
+  check(method.has_value(), "{}", why);
+  return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method,
+                                 o.calibrate_self);
 }
 
 }  // namespace
@@ -210,11 +221,24 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     check(rule.has_value(), "{}", why);
     quant.scales = *rule;
   }
+  check(o.calibrate_method.empty() || !o.calibrate.empty() || o.calibrate_self > 0,
+        "--calibrate-method {}: --calibrate-method needs --calibrate FILE or --calibrate-self N", o.calibrate_method);
+  check(o.calibrate.empty() || o.calibrate_self == 0, "--calibrate-self {}: give --calibrate FILE or --calibrate-self, not both",
+        o.calibrate_self);
+  if (o.calibrate_self > 0) {
+    using QK = backends::xnnpack::QuantScheme::Kind;
+    check(!quant_auto && (quant.kind == QK::Int4Groups || quant.kind == QK::Int8Channels),
+          "--calibrate-self {}: --calibrate-self needs --quantize 8da4w or 8da8w", o.calibrate_self);
+  }
   if (!o.calibrate.empty()) {
     check(xnnpack, "--calibrate {}: --calibrate is lowered for --backend xnnpack", o.calibrate);
     using QK = backends::xnnpack::QuantScheme::Kind;
     check(quant.kind == QK::Int4Groups || quant.kind == QK::Int8Channels,
           "--calibrate {}: --calibrate needs --quantize 8da4w or 8da8w", o.calibrate);
+    if (!o.calibrate_method.empty()) {
+      std::string why;
+      check(compiler::parse_calibration_method(o.calibrate_method, &why).has_value(), "{}", why);
+    }
     std::ifstream probe(o.calibrate, std::ios::binary);  // before any work: a missing text fails at once
     check(static_cast<bool>(probe), "{}: cannot open the calibration text", o.calibrate);
   }
@@ -402,7 +426,11 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         partition_options.transformed_constants.insert(untied.copies.begin(), untied.copies.end());
         r.untied_weights = static_cast<int64_t>(untied.copies.size());
         kept_tied = untied.kept_fp32;
-        if (!o.calibrate.empty()) r.calibration = calibrate(edge, spec, o, quant, keep_fp32);
+        if (!o.calibrate.empty() || o.calibrate_self > 0) {
+          r.calibration = calibrate(edge, spec, o, quant, keep_fp32);
+          payload_options.precomputed = std::move(r.calibration->precomputed);
+          r.calibration->precomputed.clear();
+        }
         if (quant_auto) {
           progress(fmt::format("--quantize auto: measuring each linear layer's int4 and int8 error, budget {:.2f} MB",
                                static_cast<double>(o.max_size_bytes) / 1e6));

@@ -103,7 +103,7 @@ def _error(pte, windows, refs) -> float:
 def test_calibration_cuts_the_error_of_outlier_channels(tiny, tmp_path):
     out, windows, refs = tiny
     plain = _lower(out, tmp_path / "plain.pte")
-    meta = _lower(out, tmp_path / "cal.pte", "--calibrate", out / "calibration.txt")
+    meta = _lower(out, tmp_path / "cal.pte", "--calibrate", out / "calibration.txt", "--calibrate-method", "awq")
     assert "calibration" not in plain
     c = meta["calibration"]
     # both norms fold (gate+up behind norm1, the head behind norm2) and the up rows fold for down

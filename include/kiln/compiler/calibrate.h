@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,7 +41,24 @@ struct CalibrationResult {
   int64_t groups = 0, groups_kept = 0;
   double run_seconds = 0, search_seconds = 0;
   std::vector<std::string> choices;  // one line per input: the producer, the layers, alpha, the proxy's change
+  // GPTQ (CalibrationMethod::Gptq, AwqGptq): the layers quantized with error feedback, the inputs never seen
+  // (zero diagonal), the Gram matrices' memory (float, k^2 per input, all held from the run to the search), the
+  // GPTQ objective sum (w - q) H (w - q)^T over a sample of rows (every 32nd) for the plain rule's q and GPTQ's
+  std::string method;
+  int64_t gptq_layers = 0, gptq_dead_inputs = 0, gram_bytes = 0;
+  double gptq_objective_plain = 0, gptq_objective = 0, gptq_seconds = 0;
+  // per weight: its quantization (GPTQ), for PayloadOptions::precomputed
+  std::map<graph::ValueId, std::pair<backends::xnnpack::QuantScheme, backends::xnnpack::QuantizedWeights>> precomputed;
 };
+
+// awq: AWQ channel scales + output-aware int4 groups (the diagonal mean x^2 proxy); gptq: GPTQ's error feedback on
+// the Gram matrix X^T X per input (quantize.h: quantize_weights_gptq; one pass: every layer's H from the fp32
+// program's activations, not sequential); awq+gptq: AWQ's scales, then GPTQ on the rescaled weights and H.
+// GPTQ's damping: 1% of H's mean diagonal with at least 2k calibration tokens for k inputs, 10% with at least k, else
+// 100% (calibrate.cpp).
+enum class CalibrationMethod : uint8_t { Awq, Gptq, AwqGptq };
+std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error);
+std::string_view calibration_method_name(CalibrationMethod m);
 
 // `scheme` is the lowering's (8da4w or 8da8w); `keep_fp32` the --quantize-skip test (layers it keeps count no
 // error, their weights are still rescaled so the product is unchanged); `max_positions` the KV cache's length
@@ -49,6 +68,9 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const std::string& tokenizer_path, int64_t max_positions,
                                 const backends::xnnpack::QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
-                                const std::function<void(std::string_view)>& progress);
+                                const std::function<void(std::string_view)>& progress,
+                                CalibrationMethod method = CalibrationMethod::Awq, int64_t self_tokens = 0);
+// (self_tokens > 0: data-free self-calibration, --calibrate-self N: the text is N tokens the fp32 program samples
+// itself, windows of max_positions from the BOS token; text_path is not read)
 
 }  // namespace kiln::compiler

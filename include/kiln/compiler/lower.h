@@ -70,6 +70,11 @@ struct LowerOptions {
   // With `quantize`: a text file the fp32 program runs over (kiln's runtime) before quantizing; its linear
   // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
   std::string calibrate;
+  // With `calibrate`: "awq", "gptq" or "awq+gptq" (compiler/calibrate.h: CalibrationMethod). Empty: awq.
+  std::string calibrate_method;
+  // Data-free self-calibration (--calibrate-self N): instead of a text, N tokens the fp32 program samples itself
+  // (compiler/calibrate.h). 0: none.
+  int64_t calibrate_self = 0;
   // With quantize "auto": the file's size budget in bytes; each linear layer becomes 8da4w or 8da8w by its
   // measured sensitivity within it (backends/xnnpack/quantize.h: plan_mixed_precision). 0: none.
   int64_t max_size_bytes = 0;

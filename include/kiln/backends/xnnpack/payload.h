@@ -104,6 +104,9 @@ struct PayloadOptions {
   std::function<bool(const graph::Node&, graph::ValueId)> keep_fp32;
   // Per weight value: the scheme that replaces `quantize` for its products (--quantize auto's choices).
   std::map<graph::ValueId, QuantScheme> per_weight;
+  // Per weight value: its quantization computed ahead (--calibrate's GPTQ, compiler/calibrate.h), stored as is for
+  // its products (the scheme it was made with replaces `quantize`; quantize_weights' layout, [N, K]).
+  std::map<graph::ValueId, std::pair<QuantScheme, QuantizedWeights>> precomputed;
 };
 
 struct Payload {

@@ -77,6 +77,20 @@ struct QuantizedWeights {
 // w: [n, k] row-major fp32. Int4Groups needs k % group == 0 and k even.
 QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme);
 
+// ---- GPTQ-style error feedback (kiln lower --calibrate; quantize_gptq.cpp) ----------------------------------------
+// The upper Cholesky factor U of (H + damp mean(diag H) I)^-1 (row-major [k, k]; H^-1 = U^T U) of a symmetric Gram
+// matrix H = X^T X [k, k] (row-major, both triangles). A zero diagonal entry (an input never seen) becomes the mean
+// diagonal first; `dead` (may be null) counts those.
+// gram [k, k] row-major += the upper triangle (j >= i) of x x^T, x [k]
+void gptq_gram_update(float* gram, const float* x, int64_t k);
+std::vector<float> gptq_inverse_factor(std::vector<double> h, int64_t k, double damp, int64_t* dead);
+// w [n, k] row-major fp32, quantized column by column with GPTQ's error feedback through U (gptq_inverse_factor):
+// each group's scale (the whole row's for 8da8w) is `scheme`'s rule applied to the row's error-fed values when the
+// group starts, codes q = clamp(round(v / scale)). Returns quantize_weights' layout; w is left holding the
+// dequantized values (scale q). Rows are split over the cores (they are independent).
+QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>& u,
+                                       const QuantScheme& scheme);
+
 // ---- embedding tables (kiln lower --quantize-embedding 4[:G] | 8[:G]) -----------
 // torchao's IntxWeightOnlyConfig rules (SYMMETRIC, fp32 scales), as ExecuTorch's
 // LLM export quantizes embeddings: scale = max(|w|) / 7.5 (int4) or / 127.5

@@ -18,6 +18,8 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
   // A weight the .pt2 holds quantized (torchao's quantize_ before export): its own form, whatever --quantize says.
   QuantScheme q = opts_.quantize;
   if (auto it = opts_.per_weight.find(wv); it != opts_.per_weight.end()) q = it->second;  // --quantize auto
+  const auto fixed = opts_.precomputed.find(wv);  // --calibrate's GPTQ
+  if (fixed != opts_.precomputed.end()) q = fixed->second.first;
   if (wc.quantized) {
     check(!kn, "internal: a quantized weight reached its fully connected node transposed");
     q.kind = wc.quantized->bits == 4 ? Kind::Int4Groups : Kind::Int8Channels;
@@ -46,6 +48,10 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
     if (stats_.prequantized_bits == 0) stats_.prequantized_bits = bits, stats_.prequantized_group = group;
     if (stats_.prequantized_bits != bits) stats_.prequantized_bits = -1;
     if (stats_.prequantized_group != group) stats_.prequantized_group = -1;
+  } else if (fixed != opts_.precomputed.end()) {
+    check(fixed->second.second.data.size() == static_cast<size_t>(q.kind == Kind::Int4Groups ? n * (k / 2) : n * k),
+          "internal: the precomputed quantization of '{}' has the wrong size", name(wv));
+    qw = fixed->second.second;
   } else {
     qw = kn ? quantize_transposed(wc, n, k, q) : quantize_streamed(wc, n, k, q);
   }
