@@ -58,6 +58,16 @@ void PteFile::release_pages(std::span<const std::byte> bytes) const {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+void PteFile::advise_sparse(std::span<const std::byte> bytes) const {
+  if (data_ == nullptr || bytes.empty() || bytes.data() < data_ || bytes.data() + bytes.size() > data_ + size_) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // every page the range touches (the mapping starts on a page, so these stay inside it)
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size() + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_RANDOM);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_NOHUGEPAGE);
+}
+
 size_t pte_element_size(int8_t scalar_type) {
   switch (scalar_type) {
     case 0: case 1: case 11: case 12: case 13: case 16: case 17:   // u8 i8 bool qint8 quint8 quint4x2 quint2x4
