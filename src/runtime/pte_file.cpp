@@ -523,8 +523,12 @@ Result<PteFile> PteFile::open(const char* path, ErrorMessage* error) {
   // input is a constant) writes into its own copy of those pages instead of
   // faulting on a read-only mapping. Which arguments a kernel writes depends on
   // the operator's schema, so the loader cannot rule that out. Untouched pages
-  // stay shared with the page cache.
-  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  // stay shared with the page cache. MAP_NORESERVE: a private writable mapping is
+  // otherwise charged in full against the commit limit, as if every page were to be
+  // copied, and the kernel's default overcommit heuristic refuses one larger than
+  // RAM + swap (a 12 GB .pte on an 8 GB board), although only a damaged program ever
+  // writes a page of it.
+  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
   int map_errno = errno;
   ::close(fd);
   if (map == MAP_FAILED) return failure(error, Status::AccessFailed, "cannot map: %s", std::strerror(map_errno));
