@@ -58,6 +58,16 @@ void PteFile::release_pages(std::span<const std::byte> bytes) const {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+void PteFile::advise_sparse(std::span<const std::byte> bytes) const {
+  if (data_ == nullptr || bytes.empty() || bytes.data() < data_ || bytes.data() + bytes.size() > data_ + size_) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // every page the range touches (the mapping starts on a page, so these stay inside it)
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(bytes.data()) + bytes.size() + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_RANDOM);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_NOHUGEPAGE);
+}
+
 size_t pte_element_size(int8_t scalar_type) {
   switch (scalar_type) {
     case 0: case 1: case 11: case 12: case 13: case 16: case 17:   // u8 i8 bool qint8 quint8 quint4x2 quint2x4
@@ -513,8 +523,12 @@ Result<PteFile> PteFile::open(const char* path, ErrorMessage* error) {
   // input is a constant) writes into its own copy of those pages instead of
   // faulting on a read-only mapping. Which arguments a kernel writes depends on
   // the operator's schema, so the loader cannot rule that out. Untouched pages
-  // stay shared with the page cache.
-  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  // stay shared with the page cache. MAP_NORESERVE: a private writable mapping is
+  // otherwise charged in full against the commit limit, as if every page were to be
+  // copied, and the kernel's default overcommit heuristic refuses one larger than
+  // RAM + swap (a 12 GB .pte on an 8 GB board), although only a damaged program ever
+  // writes a page of it.
+  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
   int map_errno = errno;
   ::close(fd);
   if (map == MAP_FAILED) return failure(error, Status::AccessFailed, "cannot map: %s", std::strerror(map_errno));

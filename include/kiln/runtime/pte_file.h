@@ -91,6 +91,15 @@ class PteFile {
   // the file again if touched later, so this only lowers resident memory.
   void release_pages(std::span<const std::byte> bytes) const;
 
+  // Advises the pages of `bytes` (a range of this file: an embedding table that
+  // only lookups read) for sparse reads: no readahead around a fault
+  // (MADV_RANDOM) and no huge-page mappings (MADV_NOHUGEPAGE), so that reading
+  // one row brings in the pages near that row, not the 2 MiB folio of the page
+  // cache around it (a filesystem with large folios maps whole 2 MiB blocks of
+  // a file: Gemma 4 E2B's per-layer table held ~3 MB per token seen). Advice
+  // only: what a read returns does not change.
+  void advise_sparse(std::span<const std::byte> bytes) const;
+
   // The execution plan called `name`; NotFound if absent.
   Result<const fb::ExecutionPlan*> plan(std::string_view name, ErrorMessage* error = nullptr) const;
 

@@ -94,22 +94,45 @@ static Status quantized_step(const StepContext& c, Step& step) {
   if (w.quant == Value::Quant::Int4Groups) {
     step.group = w.group_size;
     step.group_scales = w.group_scales;
-    if (sums) cpu::qb4w_weight_sums(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, sums);
     step.label = "kiln fully connected, int8 x int4";
-    if (step.rows_layout == static_cast<uint8_t>(cpu::Qd8Layout::Signed)) {
-      // repacked once into kiln's panels (one copy per weight, however many nodes read it);
-      // the file's pages then leave memory, so the model is held once
-      const uint8_t*& panels = owner.qb4w_panels[io.in[1]];
-      if (!panels) {
-        const size_t bytes = cpu::qb4w_panels_bytes(step.n, step.k, step.group);
-        uint8_t* buf = nullptr;
-        std::shared_ptr<void> chunk = weight_memory(bytes, &buf);
-        if (!buf) return fail(c.error, Status::OutOfMemory, "out of memory repacking int4 weights");
-        owner.weight_chunks.push_back(std::move(chunk));
-        cpu::qb4w_pack_panels(static_cast<const uint8_t*>(w.constant), w.group_scales, step.n, step.k, step.group, buf);
-        panels = buf;
-        if (c.only_packed[io.in[1]] && c.file) c.file->release_pages(w.constant_bytes);
+    // Signed rows: repacked once into kiln's panels (one copy per weight, however many nodes read it),
+    // which hold the weights and their scales: the file's pages then leave memory, so the model is held
+    // once. The sums and the panels are made a block of rows at a time and each block's pages leave as
+    // soon as it is packed, so that a large weight (Gemma 4 E2B's 262144 x 1536 LM head, 230 MB with
+    // its scales) is never resident twice.
+    const bool pack = step.rows_layout == static_cast<uint8_t>(cpu::Qd8Layout::Signed);
+    const uint8_t*& panels = owner.qb4w_panels[io.in[1]];
+    uint8_t* buf = nullptr;
+    if (pack && !panels) {
+      std::shared_ptr<void> chunk = weight_memory(cpu::qb4w_panels_bytes(step.n, step.k, step.group), &buf);
+      if (!buf) return fail(c.error, Status::OutOfMemory, "out of memory repacking int4 weights");
+      owner.weight_chunks.push_back(std::move(chunk));
+    }
+    const bool release = buf && c.only_packed[io.in[1]] && c.file;
+    const auto* q = static_cast<const uint8_t*>(w.constant);
+    const int64_t ldw = step.k / 2, groups = step.k / step.group;
+    constexpr int64_t kBlock = 64 * cpu::kQb4wPanel;  // rows: whole panels
+    const size_t panel_bytes = cpu::qb4w_panel_bytes(step.k, step.group);
+    for (int64_t r0 = 0; r0 < step.n && (sums || buf); r0 += kBlock) {
+      const int64_t rows = std::min(kBlock, step.n - r0);
+      const uint8_t* wr = q + r0 * ldw;
+      const uint16_t* sr = w.group_scales + r0 * groups;
+      if (sums) cpu::qb4w_weight_sums(wr, sr, rows, step.k, step.group, sums + r0);
+      if (!buf) continue;
+      cpu::qb4w_pack_panels(wr, sr, rows, step.k, step.group, buf + static_cast<size_t>(r0 / cpu::kQb4wPanel) * panel_bytes);
+      if (release) {
+        c.file->release_pages(std::span<const std::byte>(reinterpret_cast<const std::byte*>(wr), static_cast<size_t>(rows * ldw)));
+        c.file->release_pages(std::span<const std::byte>(reinterpret_cast<const std::byte*>(sr),
+                                                         static_cast<size_t>(rows * groups) * sizeof(uint16_t)));
       }
+    }
+    if (release) {  // the pages that straddle two blocks
+      c.file->release_pages(w.constant_bytes);
+      c.file->release_pages(std::span<const std::byte>(reinterpret_cast<const std::byte*>(w.group_scales),
+                                                       static_cast<size_t>(step.n * groups) * sizeof(uint16_t)));
+    }
+    if (buf) panels = buf;
+    if (pack) {
       step.qweights = panels;
       step.qb4w_panels = true;
     }
