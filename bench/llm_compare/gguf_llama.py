@@ -178,8 +178,12 @@ def compare(a: np.ndarray, b: np.ndarray) -> dict:
     smallest per-position cosine similarity, argmax agreement."""
     rel = float(np.abs(a - b).max() / (b.std() + 1e-12))
     cos = float(min(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y)) for x, y in zip(a, b)))
+    # where the argmaxes differ: the reference's margin between its top token and the other's (a near-tie when
+    # it is below the logits' max |diff|)
+    gaps = [float(y[y.argmax()] - y[x.argmax()]) for x, y in zip(a, b) if x.argmax() != y.argmax()]
     return {"max_abs_diff": float(np.abs(a - b).max()), "ref_std": float(b.std()), "max_diff_over_std": rel,
-            "min_cosine": cos, "argmax_agree": int((a.argmax(-1) == b.argmax(-1)).sum()), "positions": len(a)}
+            "min_cosine": cos, "argmax_agree": int((a.argmax(-1) == b.argmax(-1)).sum()), "positions": len(a),
+            "argmax_disagree_ref_margin": max(gaps) if gaps else 0.0}
 
 
 def load_spec(spec_path: Path):
@@ -234,7 +238,9 @@ def main() -> None:
         got = llama_cpp_logits(src, tokens, args.threads)
         report["check"] = {"tokens": tokens, **compare(got, ref)}
     print(json.dumps(report))
-    if args.check and (report["check"]["argmax_agree"] != args.check or report["check"]["min_cosine"] < 0.999):
+    c = report.get("check")
+    if c and (c["min_cosine"] < 0.999 or c["max_diff_over_std"] > 0.1
+              or c["argmax_disagree_ref_margin"] > c["max_abs_diff"]):
         sys.exit(1)
 
 

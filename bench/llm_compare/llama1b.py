@@ -163,7 +163,10 @@ def main(args) -> None:
               "(bench/llm_compare/gguf_llama.py) and quantized by llama.cpp's own quantizer; "
               + (f"the bf16 GGUF's logits on {chk['positions']} tokens against transformers' eager fp32: min cosine "
                  f"{chk['min_cosine']:.6f}, max |diff| {chk['max_abs_diff']:.4f} (logit std {chk['ref_std']:.3f}), "
-                 f"argmax {chk['argmax_agree']}/{chk['positions']} (tests/python/test_gguf_llama.py checks the writer "
+                 f"argmax {chk['argmax_agree']}/{chk['positions']}"
+                 + (f" (where they differ, eager's margin between the two tokens is "
+                    f"{chk.get('argmax_disagree_ref_margin', 0):.4f}: a near-tie)"
+                    if chk['argmax_agree'] != chk['positions'] else "") + " (tests/python/test_gguf_llama.py checks the writer "
                  f"at tiny size)." if chk else "the logit check did not run."))
     md.append("")
     md.append(f"Prefill: {args.p} tokens from position 0 in one call (kiln: the program exported with a dynamic "

@@ -19,7 +19,7 @@ import gguf_llama  # noqa: E402
 TOKENS = [3, 17, 250, 300, 42, 7, 311, 128]
 
 
-def tiny(tied: bool, dtype):
+def tiny(tied: bool, dtype, qk_scale: float = 10.0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     # GQA (4 query heads, 2 kv heads) so that q and k are permuted with different head counts; a vocabulary
@@ -35,7 +35,7 @@ def tiny(tied: bool, dtype):
             if "norm" in n:
                 p.copy_(1 + 0.5 * torch.rand_like(p))
             elif "q_proj" in n or "k_proj" in n:
-                p.mul_(10)
+                p.mul_(qk_scale)
     return model.state_dict(), cfg
 
 
@@ -70,7 +70,7 @@ def test_quantize_q4_0(tmp_path):
     """llama.cpp's own quantizer on the written file: a Q4_0 file it loads, close to the bf16 one's logits."""
     import gguf
 
-    sd, cfg = tiny(True, torch.bfloat16)
+    sd, cfg = tiny(True, torch.bfloat16, qk_scale=1.0)  # transformers' initialisation: int4 error stays small
     src, dst = tmp_path / "tiny.gguf", tmp_path / "tiny.q4_0.gguf"
     gguf_llama.write_gguf(sd, cfg, src)
     gguf_llama.quantize(src, dst, "q4_0", threads=1)
@@ -78,4 +78,4 @@ def test_quantize_q4_0(tmp_path):
     assert types["blk.0.attn_q.weight"] == gguf.GGMLQuantizationType.Q4_0
     c = gguf_llama.compare(gguf_llama.llama_cpp_logits(dst, TOKENS, threads=1),
                            gguf_llama.eager_logits(sd, cfg, TOKENS))
-    assert c["min_cosine"] > 0.9, c
+    assert c["min_cosine"] > 0.95, c
