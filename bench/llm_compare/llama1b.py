@@ -95,17 +95,20 @@ def main(args) -> None:
     envs = {s: e for s, _, e in SIDES}
     results = {c: [] for c in cells}
     errors = {}
-    load0 = os.getloadavg()
-    loads = []
-    start = datetime.datetime.now(datetime.timezone.utc)
-    for r in range(args.rounds):
+    state = {"start": datetime.datetime.now(datetime.timezone.utc).isoformat(), "load0": os.getloadavg(),
+             "loads": [], "rounds_done": 0}
+    if args.render_json:  # a run's saved cells (--json): the table again, nothing measured
+        state = json.loads(Path(args.render_json).read_text())
+        for side, key, t, runs in state["cells"]:
+            results[(side, key, t)] = [tuple(x) for x in runs]
+    for r in range(0 if args.render_json else args.rounds):
         order = cells if r % 2 == 0 else list(reversed(cells))
         for c in order:
             if c in errors:
                 continue
             side, key, t = c
             lc.log(f"round {r + 1}/{args.rounds}: {side} {t} thread(s) (load {os.getloadavg()[0]:.2f})")
-            loads.append(os.getloadavg()[0])
+            state["loads"].append(os.getloadavg()[0])
             if side == "bandwidth":
                 cmd = lc.cell_cmd("bandwidth", "", kiln, t, 0, 0, 0)
             elif side.startswith("kiln"):
@@ -117,13 +120,23 @@ def main(args) -> None:
                 errors[c] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]
                 lc.log(f"  failed: {errors[c]}")
                 continue
-            row = json.loads(proc.stdout.strip().splitlines()[-1])["results"][0]
+            j = json.loads(proc.stdout.strip().splitlines()[-1])
+            row = j["results"][0]
             if side == "bandwidth":
                 results[c].append((None, row["read_gb_per_s"], None))
             else:
-                info = json.loads(proc.stdout.strip().splitlines()[-1]).get("system_info")
-                results[c].append((row["prefill_tokens_per_s"], row["decode_tokens_per_s"], info))
-    load1 = os.getloadavg()
+                results[c].append((row["prefill_tokens_per_s"], row["decode_tokens_per_s"], j.get("system_info")))
+            lc.log(f"  {results[c][-1][:2]}")
+            if args.json:  # after every cell: a run cut short still leaves its cells (--render-json FILE)
+                state["rounds_done"] = r + (c == order[-1])
+                state["cells"] = [[*k, v] for k, v in results.items()]
+                state["load1"] = os.getloadavg()
+                Path(args.json).write_text(json.dumps(state, indent=1))
+    if not args.render_json:
+        state["load1"] = os.getloadavg()
+    load0, load1, loads = state["load0"], state["load1"], state["loads"]
+    start = datetime.datetime.fromisoformat(state["start"])
+    rounds = state.get("rounds_done", args.rounds) if args.render_json else args.rounds
 
     def med(c, i):
         v = [x[i] for x in results.get(c, []) if x[i]]
@@ -146,6 +159,9 @@ def main(args) -> None:
     md = ["## 1 B Llama shape against llama.cpp (issue 38)", "",
           f"    nice -n 10 .venv/bin/python bench/llm_compare/llm_compare.py --model llama1b --rounds {args.rounds} "
           f"--threads {args.threads} -p {args.p} -n {args.n} --quantize-embedding {qemb}", ""]
+    if rounds != args.rounds:
+        md += [f"**{rounds} complete round(s)** of the {args.rounds} asked (the run was cut short; the cells of an "
+               "incomplete round count too).", ""]
     if args.under_load:
         md += ["**Measured under load**: these numbers show that the script works, not how the runtimes compare.", ""]
     md.append(f"**Date**: {start:%Y-%m-%d %H:%M} UTC. **Machine**: {lc.cpu_isa()}; load average "
@@ -171,7 +187,7 @@ def main(args) -> None:
     md.append("")
     md.append(f"Prefill: {args.p} tokens from position 0 in one call (kiln: the program exported with a dynamic "
               f"token count; llama.cpp: one batch), last-position logits only; decode: {args.n} tokens after it, one "
-              f"call each. Tokens/s, median over {args.rounds} rounds of fresh processes, each the median of "
+              f"call each. Tokens/s, median over {rounds} rounds of fresh processes, each the median of "
               f"{args.reps} pass(es) after a warm-up pass. Ratio > 1: kiln faster.")
     md.append("")
     md.append("Roofline: weight bytes a decode step reads over the read bandwidth `kiln_bandwidth` measured as a cell "
@@ -212,5 +228,3 @@ def main(args) -> None:
         out = out.with_name("results_llama1b.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps({" ".join(map(str, c)): v for c, v in results.items()}, indent=1))

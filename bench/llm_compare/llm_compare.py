@@ -148,6 +148,8 @@ def main() -> None:
                     "kiln 8da4w (best ISA and KILN_CPU_ISA=avx2) against llama.cpp Q4_0 and Q4_K_M on the same weights "
                     "(bench/llm_compare/llama1b.py)")
     ap.add_argument("--quantize-embedding", default="4", help="llama1b: kiln lower --quantize-embedding (4, 8 or none)")
+    ap.add_argument("--render-json", default=None, help="llama1b: print the table of a run's --json file (every cell "
+                    "saved as it finished), measuring nothing")
     args = ap.parse_args()
     if args.model == "llama1b":
         import llama1b
