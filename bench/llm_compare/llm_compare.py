@@ -67,8 +67,9 @@ def cpu_isa() -> str:
     return f"{model}, {os.cpu_count()} logical CPUs; ISA: {isa}"
 
 
-def run(cmd, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+def run(cmd, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])), **(env or {}))
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, **kw)
 
 
@@ -142,7 +143,19 @@ def main() -> None:
                     "decode call")
     ap.add_argument("--only", default=None, help="run only these sides (comma-separated: kiln, ExecuTorch, "
                     "'ET runner', llama.cpp), e.g. to rerun one side's cells after a fix")
+    ap.add_argument("--model", choices=["smollm2", "llama1b"], default="smollm2",
+                    help="smollm2 (default): the table above; llama1b: Llama 3.2 1B's shape with seeded bf16 weights, "
+                    "kiln 8da4w (best ISA and KILN_CPU_ISA=avx2) against llama.cpp Q4_0 and Q4_K_M on the same weights "
+                    "(bench/llm_compare/llama1b.py)")
+    ap.add_argument("--quantize-embedding", default="4", help="llama1b: kiln lower --quantize-embedding (4, 8 or none)")
+    ap.add_argument("--render-json", default=None, help="llama1b: print the table of a run's --json file (every cell "
+                    "saved as it finished), measuring nothing")
     args = ap.parse_args()
+    if args.model == "llama1b":
+        import llama1b
+
+        llama1b.main(args)
+        return
     threads = [int(t) for t in args.threads.split(",")]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
