@@ -182,7 +182,7 @@ def main(args) -> None:
                  f"argmax {chk['argmax_agree']}/{chk['positions']}"
                  + (f" (where they differ, eager's margin between the two tokens is "
                     f"{chk.get('argmax_disagree_ref_margin', 0):.4f}: a near-tie)"
-                    if chk['argmax_agree'] != chk['positions'] else "") + " (tests/python/test_gguf_llama.py checks the writer "
+                    if chk['argmax_agree'] != chk['positions'] else "") + " (bench/llm_compare/test_gguf_llama.py checks the writer "
                  f"at tiny size)." if chk else "the logit check did not run."))
     md.append("")
     md.append(f"Prefill: {args.p} tokens from position 0 in one call (kiln: the program exported with a dynamic "

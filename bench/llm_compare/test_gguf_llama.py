@@ -1,7 +1,12 @@
 """bench/llm_compare/gguf_llama.py: the GGUF writer behind the 1 B Llama comparison with llama.cpp (issue 38,
 item 6). The oracle for its "same weights" claim: llama.cpp loads the written file and its logits match
 transformers' eager on the same (tiny, seeded) weights; a file written without llama.cpp's q/k row permutation
-does not match (the check can fail). Needs llama-cpp-python (bench/llm_compare/requirements.txt)."""
+does not match (the check can fail). Needs llama-cpp-python (bench/llm_compare/requirements.txt), which CI does not
+install (a 30-minute source build), so this test lives with the benchmark and is not skipped when it is missing: it
+fails. Run it before the benchmark:
+
+    .venv/bin/python -m pytest bench/llm_compare/test_gguf_llama.py -q -p no:cacheprovider
+"""
 from __future__ import annotations
 
 import sys
@@ -9,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-llama_cpp = pytest.importorskip("llama_cpp")
-pytest.importorskip("gguf")
+import gguf  # noqa: F401  (a missing oracle package fails the run)
+import llama_cpp  # noqa: F401
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "llm_compare"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gguf_llama  # noqa: E402
 
 TOKENS = [3, 17, 250, 300, 42, 7, 311, 128]
