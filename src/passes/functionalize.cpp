@@ -318,7 +318,7 @@ class Functionalizer {
   // The new value of the base of `a` (currently `base`) once the view holds `value`.
   ValueId scatter(const Node& at, const Alias& a, ValueId old_base, ValueId base, ValueId value) {
     const Node& view = old_[static_cast<size_t>(a.node)];
-    const TensorMeta& bm = meta(old_base);
+    const TensorMeta bm = meta(old_base);  // a copy: the emits below add values, which may move the graph's storage
     auto copy_args = [&](std::initializer_list<const char*> names) {
       std::vector<NamedArgument> args{NA("self", Argument::tensor(base)), NA("src", Argument::tensor(value))};
       for (const char* nm : names)

@@ -105,8 +105,19 @@ def test_recipe_llm_int4_matches_torchao_eager_both_runtimes(tiny, oracle, tmp_p
         # breaks the argmax, which the recipe's quantization changes (the oracle fixture checks it does).
         assert rel[0] <= 1e-5, f"llm-int4, {what}: position 0 is {rel[0]:.3g} of max|logit| from torchao eager"
         assert rel[worst] <= 0.15, f"llm-int4, {what}: {rel[worst]:.3g} of max|logit| at position {worst}"
-        agree = np.mean([int(g.argmax()) == int(w.argmax()) for g, w in zip(rows, want[:-1])])
-        assert agree >= 0.9, f"llm-int4, {what}: argmax agrees with torchao eager at {agree:.0%} of positions"
+        # Teacher-forced, so each position stands alone: where its argmax is not eager's, eager's own margin between
+        # the two tokens is below the difference measured at that position (a near-tie the carried flip explains),
+        # and such positions stay few (88% agreement seen in ExecuTorch's runtime under ATEN_CPU_CAPABILITY=default,
+        # 90% and more otherwise; a wrong table agrees at chance, ~1/512).
+        agree = 0
+        for g, w in zip(rows, want[:-1]):
+            if int(g.argmax()) == int(w.argmax()):
+                agree += 1
+                continue
+            margin, diff = float(w.max() - w[int(g.argmax())]), float(np.abs(g - w).max())
+            assert margin <= diff, f"llm-int4, {what}: argmax {int(g.argmax())} != eager's, margin {margin:.3g} > {diff:.3g}"
+        agree /= len(rows)
+        assert agree >= 0.8, f"llm-int4, {what}: argmax agrees with torchao eager at {agree:.0%} of positions"
     # kiln's own greedy decode: the 32 tokens torchao eager generates
     greedy = [int(r.argmax()) for r in np.concatenate([g[0] for g in _kiln_calls(
         pte, calls, len(shapes), tmp_path / "kiln2")])[len(PROMPT) - 1:]]

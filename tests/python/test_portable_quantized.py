@@ -181,8 +181,19 @@ def test_gemma4_portable_8da4w_every_form_matches_torchao_eager(et_quantized, to
         what = f"portable 8da4w, {cache}, {'dynamic' if dynamic else 'static'}, {what}"
         print(f"{what}: worst {rel[worst]:.3g} of max|logit| at position {worst}")
         assert rel[worst] <= 0.05, f"{what}: {rel[worst]:.3g} of max|logit| at position {worst}"
+        # Teacher-forced (every call is fed eager's tokens), so each position stands alone. Its argmax must be eager's
+        # greedy token, except at a near-tie: eager's own margin between the two tokens below the largest difference
+        # between the runtime's logits and eager's at that position (a one-step rounding flip of the int8 activations,
+        # seen under ATEN_CPU_CAPABILITY=default: margin 0.0018 against a difference of 0.0076), at most 2 of 33.
         greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
-        assert greedy == tokens[len(PROMPT):], f"{what}: greedy {greedy} != torchao eager's"
+        ties = []
+        for i, (g, t) in enumerate(zip(greedy, tokens[len(PROMPT):])):
+            if g != t:
+                w, r = want[len(PROMPT) - 1 + i], rows[len(PROMPT) - 1 + i]
+                margin, diff = float(w[t] - w[g]), float(np.abs(r - w).max())
+                assert margin <= diff, f"{what}: position {i}: {g} != eager's {t}, eager's margin {margin:.3g} > {diff:.3g}"
+                ties.append(i)
+        assert len(ties) <= 2, f"{what}: greedy {greedy} != torchao eager's at {ties}"
 
 
 def test_gemma4_portable_8da4w_stores_the_weights_quantized(tmp_path_factory, tmp_path):
