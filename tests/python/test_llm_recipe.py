@@ -119,9 +119,18 @@ def test_recipe_llm_int4_matches_torchao_eager_both_runtimes(tiny, oracle, tmp_p
         agree /= len(rows)
         assert agree >= 0.8, f"llm-int4, {what}: argmax agrees with torchao eager at {agree:.0%} of positions"
     # kiln's own greedy decode: the 32 tokens torchao eager generates
-    greedy = [int(r.argmax()) for r in np.concatenate([g[0] for g in _kiln_calls(
-        pte, calls, len(shapes), tmp_path / "kiln2")])[len(PROMPT) - 1:]]
-    assert greedy == tokens[len(PROMPT):], f"llm-int4, kiln's runtime: greedy {greedy} != torchao eager's"
+    # (teacher-forced: a position's argmax may differ from eager's token only at a near-tie that the measured
+    # difference explains, at most 2 of 33; seen once under ATEN_CPU_CAPABILITY=default)
+    rows = np.concatenate([g[0] for g in _kiln_calls(pte, calls, len(shapes), tmp_path / "kiln2")])
+    greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
+    ties = []
+    for i, (g, t) in enumerate(zip(greedy, tokens[len(PROMPT):])):
+        if g != t:
+            w, r = want[len(PROMPT) - 1 + i], rows[len(PROMPT) - 1 + i]
+            margin, diff = float(w[t] - w[g]), float(np.abs(r - w).max())
+            assert margin <= diff, f"llm-int4: position {i}: {g} != eager's {t}, eager's margin {margin:.3g} > {diff:.3g}"
+            ties.append(i)
+    assert len(ties) <= 2, f"llm-int4, kiln's runtime: greedy {greedy} != torchao eager's at {ties}"
 
 
 def test_recipe_tables_exact_both_runtimes(tiny, tmp_path):
