@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, run_kiln
+from conftest import REPO, assert_greedy_up_to_near_ties, run_kiln
 from test_gemma4 import NEW, PROMPT, _calls, _et_calls, _export, _kiln_calls
 
 FORM = ("external", True)  # the deployed form: external caches, one program for the prompt and each decode step
@@ -122,15 +122,7 @@ def test_recipe_llm_int4_matches_torchao_eager_both_runtimes(tiny, oracle, tmp_p
     # (teacher-forced: a position's argmax may differ from eager's token only at a near-tie that the measured
     # difference explains, at most 2 of 33; seen once under ATEN_CPU_CAPABILITY=default)
     rows = np.concatenate([g[0] for g in _kiln_calls(pte, calls, len(shapes), tmp_path / "kiln2")])
-    greedy = [int(r.argmax()) for r in rows[len(PROMPT) - 1:]]
-    ties = []
-    for i, (g, t) in enumerate(zip(greedy, tokens[len(PROMPT):])):
-        if g != t:
-            w, r = want[len(PROMPT) - 1 + i], rows[len(PROMPT) - 1 + i]
-            margin, diff = float(w[t] - w[g]), float(np.abs(r - w).max())
-            assert margin <= diff, f"llm-int4: position {i}: {g} != eager's {t}, eager's margin {margin:.3g} > {diff:.3g}"
-            ties.append(i)
-    assert len(ties) <= 2, f"llm-int4, kiln's runtime: greedy {greedy} != torchao eager's at {ties}"
+    assert_greedy_up_to_near_ties(rows, want, tokens, len(PROMPT) - 1, "llm-int4, kiln's runtime")
 
 
 def test_recipe_tables_exact_both_runtimes(tiny, tmp_path):
