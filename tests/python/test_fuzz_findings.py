@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from test_hostile_files import patch_sizes
 from test_hostile_tokenizer import _byte_level_tokenizer, assert_refused, kiln, run  # noqa: F401 (kiln: fixture)
 
@@ -137,4 +138,20 @@ def test_conv_padding_that_overflows_the_output_size(kiln, tmp_path):
     before = listing(tmp_path)
     proc = run(kiln, "run", pte, "--input", x, "--output", tmp_path / "y.npy")
     assert_refused(proc, "output size overflows")
+    assert listing(tmp_path) == before
+
+
+# fuzz_pte (2026-12-05): a kiln-lowered Conv2d + max_pool2d seed whose pooling arguments the mutation made
+# huge (stride and padding near 2^62): the output size's floor division of a negative span by the stride
+# computed -span + stride - 1, which overflowed int64 (UBSan, src/kernels/portable/pool.cpp). The mutation
+# also emptied the method's name, so it is run with --method "". An empty output is refused.
+def test_pool_negative_span_with_a_huge_stride(kiln, tmp_path):
+    import numpy as np
+
+    pte = REPO / "fuzz" / "regressions" / "pte" / "pool_negative_span_overflow.pte"
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 2, 4, 4), dtype=np.float32))  # the program's one input, float32[1, 2, 4, 4]
+    before = listing(tmp_path)
+    proc = run(kiln, "run", pte, "--method", "", "--input", x, "--output", tmp_path / "y.npy")
+    assert_refused(proc, "the output would be empty")
     assert listing(tmp_path) == before

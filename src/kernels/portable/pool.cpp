@@ -39,8 +39,14 @@ int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t 
       __builtin_mul_overflow(dil, k - 1, &t) || __builtin_sub_overflow(span, t, &span) ||
       __builtin_sub_overflow(span, 1, &span) || __builtin_add_overflow(span, ceil_mode ? stride - 1 : 0, &span))
     return 0;
-  int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
-  if (ceil_mode && (out - 1) * stride >= in + pad) --out;  // out - 1 <= span / stride: no overflow
+  // A negative span gives floor(span / stride) + 1 <= 0 outputs: empty, which the caller refuses (computing it
+  // exactly overflowed for a span near INT64_MIN and a large stride: found by fuzz_pte).
+  if (span < 0) return 0;
+  int64_t out;
+  if (__builtin_add_overflow(span / stride, 1, &out)) return 0;
+  int64_t end;
+  if (__builtin_add_overflow(in, pad, &end)) return 0;
+  if (ceil_mode && (out - 1) * stride >= end) --out;  // (out - 1) * stride <= span: no overflow
   return out;
 }
 
