@@ -198,6 +198,7 @@ class _NanPools(__import__("torch").nn.Module):
         if self.max_nan:
             return (f.max_pool2d(torch.sqrt(x), 2),)
         return (f.avg_pool2d(x.pow(2.5), 2), f.avg_pool1d(torch.log(x[0]), 3),
+                f.avg_pool2d(torch.pow(x, torch.full_like(x, 1.5)), 3),
                 f.max_pool2d(x.pow(2), 2))  # the last: no NaN source, delegated as before
 
 

@@ -125,9 +125,9 @@ const std::vector<int64_t>& sizes_of(const graph::Graph& g, graph::ValueId v) { 
 // XNNPACK's pooling kernels clamp every output with min/max instructions, which turn a NaN into the bound
 // (-inf: average pooling) or skip it (max pooling), where torch's pooling propagates it. A NaN the program
 // makes itself from finite numbers must reach the output as in eager, so a pooling whose input comes
-// (through reshapes) from such an operator stays on the portable path: pow with a fractional exponent
-// (a negative base: LP pooling's avg_pool(x^p) with p = 1.5), sqrt and log (a negative input). NaNs in the
-// program's inputs are not followed: XNNPACK's pooling is what ExecuTorch's XNNPACK files run too.
+// (through reshapes) from such an operator stays on the portable path: pow with a fractional or a tensor
+// exponent (a negative base: LP pooling's avg_pool(x^p) with p = 1.5), sqrt and log (a negative input).
+// NaNs in the program's inputs are not followed: XNNPACK's pooling is what ExecuTorch's XNNPACK files run too.
 // The operator that makes the NaNs, or nullopt.
 std::optional<std::string> pooling_nan_source(const graph::Graph& g, graph::ValueId v) {
   for (int hops = 0; hops < 8; ++hops) {
@@ -141,6 +141,7 @@ std::optional<std::string> pooling_nan_source(const graph::Graph& g, graph::Valu
       if (!e || *e != std::floor(*e)) return fmt::format("pow(x, {})", e ? fmt::format("{}", *e) : "?");
       return std::nullopt;
     }
+    if (t == "aten.pow.Tensor_Tensor") return std::string("pow(x, y)");  // a fractional y, known at run time
     if (t == "aten.sqrt.default" || t == "aten.log.default") return fmt::format("{}(x)", t.substr(5, t.size() - 13));
     if (t != "aten.view_copy.default" && t != "aten.unsqueeze_copy.default" && t != "aten.squeeze_copy.dims" &&
         t != "aten.alias_copy.default" && t != "aten.permute_copy.default")
