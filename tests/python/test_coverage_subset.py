@@ -103,7 +103,9 @@ MODULES = ["nn.Linear", "nn.Conv1d", "nn.LayerNorm", "nn.BatchNorm1d", "nn.Multi
            "nn.Hardshrink", "nn.Softshrink", "nn.Threshold", "nn.HingeEmbeddingLoss", "nn.CosineEmbeddingLoss",
            "nn.RNNCell", "nn.GRUCell", "nn.LSTMCell", "nn.ReflectionPad3d", "nn.ReplicationPad3d",
            # 3-D pooling as two 2-D poolings (2026-12-05)
-           "nn.AvgPool3d", "nn.MaxPool3d", "nn.AdaptiveAvgPool3d", "nn.LPPool3d"]
+           "nn.AvgPool3d", "nn.MaxPool3d", "nn.AdaptiveAvgPool3d", "nn.LPPool3d",
+           # p = 1.5: pow makes NaNs of negative inputs, which XNNPACK's pooling would clamp (2026-12-05)
+           "nn.LPPool1d"]
 
 
 # the samples some keys run (the rest run their first): tril/triu all (diagonals above and below, non-square,
@@ -176,3 +178,40 @@ def test_batched_rnn_cells_without_biases_match_eager(kiln_bin, tmp_path):
         for runtime in ("et_run", "kiln_run"):
             assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
 
+
+
+
+class _NanPools(__import__("torch").nn.Module):
+    """Poolings of operators that make NaNs of finite inputs (negative ones): eager's pooling keeps a NaN,
+    XNNPACK's clamps it to -inf (average) or skips it (max), so kiln keeps these poolings off the delegate.
+    `max_nan`: also a max pooling of such NaNs, which ExecuTorch's portable max_pool2d_with_indices kernel
+    skips as XNNPACK's does (its runtime gets ExecuTorch's own program of it wrong too): checked in kiln's
+    runtime only."""
+
+    def __init__(self, max_nan=False):
+        super().__init__()
+        self.max_nan = max_nan
+
+    def forward(self, x):
+        import torch
+        f = torch.nn.functional
+        if self.max_nan:
+            return (f.max_pool2d(torch.sqrt(x), 2),)
+        return (f.avg_pool2d(x.pow(2.5), 2), f.avg_pool1d(torch.log(x[0]), 3),
+                f.avg_pool2d(torch.pow(x, torch.full_like(x, 1.5)), 3),
+                f.max_pool2d(x.pow(2), 2))  # the last: no NaN source, delegated as before
+
+
+@pytest.mark.parametrize("max_nan", [False, True])
+def test_poolings_of_nan_making_operators_keep_eagers_nans(kiln_bin, tmp_path, max_nan):
+    import torch
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, 6)
+    x[0, 0, 0, 0] = -1.0  # at least one NaN in a window of each pooling
+    rec = sweep.run_sample(kiln_bin, _NanPools(max_nan).eval(), (x,), tmp_path, et_lowering=False)
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
+        for runtime in ("kiln_run",) if max_nan else ("et_run", "kiln_run"):
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"

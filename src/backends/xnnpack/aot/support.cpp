@@ -82,9 +82,11 @@ constexpr std::array kRules{
                 "with height 1)",
                 "rank 3 or 4; weight and bias constants"},
     SupportRule{"aten.max_pool2d_with_indices.default", "XNNMaxPooling2d",
-                "rank 4; indices unused (ceil_mode: extra bottom/right padding)"},
+                "rank 4; indices unused (ceil_mode: extra bottom/right padding); input not made by an operator "
+                "that turns finite values into NaN (see pooling_nan_source)"},
     SupportRule{"aten.avg_pool2d.default", "XNNAvgPooling2d",
-                "rank 4; no padding; ceil_mode false; no divisor_override"},
+                "rank 4; no padding; ceil_mode false; no divisor_override; input not made by an operator that "
+                "turns finite values into NaN (see pooling_nan_source)"},
     SupportRule{"aten.upsample_bilinear2d.vec", "XNNStaticResizeBilinear2D",
                 "rank 4; output size given or an integral scale of the input"},
 };
@@ -119,6 +121,36 @@ std::optional<std::string> check_tensor(const graph::Graph& g, graph::ValueId v,
 }
 
 const std::vector<int64_t>& sizes_of(const graph::Graph& g, graph::ValueId v) { return g.value(v).meta.sizes; }
+
+// XNNPACK's pooling kernels clamp every output with min/max instructions, which turn a NaN into the bound
+// (-inf: average pooling) or skip it (max pooling), where torch's pooling propagates it. A NaN the program
+// makes itself from finite numbers must reach the output as in eager, so a pooling whose input comes
+// (through reshapes) from such an operator stays on the portable path: pow with a fractional or a tensor
+// exponent (a negative base: LP pooling's avg_pool(x^p) with p = 1.5), sqrt and log (a negative input).
+// NaNs in the program's inputs are not followed: XNNPACK's pooling is what ExecuTorch's XNNPACK files run too.
+// The operator that makes the NaNs, or nullopt.
+std::optional<std::string> pooling_nan_source(const graph::Graph& g, graph::ValueId v) {
+  for (int hops = 0; hops < 8; ++hops) {
+    int32_t p = g.value(v).producer;
+    if (p < 0 || static_cast<size_t>(p) >= g.nodes.size()) return std::nullopt;
+    const graph::Node& n = g.nodes[static_cast<size_t>(p)];
+    std::vector<Argument> args = schema_arguments(n);
+    const std::string& t = n.target;
+    if (t == "aten.pow.Tensor_Scalar") {
+      auto e = scalar_of(args[1]);
+      if (!e || *e != std::floor(*e)) return fmt::format("pow(x, {})", e ? fmt::format("{}", *e) : "?");
+      return std::nullopt;
+    }
+    if (t == "aten.pow.Tensor_Tensor") return std::string("pow(x, y)");  // a fractional y, known at run time
+    if (t == "aten.sqrt.default" || t == "aten.log.default") return fmt::format("{}(x)", t.substr(5, t.size() - 13));
+    if (t != "aten.view_copy.default" && t != "aten.unsqueeze_copy.default" && t != "aten.squeeze_copy.dims" &&
+        t != "aten.alias_copy.default" && t != "aten.permute_copy.default")
+      return std::nullopt;
+    if (args.empty() || args[0].kind != Argument::Kind::Tensor) return std::nullopt;
+    v = std::get<graph::ValueId>(args[0].payload);
+  }
+  return std::nullopt;
+}
 
 // The operator-specific conditions; nullopt when they hold.
 std::optional<std::string> check_arguments(const graph::Graph& g, const graph::Node& n,
@@ -293,12 +325,15 @@ std::optional<std::string> check_arguments(const graph::Graph& g, const graph::N
     }
     return std::nullopt;
   }
-  if (t == "aten.max_pool2d_with_indices.default") {
+  if (t == "aten.max_pool2d_with_indices.default" || t == "aten.avg_pool2d.default") {
     if (rank(args[0]) != 4) return "pooling of a tensor of rank other than 4";
-    return std::nullopt;
+    if (auto src = pooling_nan_source(g, tensor_of(args[0], n.name)))
+      return fmt::format("pooling of {}, which makes NaNs of finite inputs: eager's pooling keeps them, XNNPACK's "
+                         "clamps them",
+                         *src);
   }
+  if (t == "aten.max_pool2d_with_indices.default") return std::nullopt;
   if (t == "aten.avg_pool2d.default") {
-    if (rank(args[0]) != 4) return "pooling of a tensor of rank other than 4";
     for (int64_t p : ints_of(args[3], n.name))
       if (p != 0) return "average pooling with padding";
     if (bool_of(args[4], n.name)) return "average pooling with ceil_mode";
