@@ -120,9 +120,8 @@ int run_bench(const BenchOptions& o) {
 
 }  // namespace
 
-void add_bench_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, opts] = add_command(app, run, run_bench, "bench",
-      "Time a .pte in kiln's runtime: load, first run, median/min latency, peak RSS");
+void add_bench_options(CLI::App* cmd, std::function<int()>& run) {
+  auto opts = bind_action(cmd, run, run_bench);
   cmd->add_option("file", opts->file, "the .pte program")->required()->check(CLI::ExistingFile);
   cmd->add_option("--input,-i", opts->inputs, "input tensors (.npy), one per method input (default: zeros)");
   cmd->add_option("--iters", opts->iters, "measured runs")->capture_default_str();

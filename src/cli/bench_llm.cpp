@@ -68,9 +68,8 @@ int run_bench_llm(const BenchLlmOptions& o) {
 
 }  // namespace
 
-void add_bench_llm_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, o] = add_command(app, run, run_bench_llm, "bench-llm",
-      "Prefill and decode tokens/s of an LLM program (llama-bench style)");
+void add_bench_llm_options(CLI::App* cmd, std::function<int()>& run) {
+  auto o = bind_action(cmd, run, run_bench_llm);
   cmd->add_option("pte", o->pte, "the LLM .pte (kiln's or ExecuTorch's; forward(tokens, input_pos) -> logits)")->required();
   cmd->add_option("-p,--prompt-tokens", o->prefill, "prefill: tokens fed from position 0 (0: skip)")->capture_default_str();
   cmd->add_option("-n,--gen-tokens", o->decode, "decode: tokens after the prompt, one call each (0: skip)")->capture_default_str();

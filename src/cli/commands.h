@@ -39,38 +39,22 @@ struct TimedRunOptions {
   std::string engine = "kiln";
 };
 
-// Adds the subcommand `name` whose options fill an `Options` (shared with CLI11's bindings): when it
-// is chosen, `run` is set to `body(options)`. Returns the subcommand (to add options to) and them.
+// Makes the subcommand `cmd` set `run` to `body(options)` when it is chosen. Returns the options, for CLI11's
+// bindings to fill.
 template <class Options>
-std::pair<CLI::App*, std::shared_ptr<Options>> add_command(CLI::App& app, std::function<int()>& run,
-                                                           int (*body)(const Options&), const std::string& name,
-                                                           const std::string& help) {
+std::shared_ptr<Options> bind_action(CLI::App* cmd, std::function<int()>& run, int (*body)(const Options&)) {
   auto options = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand(name, help);
   cmd->callback([options, body, &run] { run = [options, body] { return body(*options); }; });
-  return {cmd, options};
+  return options;
 }
 
-// Adds `kiln inspect`; `run` is set to the action to take if it is chosen.
-void add_inspect_command(CLI::App& app, std::function<int()>& run);
+// void add_<id>_options(CLI::App* cmd, std::function<int()>& run) for each command in commands.def
+#define KILN_COMMAND(id, name, help) void add_##id##_options(CLI::App* cmd, std::function<int()>& run);
+#include "commands.def"
+#undef KILN_COMMAND
+
 // `kiln inspect FILE.pte`: prints what a .pte program holds (as JSON if asked);
 // returns the exit status. Throws kiln::Error if the file does not load.
 int inspect_pte(const std::string& path, bool as_json);
-// Adds `kiln bench`.
-void add_bench_command(CLI::App& app, std::function<int()>& run);
-// Adds `kiln run`.
-void add_run_command(CLI::App& app, std::function<int()>& run);
-// Adds `kiln lower`.
-void add_lower_command(CLI::App& app, std::function<int()>& run);
-// Adds `kiln generate`.
-void add_generate_command(CLI::App& app, std::function<int()>& run);
-// Adds `kiln tokenize`.
-void add_tokenize_command(CLI::App& app, std::function<int()>& run);
-// Adds `kiln profile`.
-void add_profile_command(CLI::App& app, std::function<int()>& run);
-// Adds `kiln bench-llm`.
-void add_bench_llm_command(CLI::App& app, std::function<int()>& run);
-// Adds `kiln view`.
-void add_view_command(CLI::App& app, std::function<int()>& run);
 
 }  // namespace kiln::cli

@@ -170,9 +170,8 @@ int run_generate(const GenerateOptions& o) {
 
 }  // namespace
 
-void add_generate_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, o] = add_command(app, run, run_generate, "generate",
-      "Generate text with an LLM program (streams tokens as they come)");
+void add_generate_options(CLI::App* cmd, std::function<int()>& run) {
+  auto o = bind_action(cmd, run, run_generate);
   cmd->add_option("pte", o->pte, "the LLM .pte (forward(tokens, input_pos) -> logits, KV cache inside)")->required();
   cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json or SentencePiece tokenizer.model (default: beside the .pte)");
   auto* p = cmd->add_option("--prompt", o->prompt, "the prompt text");

@@ -158,9 +158,8 @@ int run_inspect(const InspectOptions& o) {
 
 }  // namespace
 
-void add_inspect_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, opts] = add_command(app, run, run_inspect, "inspect",
-      "Show what an exported program holds: nodes, operators, inputs, outputs, parameters");
+void add_inspect_options(CLI::App* cmd, std::function<int()>& run) {
+  auto opts = bind_action(cmd, run, run_inspect);
   cmd->add_option("file", opts->file, "a .pt2 archive, or a model_spec.json naming one")->required();
   cmd->add_flag("--json", opts->as_json, "print machine-readable JSON (includes every constant tensor)");
   cmd->add_flag("--constants", opts->list_constants, "list every parameter, buffer and tensor constant");

@@ -240,9 +240,8 @@ int run_lower(const LowerOptions& given) {
 
 }  // namespace
 
-void add_lower_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, opts] = add_command(app, run, run_lower, "lower",
-      "Lower an exported program (.pt2) to an ExecuTorch program (.pte)");
+void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
+  auto opts = bind_action(cmd, run, run_lower);
   cmd->add_option("--spec", opts->spec, "model_spec.json written by the export front end")->required();
   cmd->add_option("--backend", opts->backend,
                   "portable (core-ATen kernels only, the default) or xnnpack (delegated)")

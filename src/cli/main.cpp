@@ -48,15 +48,9 @@ int main(int argc, char** argv) {
            cpu::isa_name(cpu::best_isa()) + ", KILN_CPU_ISA picks; qd8-gemm " + cpu::qd8_gemm_config().name + ")";
   });
   std::function<int()> run;
-  kiln::cli::add_lower_command(app, run);
-  kiln::cli::add_inspect_command(app, run);
-  kiln::cli::add_run_command(app, run);
-  kiln::cli::add_bench_command(app, run);
-  kiln::cli::add_tokenize_command(app, run);
-  kiln::cli::add_generate_command(app, run);
-  kiln::cli::add_profile_command(app, run);
-  kiln::cli::add_bench_llm_command(app, run);
-  kiln::cli::add_view_command(app, run);
+#define KILN_COMMAND(id, name, help) kiln::cli::add_##id##_options(app.add_subcommand(name, help), run);
+#include "commands.def"
+#undef KILN_COMMAND
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

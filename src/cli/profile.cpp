@@ -603,9 +603,8 @@ int run_profile(const ProfileOptions& o) {
 
 }  // namespace
 
-void add_profile_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, opts] = add_command(app, run, run_profile, "profile",
-      "Time every instruction and every step inside kiln's XNNPACK delegates, by operator, module and region");
+void add_profile_options(CLI::App* cmd, std::function<int()>& run) {
+  auto opts = bind_action(cmd, run, run_profile);
   cmd->add_option("file", opts->file, "the .pte program (its debug map X.debug.json beside it names the model's modules)")
       ->required()->check(CLI::ExistingFile);
   cmd->add_option("--input,-i", opts->inputs, "input tensors (.npy), one per method input (default: zeros; LLM programs: "

@@ -155,8 +155,8 @@ int run_run(const RunOptions& o) {
 
 }  // namespace
 
-void add_run_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, opts] = add_command(app, run, run_run, "run", "Run a .pte with kiln's runtime on .npy inputs");
+void add_run_options(CLI::App* cmd, std::function<int()>& run) {
+  auto opts = bind_action(cmd, run, run_run);
   cmd->add_option("file", opts->file, "the .pte program")->required()->check(CLI::ExistingFile);
   cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order");
   cmd->add_option("--output,-o", opts->outputs, "where to write output tensors (.npy), in order");

@@ -91,9 +91,8 @@ int run_tokenize(const TokenizeOptions& o) {
 
 }  // namespace
 
-void add_tokenize_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, o] = add_command(app, run, run_tokenize, "tokenize",
-      "Token ids of a text (or the text of ids) with a tokenizer.json");
+void add_tokenize_options(CLI::App* cmd, std::function<int()>& run) {
+  auto o = bind_action(cmd, run, run_tokenize);
   cmd->add_option("--tokenizer", o->tokenizer, "Hugging Face tokenizer.json (byte-level BPE) or a SentencePiece .model")->required();
   auto* text = cmd->add_option("--text", o->text, "the text to encode");
   auto* file = cmd->add_option("--file", o->file, "a UTF-8 file to encode")->excludes(text);

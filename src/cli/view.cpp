@@ -69,9 +69,8 @@ int run_view(const ViewOptions& o) {
 
 }  // namespace
 
-void add_view_command(CLI::App& app, std::function<int()>& run) {
-  auto [cmd, opts] = add_command(app, run, run_view, "view",
-      "Draw a .pte or .pt2 as a graph in one self-contained HTML page (delegate regions, fallbacks, profile)");
+void add_view_options(CLI::App* cmd, std::function<int()>& run) {
+  auto opts = bind_action(cmd, run, run_view);
   cmd->add_option("file", opts->file, "a .pte program or a .pt2 exported program");
   cmd->add_option("--profile", opts->profile, "a profile to overlay (kiln bench --profile --json or kiln profile --json)");
   cmd->add_option("-o,--out", opts->out, "the HTML page to write (default: beside the file, .html)");

@@ -68,37 +68,36 @@ void Lowerer::bind_input_mutation(const graph::OutputSpec& spec, const Argument&
 }
 
 void Lowerer::finish_state() {
-  for (const InputWrite& w : input_writes_) {
-    const auto& v = out_.graph.value(w.value);
+  // Whether `value` must be copied into `target` (an input or a mutable buffer, `what` 'name' in the error): not
+  // when the node that made it wrote it in place. It must keep the target's shape and dtype (`keeps`).
+  auto needs_copy = [&](ValueId target, ValueId value, std::string_view what, const std::string& name,
+                        std::string_view keeps) {
+    const auto& v = out_.graph.value(value);
     if (v.producer >= 0) {
       const Node& p = out_.graph.nodes[static_cast<size_t>(v.producer)];
-      if (writes_state(p) && p.inputs.at(0).arg.tensor_ids().at(0) == w.input) continue;  // written in place
+      if (writes_state(p) && p.inputs.at(0).arg.tensor_ids().at(0) == target) return false;  // written in place
     }
-    const auto& im = meta_of(w.input);
-    const auto& vm = meta_of(w.value);
-    check(im.sizes == vm.sizes && im.dtype == vm.dtype,
-          "{}: input '{}' is {} {} but the program gives it a {} {} value; kiln keeps an updated input's shape and "
-          "dtype", ep_.path, mutated_inputs_.at(w.input), dtype_name(im.dtype), fmt::join(im.sizes, "x"),
-          dtype_name(vm.dtype), fmt::join(vm.sizes, "x"));
+    const auto& tm = meta_of(target);
+    const auto& vm = meta_of(value);
+    check(tm.sizes == vm.sizes && tm.dtype == vm.dtype,
+          "{}: {} '{}' is {} {} but the program gives it a {} {} value; kiln keeps {}", ep_.path, what, name,
+          dtype_name(tm.dtype), fmt::join(tm.sizes, "x"), dtype_name(vm.dtype), fmt::join(vm.sizes, "x"), keeps);
+    return true;
+  };
+  for (const InputWrite& w : input_writes_) {
+    if (!needs_copy(w.input, w.value, "input", mutated_inputs_.at(w.input), "an updated input's shape and dtype"))
+      continue;
     // w.value == w.input (not changed after all) is copied onto itself: still the input's own tensor
     out_.outputs[w.output] = emit("aten.copy_.default", {NA("self", tensor_arg(w.input)), NA("src", tensor_arg(w.value))},
-                                  contiguous(im), "write_back");
+                                  contiguous(meta_of(w.input)), "write_back");
   }
   for (const BufferWrite& w : buffer_writes_) {
     if (w.value == w.buffer) continue;  // not changed after all
-    const auto& v = out_.graph.value(w.value);
-    if (v.producer >= 0) {
-      const Node& p = out_.graph.nodes[static_cast<size_t>(v.producer)];
-      if (writes_state(p) && p.inputs.at(0).arg.tensor_ids().at(0) == w.buffer) continue;  // written in place
-    }
-    const auto& bm = meta_of(w.buffer);
-    const auto& vm = meta_of(w.value);
-    check(bm.sizes == vm.sizes && bm.dtype == vm.dtype,
-          "{}: buffer '{}' is {} {} but the program gives it a {} {} value; kiln keeps a mutable buffer's shape and dtype",
-          ep_.path, out_.mutable_buffer(w.buffer)->name, dtype_name(bm.dtype), fmt::join(bm.sizes, "x"),
-          dtype_name(vm.dtype), fmt::join(vm.sizes, "x"));
-    emit("aten.copy_.default", {NA("self", tensor_arg(w.buffer)), NA("src", tensor_arg(w.value))}, contiguous(bm),
-         "write_back");
+    if (!needs_copy(w.buffer, w.value, "buffer", out_.mutable_buffer(w.buffer)->name,
+                    "a mutable buffer's shape and dtype"))
+      continue;
+    emit("aten.copy_.default", {NA("self", tensor_arg(w.buffer)), NA("src", tensor_arg(w.value))},
+         contiguous(meta_of(w.buffer)), "write_back");
   }
 }
 

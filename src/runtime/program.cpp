@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include <sys/mman.h>
 
@@ -481,6 +482,13 @@ class MethodLoader {
 
   // The other values: scalars, strings, lists (of the arena slots the tensors and ints fill).
   Status load_values() {
+    // a list's items copied into its arena from slot `next` on (advancing it)
+    auto copy_items = [](const auto* items, auto* arena, size_t& next) {
+      using T = std::remove_reference_t<decltype(*arena)>;
+      const size_t begin = next;
+      for (size_t k = 0; k < len(items); ++k) arena[next++] = static_cast<T>(items->Get(static_cast<flatbuffers::uoffset_t>(k)));
+      return std::span<const T>(arena + begin, next - begin);
+    };
     for (size_t i = 0; i < n; ++i) {
       const fb::EValue* v = values->Get(static_cast<flatbuffers::uoffset_t>(i));
       EValue& e = m.values_[i];
@@ -511,22 +519,14 @@ class MethodLoader {
           e.ints = std::span<const int64_t>(m.int_arena_.data() + begin, ii - begin);
           break;
         }
-        case KernelTypes::DoubleList: {
-          const auto* items = v->val_as_DoubleList()->items();
-          const size_t begin = di;
-          for (size_t k = 0; k < len(items); ++k) m.double_arena_[di++] = items->Get(static_cast<flatbuffers::uoffset_t>(k));
+        case KernelTypes::DoubleList:
           e.tag = EValue::Tag::DoubleList;
-          e.doubles = std::span<const double>(m.double_arena_.data() + begin, di - begin);
+          e.doubles = copy_items(v->val_as_DoubleList()->items(), m.double_arena_.data(), di);
           break;
-        }
-        case KernelTypes::BoolList: {
-          const auto* items = v->val_as_BoolList()->items();
-          const size_t begin = bi;
-          for (size_t k = 0; k < len(items); ++k) m.bool_arena_[bi++] = items->Get(static_cast<flatbuffers::uoffset_t>(k)) != 0;
+        case KernelTypes::BoolList:
           e.tag = EValue::Tag::BoolList;
-          e.bools = std::span<const bool>(m.bool_arena_.get() + begin, bi - begin);
+          e.bools = copy_items(v->val_as_BoolList()->items(), m.bool_arena_.get(), bi);
           break;
-        }
         case KernelTypes::TensorList:
         case KernelTypes::OptionalTensorList: {
           bool optional = v->val_type() == KernelTypes::OptionalTensorList;

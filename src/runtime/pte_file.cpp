@@ -390,22 +390,24 @@ class ProgramChecker {
     return Status::Ok;
   }
 
+  // A kernel or delegate call: its index within the plan's `count` operators/delegates (`what`), then its arguments.
+  Status check_call(uint32_t ii, const char* what, int32_t index, uint32_t count,
+                    const flatbuffers::Vector<int32_t>* args) {
+    if (index < 0 || static_cast<uint32_t>(index) >= count)
+      return fail("instruction %u calls %s %d, but the plan has %u %ss", ii, what, index, count, what);
+    return check_args(args, ii);
+  }
+
   Status check_instruction(uint32_t ii, const fb::Instruction& ins, uint32_t n_instructions) {
     if (!ins.instr_args()) return fail("instruction %u has no arguments", ii);
     switch (ins.instr_args_type()) {
       case fb::InstructionArguments::KernelCall: {
         const auto* k = ins.instr_args_as_KernelCall();
-        if (k->op_index() < 0 || static_cast<uint32_t>(k->op_index()) >= length(plan_->operators()))
-          return fail("instruction %u calls operator %d, but the plan has %u operators", ii, k->op_index(),
-                      length(plan_->operators()));
-        return check_args(k->args(), ii);
+        return check_call(ii, "operator", k->op_index(), length(plan_->operators()), k->args());
       }
       case fb::InstructionArguments::DelegateCall: {
         const auto* d = ins.instr_args_as_DelegateCall();
-        if (d->delegate_index() < 0 || static_cast<uint32_t>(d->delegate_index()) >= length(plan_->delegates()))
-          return fail("instruction %u calls delegate %d, but the plan has %u delegates", ii, d->delegate_index(),
-                      length(plan_->delegates()));
-        return check_args(d->args(), ii);
+        return check_call(ii, "delegate", d->delegate_index(), length(plan_->delegates()), d->args());
       }
       case fb::InstructionArguments::MoveCall: {
         const auto* m = ins.instr_args_as_MoveCall();

@@ -3,7 +3,9 @@
 // travels from the .pt2 reader to the .pte writer without translation.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string_view>
 
@@ -45,5 +47,15 @@ std::string_view dtype_name(ScalarType t);
 // The torch.export serialization (torch/_export/serde/schema.py ScalarType)
 // numbers dtypes differently from c10; nullopt for codes kiln does not know.
 std::optional<ScalarType> scalar_type_from_export_code(int64_t code);
+
+// The bfloat16 value stored at `p` (two bytes, little-endian, any alignment), widened exactly to float.
+inline float bf16_to_float(const std::byte* p) {
+  uint16_t b;
+  std::memcpy(&b, p, 2);
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 }  // namespace kiln

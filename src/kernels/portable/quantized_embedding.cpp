@@ -105,38 +105,33 @@ void quantized_embedding(KernelContext& ctx, const char* op, int bits, const Ten
   }
 }
 
-void embedding_byte_out(KernelContext& ctx, const Tensor& weight, const Tensor& scales, const Tensor* zero_points,
-                        int64_t quant_min, int64_t quant_max, const Tensor& indices, Tensor& out) {
-  quantized_embedding(ctx, "quantized_decomposed::embedding_byte.out", 8, weight, scales, zero_points, quant_min,
-                      quant_max, indices, std::nullopt, out);
+// The four ops, each by its id: int8 (embedding_byte) or int4 (embedding_4bit) tables, with or without an output
+// dtype; the op's name (from its schema) leads its errors.
+using ::kiln::ops::OpId;
+constexpr int bits_of(OpId op) {
+  return op == OpId::qd_embedding_4bit_out || op == OpId::qd_embedding_4bit_dtype_out ? 4 : 8;
 }
 
-void embedding_byte_dtype_out(KernelContext& ctx, const Tensor& weight, const Tensor& scales,
-                              const Tensor* zero_points, int64_t quant_min, int64_t quant_max, const Tensor& indices,
-                              std::optional<ScalarType> dtype, Tensor& out) {
-  quantized_embedding(ctx, "quantized_decomposed::embedding_byte.dtype_out", 8, weight, scales, zero_points,
-                      quant_min, quant_max, indices, dtype, out);
+template <OpId kOp>
+void embedding_dtype_out(KernelContext& ctx, const Tensor& weight, const Tensor& scales, const Tensor* zero_points,
+                         int64_t quant_min, int64_t quant_max, const Tensor& indices, std::optional<ScalarType> dtype,
+                         Tensor& out) {
+  quantized_embedding(ctx, ::kiln::ops::op_name(kOp).data(), bits_of(kOp), weight, scales, zero_points, quant_min,
+                      quant_max, indices, dtype, out);
 }
 
-void embedding_4bit_out(KernelContext& ctx, const Tensor& weight, const Tensor& scales, const Tensor* zero_points,
-                        int64_t quant_min, int64_t quant_max, const Tensor& indices, Tensor& out) {
-  quantized_embedding(ctx, "quantized_decomposed::embedding_4bit.out", 4, weight, scales, zero_points, quant_min,
-                      quant_max, indices, std::nullopt, out);
-}
-
-void embedding_4bit_dtype_out(KernelContext& ctx, const Tensor& weight, const Tensor& scales,
-                              const Tensor* zero_points, int64_t quant_min, int64_t quant_max, const Tensor& indices,
-                              std::optional<ScalarType> dtype, Tensor& out) {
-  quantized_embedding(ctx, "quantized_decomposed::embedding_4bit.dtype_out", 4, weight, scales, zero_points,
-                      quant_min, quant_max, indices, dtype, out);
+template <OpId kOp>
+void embedding_out(KernelContext& ctx, const Tensor& weight, const Tensor& scales, const Tensor* zero_points,
+                   int64_t quant_min, int64_t quant_max, const Tensor& indices, Tensor& out) {
+  embedding_dtype_out<kOp>(ctx, weight, scales, zero_points, quant_min, quant_max, indices, std::nullopt, out);
 }
 
 }  // namespace
 
-KILN_KERNEL(qd_embedding_byte_out, embedding_byte_out);
-KILN_KERNEL(qd_embedding_byte_dtype_out, embedding_byte_dtype_out);
-KILN_KERNEL(qd_embedding_4bit_out, embedding_4bit_out);
-KILN_KERNEL(qd_embedding_4bit_dtype_out, embedding_4bit_dtype_out);
+KILN_KERNEL(qd_embedding_byte_out, embedding_out<OpId::qd_embedding_byte_out>);
+KILN_KERNEL(qd_embedding_byte_dtype_out, embedding_dtype_out<OpId::qd_embedding_byte_dtype_out>);
+KILN_KERNEL(qd_embedding_4bit_out, embedding_out<OpId::qd_embedding_4bit_out>);
+KILN_KERNEL(qd_embedding_4bit_dtype_out, embedding_dtype_out<OpId::qd_embedding_4bit_dtype_out>);
 
 }  // namespace kiln::rt::kernels
 

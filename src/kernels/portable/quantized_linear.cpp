@@ -152,6 +152,17 @@ bool token_params_ok(KernelContext& ctx, const char* op, const Tensor& scales, c
   return true;
 }
 
+// What quantize_per_token and dequantize_per_token check alike: `input`'s rows of tokens, the quantized range of
+// `dtype`, a scale and a zero point per row, `out` of `out_dtype` shaped as `input` and apart from it. Fails ctx and
+// returns false at the first that does not hold.
+bool per_token_ok(KernelContext& ctx, const char* op, const Tensor& input, const Tensor& scales,
+                  const Tensor& zero_points, int64_t quant_min, int64_t quant_max, ScalarType dtype,
+                  ScalarType out_dtype, Tensor& out, int64_t* rows, int64_t* width) {
+  return token_rows(ctx, op, input, rows, width) && quant_range_ok(ctx, op, dtype, quant_min, quant_max) &&
+         token_params_ok(ctx, op, scales, zero_points, *rows) && check_out_dtype(ctx, out, out_dtype, op) &&
+         prepare_out(ctx, op, out, input.shape()) && check_no_overlap(ctx, op, out, input, "input");
+}
+
 float scale_at(const Tensor& s, int64_t i) {
   return s.dtype == ScalarType::Double ? static_cast<float>(s.data_as<const double>()[i]) : s.data_as<const float>()[i];
 }
@@ -167,9 +178,7 @@ void quantize_per_token_out(KernelContext& ctx, const Tensor& input, const Tenso
     return;
   }
   int64_t rows = 0, width = 0;
-  if (!token_rows(ctx, op, input, &rows, &width) || !quant_range_ok(ctx, op, dtype, quant_min, quant_max) ||
-      !token_params_ok(ctx, op, scales, zero_points, rows) || !check_out_dtype(ctx, out, dtype, op) ||
-      !prepare_out(ctx, op, out, input.shape()) || !check_no_overlap(ctx, op, out, input, "input"))
+  if (!per_token_ok(ctx, op, input, scales, zero_points, quant_min, quant_max, dtype, dtype, out, &rows, &width))
     return;
   const auto* x = input.data_as<const float>();
   const auto lo = static_cast<float>(quant_min), hi = static_cast<float>(quant_max);
@@ -205,9 +214,7 @@ void dequantize_per_token_out(KernelContext& ctx, const Tensor& input, const Ten
     return;
   }
   int64_t rows = 0, width = 0;
-  if (!token_rows(ctx, op, input, &rows, &width) || !quant_range_ok(ctx, op, dtype, quant_min, quant_max) ||
-      !token_params_ok(ctx, op, scales, zero_points, rows) || !check_out_dtype(ctx, out, output_dtype, op) ||
-      !prepare_out(ctx, op, out, input.shape()) || !check_no_overlap(ctx, op, out, input, "input"))
+  if (!per_token_ok(ctx, op, input, scales, zero_points, quant_min, quant_max, dtype, output_dtype, out, &rows, &width))
     return;
   auto* o = out.data_as<float>();
   auto dequantize = [&](const auto* q) {

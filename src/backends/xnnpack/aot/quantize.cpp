@@ -327,6 +327,17 @@ std::optional<graph::ValueId> tensor_arg(const graph::Node& n, std::string_view 
   return std::get<graph::ValueId>(a->arg.payload);
 }
 
+// How many times the graph reads `v`: as a node's input (once per argument that names it) or as an output.
+int64_t reads_of(const graph::Graph& g, graph::ValueId v) {
+  int64_t n = 0;
+  for (const auto& node : g.nodes)
+    for (const auto& in : node.inputs)
+      for (graph::ValueId id : in.arg.tensor_ids()) n += id == v;
+  for (const auto& o : g.outputs)
+    for (graph::ValueId id : o.tensor_ids()) n += id == v;
+  return n;
+}
+
 // a constant fp32 matrix: what a linear layer's weight is
 bool is_fp32_matrix_constant(const passes::EdgeProgram& program, graph::ValueId v) {
   const auto& m = program.graph.value(v).meta;
@@ -565,15 +576,6 @@ QuantizedWeights quantize_embedding_table(const float* w, int64_t v, int64_t d, 
 int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& q, EmbeddingQuantReport* report) {
   if (q.bits == 0) return 0;
   graph::Graph& g = program.graph;
-  auto reads_of = [&](graph::ValueId v) {
-    int64_t n = 0;
-    for (const auto& node : g.nodes)
-      for (const auto& in : node.inputs)
-        for (graph::ValueId id : in.arg.tensor_ids()) n += id == v;
-    for (const auto& o : g.outputs)
-      for (graph::ValueId id : o.tensor_ids()) n += id == v;
-    return n;
-  };
   int64_t rewritten = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (g.nodes[i].target != "aten.embedding.default") continue;
@@ -697,7 +699,7 @@ int64_t quantize_embeddings(passes::EdgeProgram& program, const EmbeddingQuant& 
                 {"weight_quant_min", graph::Argument::integer(q.bits == 4 ? -8 : -128), false},
                 {"weight_quant_max", graph::Argument::integer(q.bits == 4 ? 7 : 127), false},
                 {"indices", indices, false}};
-    if (reads_of(w) == 0) program.constants.erase(w);
+    if (reads_of(g, w) == 0) program.constants.erase(w);
     ++rewritten;
   }
   return rewritten;
@@ -865,12 +867,7 @@ UntiedWeights untie_quantized_linear_weights(passes::EdgeProgram& program,
   UntiedWeights untied;
   for (auto& [w, reads] : product_reads) {
     // readers of w: the product sites, and anything else (the embedding lookup)
-    int64_t total = 0;
-    for (const auto& n : g.nodes)
-      for (const auto& in : n.inputs)
-        for (graph::ValueId id : in.arg.tensor_ids()) total += id == w;
-    for (const auto& o : g.outputs)
-      for (graph::ValueId id : o.tensor_ids()) total += id == w;
+    const int64_t total = reads_of(g, w);
     std::map<size_t, int> site_reads;  // a transpose read by several products is one read of w
     for (const Read& r : reads) site_reads[r.reader] = 1;
     if (total <= static_cast<int64_t>(site_reads.size())) continue;  // only products read it: nothing to untie

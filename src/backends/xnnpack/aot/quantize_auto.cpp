@@ -32,15 +32,6 @@ int64_t numel(const graph::TensorMeta& m) {
   return std::accumulate(m.sizes.begin(), m.sizes.end(), int64_t{1}, std::multiplies<>());
 }
 
-float bf16_to_float(const std::byte* p) {
-  uint16_t b;
-  std::memcpy(&b, p, 2);
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // The constant 1-D weight (gamma) that scales the layer's input `a` of `k` channels, if a norm's multiply makes it:
 // a's producer, through copies and views, is aten.mul.Tensor with a constant fp32 operand of k elements.
 std::optional<graph::ValueId> input_gamma(const passes::EdgeProgram& program, graph::ValueId a, int64_t k) {

@@ -9,6 +9,7 @@
 // mse or minmax, the same code the plain quantizer runs) from the row's error-fed values when the group starts.
 #include "kiln/backends/xnnpack/quantize.h"
 
+#include "kiln/core/dtype.h"
 #include "kiln/core/error.h"
 
 #include <algorithm>
@@ -18,15 +19,6 @@
 
 namespace kiln::backends::xnnpack {
 namespace {
-
-float bf16_value(const std::byte* p) {
-  uint16_t b;
-  std::memcpy(&b, p, 2);
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // y[0..n) -= a x[0..n), 32 bytes at a time (GCC's and Clang's vector extension: -O2 does not vectorise the plain
 // loop); on x86-64 an AVX2 clone where the CPU has it
@@ -150,7 +142,7 @@ QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t
           for (int64_t r = 0; r < m; ++r) {
             const std::byte* s = part.scales.data() + static_cast<size_t>(r) * (int4 ? 2 : 4);
             if (int4) {
-              scale[static_cast<size_t>(r)] = bf16_value(s);
+              scale[static_cast<size_t>(r)] = bf16_to_float(s);
               std::memcpy(q.scales.data() + static_cast<size_t>((c0 + r) * groups + i / g) * 2, s, 2);
             } else {
               std::memcpy(&scale[static_cast<size_t>(r)], s, 4);
