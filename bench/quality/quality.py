@@ -61,6 +61,34 @@ TEXT = Path(__file__).resolve().parent / "founding_documents.txt"
 # bench/data/public_domain_en.txt the evaluation text does not hold (it shares the Declaration and Gettysburg)
 CALIBRATION_SOURCE = REPO / "bench" / "data" / "public_domain_en.txt"
 CALIBRATION_MARK = "Second Inaugural Address"
+# the long calibration text: the Second Inaugural Address, then docs/ARCHITECTURE.md's prose (this project's own
+# text: no code blocks, tables or indented lines), ~6,000 SmolLM2 tokens; none of it in the evaluation text
+LONG_CALIBRATION_EXTRA = REPO / "docs" / "ARCHITECTURE.md"
+# rows lowered from the dynamic export (T tokens per call, 1..--window): --calibrate runs the fp32 program over the
+# text in windows of --window tokens, many tokens per call (the static export takes one token per call: ~40x slower)
+
+
+def calibration_texts(work: Path) -> dict[str, Path]:
+    """--calibrate's texts, written under `work`; each asserted to share no 64-character run with the evaluation
+    text"""
+    source = CALIBRATION_SOURCE.read_text()
+    short = source[source.index(CALIBRATION_MARK):]
+    prose, fenced = [], False
+    for line in LONG_CALIBRATION_EXTRA.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith(("|", "    ", "\t")):
+            continue
+        prose.append(line)
+    texts = {"calibration": short, "calibration_long": short + "\n\n" + "\n".join(prose)}
+    evaluation = TEXT.read_text()
+    paths = {}
+    for name, text in texts.items():
+        assert not any(text[i:i + 64] in evaluation for i in range(0, max(1, len(text) - 63), 16)), name
+        paths[name] = work / f"{name}.txt"
+        paths[name].write_text(text)
+    return paths
 KILN_FLAGS = {
     "kiln-fp32": [],
     "kiln-8da4w-minmax": ["--quantize", "8da4w", "--quantize-scales", "minmax"],
@@ -71,11 +99,26 @@ KILN_FLAGS = {
     "kiln-8da4w-cal-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "gptq"],
     "kiln-8da4w-cal-awq-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method",
                                 "awq+gptq"],
+    "kiln-8da4w-cal-awq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "awq"],
+    # the same methods on the long calibration text (LONG_CALIBRATION: ~6,000 tokens)
+    "kiln-8da4w-long-calibrated": ["--quantize", "8da4w", "--calibrate", "{calibration_long}"],
+    "kiln-8da4w-long-awq": ["--quantize", "8da4w", "--calibrate", "{calibration_long}", "--calibrate-method", "awq"],
+    "kiln-8da4w-long-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration_long}", "--calibrate-method", "gptq"],
+    "kiln-8da4w-long-awq-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration_long}", "--calibrate-method",
+                                 "awq+gptq"],
+    # the uncalibrated default lowered from the dynamic export the calibrated rows use (the control: the same
+    # perplexity as kiln-8da4w-mse's static program, up to float rounding)
+    "kiln-8da4w-mse-dynamic": ["--quantize", "8da4w"],
     "kiln-8da4w-self": ["--quantize", "8da4w", "--calibrate-self", "1024"],
     "kiln-auto-150": ["--quantize", "auto", "--max-size", "150", "--quantize-embedding", "8"],
     "kiln-auto-130": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8"],
 }
 ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq"]
+
+
+def dynamic(row: str) -> bool:
+    """lowered from the dynamic export: every calibrated row (many tokens per calibration call) and its control"""
+    return row == "kiln-8da4w-mse-dynamic" or any("{calibration" in f for f in KILN_FLAGS.get(row, []))
 
 
 def log(msg: str) -> None:
@@ -167,10 +210,17 @@ def main() -> None:
     export = work / f"export_{args.window}"
     spec = export / "model_spec.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    if any(r.startswith("kiln") for r in only) and not spec.exists():
+    if any(r.startswith("kiln") and not dynamic(r) for r in only) and not spec.exists():
         log(f"exporting SmolLM2 (max_seq_len {args.window}) to {export}")
         subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
                         str(args.window), "--out", str(export)], check=True, env=env, capture_output=True)
+    dynamic_export = work / f"export_{args.window}_dynamic"
+    dynamic_spec = dynamic_export / "model_spec.json"
+    if any(dynamic(r) for r in only) and not dynamic_spec.exists():
+        log(f"exporting SmolLM2 (max_seq_len {args.window}, dynamic T) to {dynamic_export}")
+        subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
+                        str(args.window), "--dynamic", "--out", str(dynamic_export)], check=True, env=env,
+                       capture_output=True)
 
     # the reference: fp32 eager's log-probabilities at every predicted position (float32, ~0.5 GB for 2,700 tokens)
     t0 = time.time()
@@ -213,7 +263,8 @@ def main() -> None:
         if row == "fp32":
             results[row] = {**scores(ref), "file_mb": None}
         else:
-            pte = export / f"{row}.pte" if row.startswith("kiln") else work / f"{row}_{args.window}.pte"
+            pte = ((dynamic_export if dynamic(row) else export) / f"{row}.pte" if row.startswith("kiln")
+                   else work / f"{row}_{args.window}.pte")
             made = None
             if not pte.exists():
                 log(f"making {pte.name}")
@@ -221,14 +272,17 @@ def main() -> None:
                 if row.startswith("torchao"):
                     torchao_pte(model, args.window, row.endswith("hqq"), pte)
                 else:
-                    calibration = work / "calibration.txt"
-                    if "{calibration}" in KILN_FLAGS[row]:
-                        source = CALIBRATION_SOURCE.read_text()
-                        calibration.write_text(source[source.index(CALIBRATION_MARK):])
-                        assert calibration.read_text()[:200] not in TEXT.read_text()
-                    flags = [f.format(calibration=calibration) for f in KILN_FLAGS[row]]
-                    subprocess.run([args.kiln, "lower", "--spec", str(spec), "--backend", "xnnpack",
+                    texts = calibration_texts(work)
+                    flags = [f.format(**texts) for f in KILN_FLAGS[row]]
+                    lowered = dynamic_spec if dynamic(row) else spec
+                    t2 = time.time()
+                    subprocess.run([args.kiln, "lower", "--spec", str(lowered), "--backend", "xnnpack",
                                     *flags, "--out", str(pte), "-q"], check=True)
+                    meta = json.loads(pte.with_suffix(".json").read_text()).get("calibration")
+                    if meta:
+                        log(f"{row}: calibration {meta['method']} on {meta['tokens']} tokens, lowering "
+                            f"{time.time() - t2:.0f} s (run {meta['run_seconds']:.0f} s, search "
+                            f"{meta['search_seconds']:.0f} s)")
                 made = time.time() - t1
             log(f"evaluating {row}")
             lps = [log_softmax(pte_logits(pte, w)).astype(np.float32) for w in wins]
