@@ -88,8 +88,8 @@ def tiny(tmp_path_factory):
     return out, windows, refs
 
 
-def _lower(spec_dir, pte, *extra):
-    run_kiln("lower", "--spec", spec_dir / "model_spec.json", "--backend", "xnnpack", "--quantize", "8da4w",
+def _lower(spec_dir, pte, *extra, quantize="8da4w"):
+    run_kiln("lower", "--spec", spec_dir / "model_spec.json", "--backend", "xnnpack", "--quantize", quantize,
              "--out", pte, "-q", *extra)
     return json.loads(pte.with_suffix(".json").read_text())
 
@@ -200,3 +200,34 @@ def test_chunked_calibration_matches_one_token_per_call(tiny_static_and_dynamic,
                              for i in range(T)], axis=1)
     assert_close(dyn, static, "calibrated from windows vs calibrated one token per call (same eval input)")
     assert np.mean((dyn - ref) ** 2) < 0.05 * np.mean(ref ** 2), "calibrated 8da4w far from fp32 eager"
+
+
+def test_calibrated_auto_cuts_the_error_within_the_budget(tiny, tmp_path):
+    """--quantize auto --calibrate: AWQ's channel scales folded first (no int4 grid written: the plan then picks int4
+    or int8 per layer). At a budget between all-int4 and all-int8, the calibrated file fits, ExecuTorch's runtime
+    runs it, and its logits are closer to fp32 eager than the uncalibrated auto file's at the same budget."""
+    out, windows, refs = tiny
+    probe = _lower(out, tmp_path / "probe.pte", "--max-size", "10", quantize="auto")["quantize_auto"]
+    budget = probe["all_int4_bytes"] + (probe["all_int8_bytes"] - probe["all_int4_bytes"]) // 3
+    mb = f"{budget / 1e6:.6f}"
+    plain = _lower(out, tmp_path / "plain.pte", "--max-size", mb, quantize="auto")
+    cal = _lower(out, tmp_path / "cal.pte", "--max-size", mb, "--calibrate", out / "calibration.txt",
+                 quantize="auto")
+    c = cal["calibration"]
+    assert c["inputs_scaled"] >= 2 and c["int4_groups"] == 0 and c["method"] == "awq", c
+    for name in ("plain", "cal"):
+        assert (tmp_path / f"{name}.pte").stat().st_size <= budget
+    e_plain, e_cal = _error(tmp_path / "plain.pte", windows, refs), _error(tmp_path / "cal.pte", windows, refs)
+    print(f"calibrated auto: logits mse {e_cal:.4g} vs {e_plain:.4g} uncalibrated "
+          f"(int8 layers {cal['quantize_auto']['int8_layers']} vs {plain['quantize_auto']['int8_layers']})")
+    assert e_cal < 0.8 * e_plain, (e_cal, e_plain)
+
+
+def test_calibrated_auto_refuses_gptq(tiny, tmp_path):
+    out, _, _ = tiny
+    pte = tmp_path / "bad.pte"
+    proc = run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--quantize", "auto",
+                    "--max-size", "1", "--calibrate", out / "calibration.txt", "--calibrate-method", "gptq",
+                    "--out", pte, "-q", check=False)
+    assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: ") and "awq only" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not pte.exists(), proc.stderr
