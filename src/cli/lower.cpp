@@ -289,8 +289,9 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "samples itself (from its BOS token, temperature 1, top 40; a fixed seed) instead of a text")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--calibrate-method", opts->calibrate_method,
-                  "with --calibrate: awq (the default: AWQ's channel scales and activation-weighted int4 groups), "
-                  "gptq (GPTQ's error feedback on each input's X^T X) or awq+gptq (AWQ's scales, then GPTQ)");
+                  "with --calibrate: awq+gptq (the default; --quantize auto: awq): AWQ's scales, then GPTQ; awq "
+                  "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
+                  "each input's X^T X)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

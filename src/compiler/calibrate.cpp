@@ -381,10 +381,11 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const std::string& tokenizer_path, int64_t max_positions, const QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
                                 const std::function<void(std::string_view)>& progress, CalibrationMethod method,
-                                int64_t self_tokens) {
+                                int64_t self_tokens, bool scales_only) {
   CalibrationResult result;
   result.method = std::string(calibration_method_name(method));
   const bool gptq = method != CalibrationMethod::Awq, awq = method != CalibrationMethod::Gptq;
+  check(!scales_only || method == CalibrationMethod::Awq, "internal: calibration scales only with awq");
   check(scheme.kind == QuantScheme::Kind::Int4Groups || scheme.kind == QuantScheme::Kind::Int8Channels,
         "--calibrate needs --quantize 8da4w or 8da8w");
   std::vector<int32_t> ids;
@@ -547,7 +548,7 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
   };
   static constexpr int kGrid = 10;
   const bool output_aware =
-      !gptq && scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == backends::xnnpack::ScaleRule::Mse;
+      !scales_only && !gptq && scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == backends::xnnpack::ScaleRule::Mse;
   for (Group& gr : groups) {
     if (!awq || gr.fold == Group::Fold::None) continue;
     const size_t k = static_cast<size_t>(gr.k);

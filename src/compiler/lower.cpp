@@ -176,10 +176,12 @@ compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::Mode
     if (cm.name == "get_max_seq_len" && cm.values.size() == 1 && std::holds_alternative<int64_t>(cm.values[0]))
       max_positions = std::get<int64_t>(cm.values[0]);
   std::string why;
-  const auto method = compiler::parse_calibration_method(o.calibrate_method.empty() ? "awq" : o.calibrate_method, &why);
+  const auto method = compiler::parse_calibration_method(
+      // the default: awq+gptq (SmolLM2: perplexity 1.46x fp32 against awq's 1.63x; bench/RESULTS.md); auto: awq
+      !o.calibrate_method.empty() ? o.calibrate_method : o.quantize == "auto" ? "awq" : "awq+gptq", &why);
   check(method.has_value(), "{}", why);
   return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method,
-                                 o.calibrate_self);
+                                 o.calibrate_self, o.quantize == "auto");
 }
 
 }  // namespace
@@ -212,8 +214,9 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   check(!quant_auto || o.max_size_bytes > 0,
         "--quantize auto needs --max-size MB (the file's size budget, in megabytes)");
   check(quant_auto || o.max_size_bytes == 0, "--max-size applies to --quantize auto only");
-  check(!quant_auto || o.calibrate.empty(),
-        "--calibrate {}: --calibrate with --quantize auto is not supported yet (use 8da4w or 8da8w)", o.calibrate);
+  // --quantize auto with --calibrate: AWQ's channel scales (folded, every layer then int4 or int8 by the plan)
+  check(!quant_auto || o.calibrate.empty() || o.calibrate_method.empty() || o.calibrate_method == "awq",
+        "--calibrate-method {}: --quantize auto takes --calibrate-method awq only", o.calibrate_method);
   if (!o.quantize_scales.empty()) {
     check(!o.quantize.empty(), "--quantize-scales {}: --quantize-scales needs --quantize", o.quantize_scales);
     std::string why;

@@ -88,8 +88,8 @@ def tiny(tmp_path_factory):
     return out, windows, refs
 
 
-def _lower(spec_dir, pte, *extra):
-    run_kiln("lower", "--spec", spec_dir / "model_spec.json", "--backend", "xnnpack", "--quantize", "8da4w",
+def _lower(spec_dir, pte, *extra, quantize="8da4w"):
+    run_kiln("lower", "--spec", spec_dir / "model_spec.json", "--backend", "xnnpack", "--quantize", quantize,
              "--out", pte, "-q", *extra)
     return json.loads(pte.with_suffix(".json").read_text())
 
@@ -140,3 +140,94 @@ def test_bad_calibration_is_one_error_line(tiny, tmp_path, args, message):
     assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: ") and message in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert not pte.exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_static_and_dynamic(tmp_path_factory):
+    """TinyLM exported twice: one token per call (T = 1, the static decode form) and a dynamic T in 1..8 (the
+    prefill form), both with get_max_seq_len 8, so --calibrate runs the same windows of 8 positions either way"""
+    out = tmp_path_factory.mktemp("calibrate_forms")
+    model = TinyLM().eval()
+    _byte_tokenizer(out / "tokenizer.json")
+    (out / "calibration.txt").write_text(CALIBRATION)
+    t = torch.export.Dim("t", min=1, max=T)
+    forms = {"static": torch.export.export(model, (torch.zeros(1, 1, dtype=torch.long), torch.arange(1))),
+             "dynamic": torch.export.export(model, (torch.zeros(1, 2, dtype=torch.long), torch.arange(2)),
+                                            dynamic_shapes={"tokens": {1: t}, "input_pos": {0: t}})}
+    specs = {}
+    for name, ep in forms.items():
+        d = out / name
+        d.mkdir()
+        torch.export.save(ep, d / "m.pt2")
+        n = 1 if name == "static" else T
+        spec = {"name": "m", "model_id": "tests/calibrate", "seq_len": n, "exported_program": "m.pt2",
+                "ir": "default", "inputs": [{"name": "tokens", "dtype": "int64", "shape": [1, n]},
+                                            {"name": "input_pos", "dtype": "int64", "shape": [n]}],
+                "outputs": [{"name": "logits", "dtype": "float32", "shape": [1, n, V]}],
+                "constant_methods": {"get_max_seq_len": T}}
+        (d / "model_spec.json").write_text(json.dumps(spec))
+        (d / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
+        specs[name] = d
+    return out, specs, model
+
+
+@pytest.mark.parametrize("method", ["awq", "awq+gptq"])
+def test_chunked_calibration_matches_one_token_per_call(tiny_static_and_dynamic, tmp_path, method):
+    """--calibrate on a dynamic program runs up to a window of tokens per call; on a static one-token program, one
+    token per call. The model has no attention, so both see the same activations: the statistics (AWQ's choices,
+    its error proxies, GPTQ's objective on each input's X^T X) must agree up to float rounding, the token count must
+    be the text's (the `tokenizers` package), and the two calibrated programs must compute the same logits
+    (ExecuTorch's runtime, against each other and near fp32 eager)."""
+    from tokenizers import Tokenizer
+
+    out, specs, model = tiny_static_and_dynamic
+    meta = {}
+    for name, d in specs.items():
+        meta[name] = _lower(d, tmp_path / f"{name}.pte", "--calibrate", out / "calibration.txt", "--calibrate-method",
+                            method)["calibration"]
+    s, d = meta["static"], meta["dynamic"]
+    n_ids = len(Tokenizer.from_file(str(out / "tokenizer.json")).encode(CALIBRATION).ids)
+    assert s["tokens"] == d["tokens"] == n_ids, (s["tokens"], d["tokens"], n_ids)
+    assert s["choices"] == d["choices"], (s["choices"], d["choices"])
+    for key in ("proxy_before", "proxy_after", "gptq_objective_plain", "gptq_objective"):
+        assert d[key] == pytest.approx(s[key], rel=1e-4, abs=1e-9), (key, s[key], d[key])
+    assert s["inputs_scaled"] == d["inputs_scaled"] and s["int4_groups"] == d["int4_groups"]
+    ids = np.array([[5, 77, 130, 200, 31, 8, 99, 250]], dtype=np.int64)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids), torch.arange(T)).numpy()
+    dyn = et_execute(tmp_path / "dynamic.pte", [ids, np.arange(T)])[0]
+    static = np.concatenate([et_execute(tmp_path / "static.pte", [ids[:, i:i + 1], np.arange(i, i + 1)])[0]
+                             for i in range(T)], axis=1)
+    assert_close(dyn, static, "calibrated from windows vs calibrated one token per call (same eval input)")
+    assert np.mean((dyn - ref) ** 2) < 0.05 * np.mean(ref ** 2), "calibrated 8da4w far from fp32 eager"
+
+
+def test_calibrated_auto_cuts_the_error_within_the_budget(tiny, tmp_path):
+    """--quantize auto --calibrate: AWQ's channel scales folded first (no int4 grid written: the plan then picks int4
+    or int8 per layer). At a budget between all-int4 and all-int8, the calibrated file fits, ExecuTorch's runtime
+    runs it, and its logits are closer to fp32 eager than the uncalibrated auto file's at the same budget."""
+    out, windows, refs = tiny
+    probe = _lower(out, tmp_path / "probe.pte", "--max-size", "10", quantize="auto")["quantize_auto"]
+    budget = probe["all_int4_bytes"] + (probe["all_int8_bytes"] - probe["all_int4_bytes"]) // 3
+    mb = f"{budget / 1e6:.6f}"
+    plain = _lower(out, tmp_path / "plain.pte", "--max-size", mb, quantize="auto")
+    cal = _lower(out, tmp_path / "cal.pte", "--max-size", mb, "--calibrate", out / "calibration.txt",
+                 quantize="auto")
+    c = cal["calibration"]
+    assert c["inputs_scaled"] >= 2 and c["int4_groups"] == 0 and c["method"] == "awq", c
+    for name in ("plain", "cal"):
+        assert (tmp_path / f"{name}.pte").stat().st_size <= budget
+    e_plain, e_cal = _error(tmp_path / "plain.pte", windows, refs), _error(tmp_path / "cal.pte", windows, refs)
+    print(f"calibrated auto: logits mse {e_cal:.4g} vs {e_plain:.4g} uncalibrated "
+          f"(int8 layers {cal['quantize_auto']['int8_layers']} vs {plain['quantize_auto']['int8_layers']})")
+    assert e_cal < 0.8 * e_plain, (e_cal, e_plain)
+
+
+def test_calibrated_auto_refuses_gptq(tiny, tmp_path):
+    out, _, _ = tiny
+    pte = tmp_path / "bad.pte"
+    proc = run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--quantize", "auto",
+                    "--max-size", "1", "--calibrate", out / "calibration.txt", "--calibrate-method", "gptq",
+                    "--out", pte, "-q", check=False)
+    assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: ") and "awq only" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and not pte.exists(), proc.stderr

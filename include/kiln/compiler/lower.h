@@ -70,7 +70,8 @@ struct LowerOptions {
   // With `quantize`: a text file the fp32 program runs over (kiln's runtime) before quantizing; its linear
   // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
   std::string calibrate;
-  // With `calibrate`: "awq", "gptq" or "awq+gptq" (compiler/calibrate.h: CalibrationMethod). Empty: awq.
+  // With `calibrate`: "awq", "gptq" or "awq+gptq" (compiler/calibrate.h: CalibrationMethod). Empty: awq+gptq
+  // (with --quantize auto: awq).
   std::string calibrate_method;
   // Data-free self-calibration (--calibrate-self N): instead of a text, N tokens the fp32 program samples itself
   // (compiler/calibrate.h). 0: none.
