@@ -41,6 +41,7 @@ uint16_t to_bf16(float f) {  // round to nearest even, as torch's .to(bfloat16)
 typedef float F32x4 __attribute__((vector_size(16)));
 typedef float F32x8 __attribute__((vector_size(32)));
 typedef int32_t I32x8 __attribute__((vector_size(32)));
+typedef uint32_t U32x8 __attribute__((vector_size(32)));
 
 KILN_QUANT_INLINE F32x4 load4(const float* p) {
   F32x4 x;
@@ -216,8 +217,8 @@ float round_to_half(float f) {
 
 // rows [r0, r1) under ScaleRule::MinMax with torchao's arithmetic in the weights' 16-bit type (QuantScheme::source);
 // w holds row r0 first
-void quantize_rows_narrow(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
-                          QuantizedWeights& q) {
+KILN_QUANT_INLINE void quantize_rows_narrow_impl(const float* w, int64_t r0, int64_t r1, int64_t k,
+                                                 const QuantScheme& scheme, QuantizedWeights& q) {
   const bool bf16 = scheme.source == QuantScheme::Source::BFloat16;
   auto round = [bf16](float f) { return bf16 ? from_bf16(to_bf16(f)) : round_to_half(f); };
   const float eps = bf16 ? FLT_MIN : 0x1p-14f;  // torch.finfo(dtype).smallest_normal
@@ -229,8 +230,21 @@ void quantize_rows_narrow(const float* w, int64_t r0, int64_t r1, int64_t k, con
   for (int64_t j = r0; j < r1; ++j)
     for (int64_t b = 0; b < groups; ++b) {
       const float* v = w + (j - r0) * k + b * g;
-      float amax = 0.0f;  // max(-min(v, 0), max(v, 0)): exact in any type
-      for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(v[i]));
+      float amax = 0.0f;  // max(-min(v, 0), max(v, 0)): exact in any type and order (a NaN is skipped either way)
+      int64_t i0 = 0;
+      {
+        F32x8 m8 = {};
+        for (; i0 + 8 <= g; i0 += 8) {
+          U32x8 u;
+          std::memcpy(&u, v + i0, sizeof u);
+          u &= 0x7fffffffu;  // |x|
+          F32x8 x;
+          std::memcpy(&x, &u, sizeof x);
+          m8 = x > m8 ? x : m8;
+        }
+        for (int l = 0; l < 8; ++l) amax = std::max(amax, m8[l]);
+      }
+      for (int64_t i = i0; i < g; ++i) amax = std::max(amax, std::fabs(v[i]));
       const float scale = std::max(round(amax / half_range), eps);
       const float inv = round(1.0f / scale);
       if (int4) {
@@ -243,7 +257,24 @@ void quantize_rows_narrow(const float* w, int64_t r0, int64_t r1, int64_t k, con
       // are integers, both roundings monotonic), and (x + kRounder) - kRounder is nearbyint (ties to even) on the
       // clamped range, a form the compiler vectorises (a NaN stays NaN either way)
       float* tt = t.data();
-      for (int64_t i = 0; i < g; ++i) {
+      int64_t i1 = 0;
+      if (bf16) {  // 8 at a time: the same operations lane by lane (bf16 rounding as to_bf16's integer arithmetic)
+        const F32x8 vinv = inv - F32x8{}, lo = qmin - F32x8{}, hi = qmax - F32x8{}, rounder = kRounder - F32x8{};
+        for (; i1 + 8 <= g; i1 += 8) {
+          F32x8 x;
+          std::memcpy(&x, v + i1, sizeof x);
+          x *= vinv;
+          U32x8 u;
+          std::memcpy(&u, &x, sizeof u);
+          u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;  // to_bf16 then from_bf16 (wrapping as they do)
+          std::memcpy(&x, &u, sizeof x);
+          x = x < lo ? lo : x;  // std::max(x, qmin)
+          x = hi < x ? hi : x;  // std::min(x, qmax)
+          x = (x + rounder) - rounder;
+          std::memcpy(tt + i1, &x, sizeof x);
+        }
+      }
+      for (int64_t i = i1; i < g; ++i) {
         const float x = std::min(std::max(round(v[i] * inv), qmin), qmax);
         tt[i] = (x + kRounder) - kRounder;
       }
@@ -306,12 +337,22 @@ KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1
   }
 }
 
+void quantize_rows_narrow_baseline(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
+                                   QuantizedWeights& q) {
+  quantize_rows_narrow_impl(w, r0, r1, k, scheme, q);
+}
+
 void quantize_rows_baseline(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
                             QuantizedWeights& q) {
   quantize_rows_impl(w, r0, r1, k, scheme, q);
 }
 
 #if defined(__x86_64__)
+__attribute__((target("avx2"))) void quantize_rows_narrow_avx2(const float* w, int64_t r0, int64_t r1, int64_t k,
+                                                                const QuantScheme& scheme, QuantizedWeights& q) {
+  quantize_rows_narrow_impl(w, r0, r1, k, scheme, q);
+}
+
 __attribute__((target("avx2"))) void quantize_rows_avx2(const float* w, int64_t r0, int64_t r1, int64_t k,
                                                          const QuantScheme& scheme, QuantizedWeights& q) {
   quantize_rows_impl(w, r0, r1, k, scheme, q);
@@ -319,16 +360,24 @@ __attribute__((target("avx2"))) void quantize_rows_avx2(const float* w, int64_t 
 #endif
 
 // rows [r0, r1) of quantize_weights' output (w holds row r0 first), in the widest form this CPU runs
-void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme, QuantizedWeights& q) {
-  if (scheme.source != QuantScheme::Source::Float && scheme.scales == ScaleRule::MinMax)
-    return quantize_rows_narrow(w, r0, r1, k, scheme, q);
+bool cpu_has_avx2() {
 #if defined(__x86_64__)
   static const bool avx2 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2");
   }();
-  if (avx2) return quantize_rows_avx2(w, r0, r1, k, scheme, q);
+  return avx2;
+#else
+  return false;
 #endif
+}
+
+void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme, QuantizedWeights& q) {
+  const bool narrow = scheme.source != QuantScheme::Source::Float && scheme.scales == ScaleRule::MinMax;
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return narrow ? quantize_rows_narrow_avx2(w, r0, r1, k, scheme, q) : quantize_rows_avx2(w, r0, r1, k, scheme, q);
+#endif
+  if (narrow) return quantize_rows_narrow_baseline(w, r0, r1, k, scheme, q);
   quantize_rows_baseline(w, r0, r1, k, scheme, q);
 }
 
@@ -614,8 +663,8 @@ namespace {
 // (rows x groups fp32). Every offset is 64-bit: a table may hold more than 2^31 elements (Gemma 4's per-layer
 // table: 262144 x 8960 = 2.35e9). `source` is the 16-bit type the values had in the .pt2 (torchao's arithmetic
 // then runs in that type, as quantize_rows_narrow's), Float otherwise.
-void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const EmbeddingQuant& q, uint8_t* data,
-                             float* scales) {
+KILN_QUANT_INLINE void quantize_embedding_rows_impl(const float* w, int64_t rows, int64_t d, const EmbeddingQuant& q,
+                                                   uint8_t* data, float* scales) {
   const int64_t g = q.group ? q.group : d, groups = d / g;
   const float half_range = q.bits == 4 ? 7.5f : 127.5f;
   const float qmin = q.bits == 4 ? -8.0f : -128.0f, qmax = q.bits == 4 ? 7.0f : 127.0f;
@@ -631,8 +680,21 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
       const float* x = w + static_cast<size_t>(r) * static_cast<size_t>(d) + static_cast<size_t>(b * g);
       float scale, inv;
       if (narrow) {  // torchao in bf16 / fp16: scale = max(round(max|w| / 7.5), eps), q = round(round(w * round(1/s)))
-        float amax = 0.0f;
-        for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(x[i]));
+        float amax = 0.0f;  // exact in any order (a NaN skipped either way)
+        int64_t i0 = 0;
+        {
+          F32x8 m8 = {};
+          for (; i0 + 8 <= g; i0 += 8) {
+            U32x8 u;
+            std::memcpy(&u, x + i0, sizeof u);
+            u &= 0x7fffffffu;  // |x|
+            F32x8 a;
+            std::memcpy(&a, &u, sizeof a);
+            m8 = a > m8 ? a : m8;
+          }
+          for (int l = 0; l < 8; ++l) amax = std::max(amax, m8[l]);
+        }
+        for (int64_t i = i0; i < g; ++i) amax = std::max(amax, std::fabs(x[i]));
         scale = std::max(round(amax / half_range), eps);
         inv = round(1.0f / scale);
       } else {
@@ -643,9 +705,26 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
       if (!out) continue;  // the scales only
       // t = clamp(x * inv) (clamping before the rounding gives the same integers: the bounds are on every grid),
       // rounded to the 16-bit type under `narrow`, then to an integer (ties to even: kRounder)
-      for (int64_t i = 0; i < g; ++i) t[static_cast<size_t>(i)] = std::min(std::max(x[i] * inv, qmin), qmax);
+      int64_t i1 = 0;
+      if (narrow && bf16) {  // 8 at a time, the same operations lane by lane, then the tail below
+        const F32x8 vinv = inv - F32x8{}, lo = qmin - F32x8{}, hi = qmax - F32x8{}, rounder = kRounder - F32x8{};
+        for (; i1 + 8 <= g; i1 += 8) {
+          F32x8 y;
+          std::memcpy(&y, x + i1, sizeof y);
+          y *= vinv;
+          y = y < lo ? lo : y;  // std::max(y, qmin)
+          y = hi < y ? hi : y;  // std::min(y, qmax)
+          U32x8 u;
+          std::memcpy(&u, &y, sizeof u);
+          u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+          std::memcpy(&y, &u, sizeof y);
+          y = (y + rounder) - rounder;
+          std::memcpy(&t[static_cast<size_t>(i1)], &y, sizeof y);
+        }
+      }
+      for (int64_t i = i1; i < g; ++i) t[static_cast<size_t>(i)] = std::min(std::max(x[i] * inv, qmin), qmax);
       if (narrow && bf16) {
-        for (int64_t i = 0; i < g; ++i) {
+        for (int64_t i = i1; i < g; ++i) {
           uint32_t u;
           std::memcpy(&u, &t[static_cast<size_t>(i)], 4);
           u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
@@ -654,7 +733,8 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
       } else if (narrow) {
         for (int64_t i = 0; i < g; ++i) t[static_cast<size_t>(i)] = round_to_half(t[static_cast<size_t>(i)]);
       }
-      for (int64_t i = 0; i < g; ++i) t[static_cast<size_t>(i)] = (t[static_cast<size_t>(i)] + kRounder) - kRounder;
+      for (int64_t i = narrow && bf16 ? i1 : 0; i < g; ++i)
+        t[static_cast<size_t>(i)] = (t[static_cast<size_t>(i)] + kRounder) - kRounder;
       if (q.bits == 8) {
         for (int64_t i = 0; i < g; ++i) out[b * g + i] = static_cast<uint8_t>(static_cast<int8_t>(t[static_cast<size_t>(i)]));
       } else {  // ExecuTorch's embedding_4bit order: the even column in the high nibble, as q + 8 (g is even)
@@ -665,6 +745,23 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
       }
     }
   }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void quantize_embedding_rows_avx2(const float* w, int64_t rows, int64_t d,
+                                                                   const EmbeddingQuant& q, uint8_t* data,
+                                                                   float* scales) {
+  quantize_embedding_rows_impl(w, rows, d, q, data, scales);
+}
+#endif
+
+// quantize_embedding_rows_impl in the widest form this CPU runs (the same bytes: no fused multiply-adds)
+void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const EmbeddingQuant& q, uint8_t* data,
+                             float* scales) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return quantize_embedding_rows_avx2(w, rows, d, q, data, scales);
+#endif
+  quantize_embedding_rows_impl(w, rows, d, q, data, scales);
 }
 
 // Streams a table's rows in blocks of about 32 MB of fp32 (split over lower_threads()), each block quantized into
