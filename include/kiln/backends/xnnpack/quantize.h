@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -76,6 +77,36 @@ struct QuantizedWeights {
 
 // w: [n, k] row-major fp32. Int4Groups needs k % group == 0 and k even.
 QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme);
+
+// The threads kiln lower quantizes weights and embedding tables on: KILN_LOWER_THREADS when set (1 to 64), else the
+// CPU's cores (at most 8). The bytes written never depend on it: rows quantize independently, each into its own
+// place, and blocks are written in order.
+int64_t lower_threads();
+
+// The fp32 bytes of the blocks that weights and tables stream through quantization in: `usual`, or
+// KILN_LOWER_BLOCK_BYTES when set (tests set it small so that a tiny model takes many blocks; the bytes written
+// never depend on it).
+int64_t lower_block_bytes(int64_t usual);
+
+// quantize_weights of a [n, k] weight whose rows arrive a block at a time, in order (read from the .pt2 as they
+// are): the caller fills block() with up to block_rows() rows and submit()s them, and reads the next block while
+// up to lower_threads() workers quantize the ones submitted. At most lower_threads() + 1 blocks are in memory.
+// finish() waits for every block and returns quantize_weights' bytes for the whole weight.
+class StreamingQuantizer {
+ public:
+  StreamingQuantizer(int64_t n, int64_t k, const QuantScheme& scheme, int64_t block_rows);
+  ~StreamingQuantizer();
+  StreamingQuantizer(const StreamingQuantizer&) = delete;
+  StreamingQuantizer& operator=(const StreamingQuantizer&) = delete;
+  int64_t block_rows() const;
+  float* block();              // the buffer to fill next: block_rows() x k floats
+  void submit(int64_t rows);   // its first `rows` rows are the weight's next rows
+  QuantizedWeights finish();   // every row quantized (checks that all n came)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // ---- GPTQ-style error feedback (kiln lower --calibrate; quantize_gptq.cpp) ----------------------------------------
 // The upper Cholesky factor U of (H + damp mean(diag H) I)^-1 (row-major [k, k]; H^-1 = U^T U) of a symmetric Gram

@@ -239,31 +239,28 @@ QuantizedWeights PayloadBuilder::quantize_transposed(const RegionConstant& c, in
 
 QuantizedWeights PayloadBuilder::quantize_streamed(const RegionConstant& c, int64_t n, int64_t k, const QuantScheme& q) {
   const size_t row_bytes = static_cast<size_t>(k) * sizeof(float);
-  const int64_t block_rows = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / row_bytes));
-  std::vector<float> block(static_cast<size_t>(block_rows * k));
-  const size_t block_bytes = static_cast<size_t>(block_rows) * row_bytes;
-  QuantizedWeights qw;
-  const bool int4 = q.kind == QuantScheme::Kind::Int4Groups;
-  qw.data.reserve(static_cast<size_t>(int4 ? n * (k / 2) : n * k));
-  qw.scales.reserve(static_cast<size_t>(int4 ? n * (k / q.group) * 2 : n * 4));
+  // blocks of ~4 MB of fp32 rows, quantized on worker threads while the next block streams in
+  StreamingQuantizer sq(n, k, q, std::max<int64_t>(1, lower_block_bytes(int64_t{4} << 20) / static_cast<int64_t>(row_bytes)));
+  const size_t block_bytes = static_cast<size_t>(sq.block_rows()) * row_bytes;
+  std::byte* block = nullptr;
   size_t filled = 0;
   int64_t rows_done = 0;
   auto flush = [&](int64_t rows) {
     check(rows_done + rows <= n, "constant data streamed more than its {} rows", n);
-    QuantizedWeights part = quantize_weights(block.data(), rows, k, q);
-    qw.data.insert(qw.data.end(), part.data.begin(), part.data.end());
-    qw.scales.insert(qw.scales.end(), part.scales.begin(), part.scales.end());
+    sq.submit(rows);
+    block = nullptr;
     rows_done += rows;
   };
   if (c.data.write)
     c.data.write([&](std::span<const std::byte> s) {
       while (!s.empty()) {
+        if (!block) block = reinterpret_cast<std::byte*>(sq.block());
         const size_t take = std::min(s.size(), block_bytes - filled);
-        std::memcpy(reinterpret_cast<std::byte*>(block.data()) + filled, s.data(), take);
+        std::memcpy(block + filled, s.data(), take);
         filled += take;
         s = s.subspan(take);
         if (filled == block_bytes) {
-          flush(block_rows);
+          flush(sq.block_rows());
           filled = 0;
         }
       }
@@ -271,7 +268,7 @@ QuantizedWeights PayloadBuilder::quantize_streamed(const RegionConstant& c, int6
   check(filled % row_bytes == 0, "constant data streamed a partial row");
   if (filled) flush(static_cast<int64_t>(filled / row_bytes));
   check(rows_done == n, "constant data streamed {} rows, declared {}", rows_done, n);
-  return qw;
+  return sq.finish();
 }
 
 uint32_t PayloadBuilder::named_constant(const std::string& key, const pte::DataBlob& data) {

@@ -9,7 +9,12 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <tuple>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +41,7 @@ uint16_t to_bf16(float f) {  // round to nearest even, as torch's .to(bfloat16)
 typedef float F32x4 __attribute__((vector_size(16)));
 typedef float F32x8 __attribute__((vector_size(32)));
 typedef int32_t I32x8 __attribute__((vector_size(32)));
+typedef uint32_t U32x8 __attribute__((vector_size(32)));
 
 KILN_QUANT_INLINE F32x4 load4(const float* p) {
   F32x4 x;
@@ -209,9 +215,10 @@ float round_to_half(float f) {
   return std::copysign(std::nearbyint(a / ulp) * ulp, f);
 }
 
-// rows [r0, r1) under ScaleRule::MinMax with torchao's arithmetic in the weights' 16-bit type (QuantScheme::source)
-void quantize_rows_narrow(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
-                          QuantizedWeights& q) {
+// rows [r0, r1) under ScaleRule::MinMax with torchao's arithmetic in the weights' 16-bit type (QuantScheme::source);
+// w holds row r0 first
+KILN_QUANT_INLINE void quantize_rows_narrow_impl(const float* w, int64_t r0, int64_t r1, int64_t k,
+                                                 const QuantScheme& scheme, QuantizedWeights& q) {
   const bool bf16 = scheme.source == QuantScheme::Source::BFloat16;
   auto round = [bf16](float f) { return bf16 ? from_bf16(to_bf16(f)) : round_to_half(f); };
   const float eps = bf16 ? FLT_MIN : 0x1p-14f;  // torch.finfo(dtype).smallest_normal
@@ -219,11 +226,25 @@ void quantize_rows_narrow(const float* w, int64_t r0, int64_t r1, int64_t k, con
   const int64_t g = int4 ? scheme.group : k, groups = k / g;
   const float half_range = int4 ? 7.5f : 127.5f, qmin = int4 ? -8.0f : -128.0f, qmax = int4 ? 7.0f : 127.0f;
   auto* bytes = reinterpret_cast<uint8_t*>(q.data.data());
+  std::vector<float> t(static_cast<size_t>(g));
   for (int64_t j = r0; j < r1; ++j)
     for (int64_t b = 0; b < groups; ++b) {
-      const float* v = w + j * k + b * g;
-      float amax = 0.0f;  // max(-min(v, 0), max(v, 0)): exact in any type
-      for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float* v = w + (j - r0) * k + b * g;
+      float amax = 0.0f;  // max(-min(v, 0), max(v, 0)): exact in any type and order (a NaN is skipped either way)
+      int64_t i0 = 0;
+      {
+        F32x8 m8 = {};
+        for (; i0 + 8 <= g; i0 += 8) {
+          U32x8 u;
+          std::memcpy(&u, v + i0, sizeof u);
+          u &= 0x7fffffffu;  // |x|
+          F32x8 x;
+          std::memcpy(&x, &u, sizeof x);
+          m8 = x > m8 ? x : m8;
+        }
+        for (int l = 0; l < 8; ++l) amax = std::max(amax, m8[l]);
+      }
+      for (int64_t i = i0; i < g; ++i) amax = std::max(amax, std::fabs(v[i]));
       const float scale = std::max(round(amax / half_range), eps);
       const float inv = round(1.0f / scale);
       if (int4) {
@@ -232,21 +253,43 @@ void quantize_rows_narrow(const float* w, int64_t r0, int64_t r1, int64_t k, con
       } else {
         std::memcpy(q.scales.data() + static_cast<size_t>(j) * 4, &scale, 4);
       }
-      for (int64_t i = 0; i < g; ++i) {
-        const float t = std::clamp(std::nearbyint(round(v[i] * inv)), qmin, qmax);
-        const int code = static_cast<int>(t);
-        if (int4) {  // the even input in the low nibble, as q + 8
-          const auto u = static_cast<uint8_t>(code + 8);
-          uint8_t& out = bytes[j * (k / 2) + (b * g + i) / 2];
-          out |= static_cast<uint8_t>((i & 1) ? u << 4 : u);
-        } else {
-          reinterpret_cast<int8_t*>(bytes)[j * k + i] = static_cast<int8_t>(code);
+      // clamp(nearbyint(round(v * inv))): clamping before the integer rounding gives the same integers (the bounds
+      // are integers, both roundings monotonic), and (x + kRounder) - kRounder is nearbyint (ties to even) on the
+      // clamped range, a form the compiler vectorises (a NaN stays NaN either way)
+      float* tt = t.data();
+      int64_t i1 = 0;
+      if (bf16) {  // 8 at a time: the same operations lane by lane (bf16 rounding as to_bf16's integer arithmetic)
+        const F32x8 vinv = inv - F32x8{}, lo = qmin - F32x8{}, hi = qmax - F32x8{}, rounder = kRounder - F32x8{};
+        for (; i1 + 8 <= g; i1 += 8) {
+          F32x8 x;
+          std::memcpy(&x, v + i1, sizeof x);
+          x *= vinv;
+          U32x8 u;
+          std::memcpy(&u, &x, sizeof u);
+          u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;  // to_bf16 then from_bf16 (wrapping as they do)
+          std::memcpy(&x, &u, sizeof x);
+          x = x < lo ? lo : x;  // std::max(x, qmin)
+          x = hi < x ? hi : x;  // std::min(x, qmax)
+          x = (x + rounder) - rounder;
+          std::memcpy(tt + i1, &x, sizeof x);
         }
+      }
+      for (int64_t i = i1; i < g; ++i) {
+        const float x = std::min(std::max(round(v[i] * inv), qmin), qmax);
+        tt[i] = (x + kRounder) - kRounder;
+      }
+      if (int4) {  // the even input in the low nibble, as q + 8 (g is even: a group starts on a byte)
+        uint8_t* out = bytes + j * (k / 2) + b * g / 2;
+        for (int64_t i = 0; i < g; i += 2)
+          out[i / 2] = static_cast<uint8_t>(static_cast<uint8_t>(static_cast<int>(tt[i]) + 8) |
+                                            static_cast<uint8_t>(static_cast<int>(tt[i + 1]) + 8) << 4);
+      } else {
+        for (int64_t i = 0; i < g; ++i) reinterpret_cast<int8_t*>(bytes)[j * k + i] = static_cast<int8_t>(static_cast<int>(tt[i]));
       }
     }
 }
 
-// rows [r0, r1) of quantize_weights' output (allocated, zeroed for int4)
+// rows [r0, r1) of quantize_weights' output (allocated, zeroed for int4); w holds row r0 first
 KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
                                           QuantizedWeights& q) {
   const bool mse = scheme.scales == ScaleRule::Mse;
@@ -256,7 +299,7 @@ KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1
     int32_t codes[8];
     for (int64_t j = r0; j < r1; ++j)
       for (int64_t b = 0; b < groups; ++b) {
-        const float* v = w + j * k + b * g;
+        const float* v = w + (j - r0) * k + b * g;
         float scale = symmetric_scale(v, g, 7.5f);
         // minmax: q from the fp32 scale, the bf16 scale stored (torchao's); mse: q from the stored bf16 scale
         if (mse) scale = mse_scale(v, g, -8.0f, 7.0f, true, scale);
@@ -280,7 +323,7 @@ KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1
   auto* out = reinterpret_cast<int8_t*>(q.data.data());
   int32_t codes[8];
   for (int64_t j = r0; j < r1; ++j) {
-    const float* v = w + j * k;
+    const float* v = w + (j - r0) * k;
     float scale = symmetric_scale(v, k, 127.5f);
     if (mse) scale = mse_scale(v, k, -128.0f, 127.0f, false, scale);
     const float inv = 1.0f / scale;
@@ -294,29 +337,47 @@ KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1
   }
 }
 
+void quantize_rows_narrow_baseline(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
+                                   QuantizedWeights& q) {
+  quantize_rows_narrow_impl(w, r0, r1, k, scheme, q);
+}
+
 void quantize_rows_baseline(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
                             QuantizedWeights& q) {
   quantize_rows_impl(w, r0, r1, k, scheme, q);
 }
 
 #if defined(__x86_64__)
+__attribute__((target("avx2"))) void quantize_rows_narrow_avx2(const float* w, int64_t r0, int64_t r1, int64_t k,
+                                                                const QuantScheme& scheme, QuantizedWeights& q) {
+  quantize_rows_narrow_impl(w, r0, r1, k, scheme, q);
+}
+
 __attribute__((target("avx2"))) void quantize_rows_avx2(const float* w, int64_t r0, int64_t r1, int64_t k,
                                                          const QuantScheme& scheme, QuantizedWeights& q) {
   quantize_rows_impl(w, r0, r1, k, scheme, q);
 }
 #endif
 
-// rows [r0, r1) of quantize_weights' output, in the widest form this CPU runs
-void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme, QuantizedWeights& q) {
-  if (scheme.source != QuantScheme::Source::Float && scheme.scales == ScaleRule::MinMax)
-    return quantize_rows_narrow(w, r0, r1, k, scheme, q);
+// rows [r0, r1) of quantize_weights' output (w holds row r0 first), in the widest form this CPU runs
+bool cpu_has_avx2() {
 #if defined(__x86_64__)
   static const bool avx2 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2");
   }();
-  if (avx2) return quantize_rows_avx2(w, r0, r1, k, scheme, q);
+  return avx2;
+#else
+  return false;
 #endif
+}
+
+void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme, QuantizedWeights& q) {
+  const bool narrow = scheme.source != QuantScheme::Source::Float && scheme.scales == ScaleRule::MinMax;
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return narrow ? quantize_rows_narrow_avx2(w, r0, r1, k, scheme, q) : quantize_rows_avx2(w, r0, r1, k, scheme, q);
+#endif
+  if (narrow) return quantize_rows_narrow_baseline(w, r0, r1, k, scheme, q);
   quantize_rows_baseline(w, r0, r1, k, scheme, q);
 }
 
@@ -399,7 +460,35 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string
   return std::nullopt;
 }
 
-QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme) {
+int64_t lower_threads() {
+  static const int64_t threads = [] {
+    if (const char* env = std::getenv("KILN_LOWER_THREADS"); env && *env) {
+      char* end = nullptr;
+      const long t = std::strtol(env, &end, 10);
+      check(*end == '\0' && t >= 1 && t <= 64, "KILN_LOWER_THREADS={}: expected a number of threads from 1 to 64", env);
+      return static_cast<int64_t>(t);
+    }
+    return std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 8);
+  }();
+  return threads;
+}
+
+int64_t lower_block_bytes(int64_t usual) {
+  static const int64_t bytes = [] {
+    if (const char* env = std::getenv("KILN_LOWER_BLOCK_BYTES"); env && *env) {
+      char* end = nullptr;
+      const long long b = std::strtoll(env, &end, 10);
+      check(*end == '\0' && b >= 1, "KILN_LOWER_BLOCK_BYTES={}: expected a positive number of bytes", env);
+      return static_cast<int64_t>(b);
+    }
+    return int64_t{0};
+  }();
+  return bytes ? bytes : usual;
+}
+
+namespace {
+
+QuantizedWeights allocate_quantized(int64_t n, int64_t k, const QuantScheme& scheme) {
   QuantizedWeights q;
   if (scheme.kind == QuantScheme::Kind::Int4Groups) {
     q.data.assign(static_cast<size_t>(n * (k / 2)), std::byte{0});
@@ -408,21 +497,138 @@ QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const Qu
     q.data.resize(static_cast<size_t>(n * k));
     q.scales.resize(static_cast<size_t>(n) * 4);
   }
-  // The mse search costs ~8 passes over each weight: rows split over the cores when there is enough work (rows
-  // quantize independently, so the result does not depend on the split)
+  return q;
+}
+
+}  // namespace
+
+QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme) {
+  QuantizedWeights q = allocate_quantized(n, k, scheme);
+  // Rows split over lower_threads() when there is enough work (rows quantize independently, into their own bytes,
+  // so the result does not depend on the split)
   int64_t threads = 1;
-  if (scheme.scales == ScaleRule::Mse && n * k >= (int64_t{1} << 18))
-    threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(8, n));
+  if (n * k >= (int64_t{1} << 18)) threads = std::min(lower_threads(), n);
   if (threads == 1) {
     quantize_rows(w, 0, n, k, scheme, q);
     return q;
   }
   std::vector<std::thread> pool;
   for (int64_t t = 1; t < threads; ++t)
-    pool.emplace_back([&, t] { quantize_rows(w, n * t / threads, n * (t + 1) / threads, k, scheme, q); });
+    pool.emplace_back([&, t] {
+      const int64_t r0 = n * t / threads;
+      quantize_rows(w + r0 * k, r0, n * (t + 1) / threads, k, scheme, q);
+    });
   quantize_rows(w, 0, n / threads, k, scheme, q);
   for (auto& th : pool) th.join();
   return q;
+}
+
+// ---- StreamingQuantizer -------------------------------------------------------------------------------------------
+
+struct StreamingQuantizer::Impl {
+  int64_t n, k, block_rows;
+  QuantScheme scheme;
+  QuantizedWeights q;
+  std::vector<std::vector<float>> buffers;
+  int64_t current = -1;    // the buffer the caller fills
+  int64_t rows_seen = 0;   // rows submitted so far
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<int64_t> free;                          // buffers nobody holds
+  std::deque<std::tuple<int64_t, int64_t, int64_t>> queue;  // (buffer, first row, rows) to quantize, in order
+  int64_t busy = 0;                                   // blocks a worker is quantizing now
+  bool closing = false;
+  std::vector<std::thread> workers;
+
+  void work() {
+    for (;;) {
+      std::tuple<int64_t, int64_t, int64_t> job;
+      {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return closing || !queue.empty(); });
+        if (queue.empty()) return;
+        job = queue.front();
+        queue.pop_front();
+        ++busy;
+      }
+      const auto [b, first, rows] = job;
+      quantize_rows(buffers[static_cast<size_t>(b)].data(), first, first + rows, k, scheme, q);
+      {
+        std::lock_guard<std::mutex> lock(m);
+        free.push_back(b);
+        --busy;
+      }
+      cv.notify_all();
+    }
+  }
+};
+
+StreamingQuantizer::StreamingQuantizer(int64_t n, int64_t k, const QuantScheme& scheme, int64_t block_rows)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.n = n, s.k = k, s.scheme = scheme;
+  s.block_rows = std::max<int64_t>(1, std::min(block_rows, n));
+  s.q = allocate_quantized(n, k, scheme);
+  const int64_t blocks = (n + s.block_rows - 1) / s.block_rows;
+  const int64_t workers = std::min(lower_threads(), blocks) > 1 ? std::min(lower_threads(), blocks) : 0;
+  // one buffer per worker and one the caller fills: at most workers + 1 blocks in memory
+  s.buffers.resize(static_cast<size_t>(workers + 1));
+  for (int64_t b = 0; b <= workers; ++b) s.free.push_back(workers - b);
+  for (int64_t t = 0; t < workers; ++t) s.workers.emplace_back([&s] { s.work(); });
+}
+
+StreamingQuantizer::~StreamingQuantizer() {
+  Impl& s = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(s.m);
+    s.closing = true;
+  }
+  s.cv.notify_all();
+  for (auto& t : s.workers) t.join();
+}
+
+int64_t StreamingQuantizer::block_rows() const { return impl_->block_rows; }
+
+float* StreamingQuantizer::block() {
+  Impl& s = *impl_;
+  if (s.current < 0) {
+    std::unique_lock<std::mutex> lock(s.m);
+    s.cv.wait(lock, [&] { return !s.free.empty(); });
+    s.current = s.free.back();
+    s.free.pop_back();
+  }
+  auto& buf = s.buffers[static_cast<size_t>(s.current)];
+  buf.resize(static_cast<size_t>(s.block_rows * s.k));
+  return buf.data();
+}
+
+void StreamingQuantizer::submit(int64_t rows) {
+  Impl& s = *impl_;
+  check(s.current >= 0 && rows >= 1 && rows <= s.block_rows && s.rows_seen + rows <= s.n,
+        "internal: a streamed weight's block of {} rows after {} of its {} rows", rows, s.rows_seen, s.n);
+  const int64_t b = s.current, first = s.rows_seen;
+  s.current = -1;
+  s.rows_seen += rows;
+  if (s.workers.empty()) {  // one thread: quantized now
+    quantize_rows(s.buffers[static_cast<size_t>(b)].data(), first, first + rows, s.k, s.scheme, s.q);
+    s.free.push_back(b);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.m);
+    s.queue.emplace_back(b, first, rows);
+  }
+  s.cv.notify_all();
+}
+
+QuantizedWeights StreamingQuantizer::finish() {
+  Impl& s = *impl_;
+  {
+    std::unique_lock<std::mutex> lock(s.m);
+    s.cv.wait(lock, [&] { return s.queue.empty() && s.busy == 0; });
+  }
+  check(s.rows_seen == s.n, "constant data streamed {} rows, declared {}", s.rows_seen, s.n);
+  return std::move(s.q);
 }
 
 std::string EmbeddingQuant::name() const {
@@ -468,8 +674,8 @@ namespace {
 // (rows x groups fp32). Every offset is 64-bit: a table may hold more than 2^31 elements (Gemma 4's per-layer
 // table: 262144 x 8960 = 2.35e9). `source` is the 16-bit type the values had in the .pt2 (torchao's arithmetic
 // then runs in that type, as quantize_rows_narrow's), Float otherwise.
-void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const EmbeddingQuant& q, uint8_t* data,
-                             float* scales) {
+KILN_QUANT_INLINE void quantize_embedding_rows_impl(const float* w, int64_t rows, int64_t d, const EmbeddingQuant& q,
+                                                   uint8_t* data, float* scales) {
   const int64_t g = q.group ? q.group : d, groups = d / g;
   const float half_range = q.bits == 4 ? 7.5f : 127.5f;
   const float qmin = q.bits == 4 ? -8.0f : -128.0f, qmax = q.bits == 4 ? 7.0f : 127.0f;
@@ -485,8 +691,21 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
       const float* x = w + static_cast<size_t>(r) * static_cast<size_t>(d) + static_cast<size_t>(b * g);
       float scale, inv;
       if (narrow) {  // torchao in bf16 / fp16: scale = max(round(max|w| / 7.5), eps), q = round(round(w * round(1/s)))
-        float amax = 0.0f;
-        for (int64_t i = 0; i < g; ++i) amax = std::max(amax, std::fabs(x[i]));
+        float amax = 0.0f;  // exact in any order (a NaN skipped either way)
+        int64_t i0 = 0;
+        {
+          F32x8 m8 = {};
+          for (; i0 + 8 <= g; i0 += 8) {
+            U32x8 u;
+            std::memcpy(&u, x + i0, sizeof u);
+            u &= 0x7fffffffu;  // |x|
+            F32x8 a;
+            std::memcpy(&a, &u, sizeof a);
+            m8 = a > m8 ? a : m8;
+          }
+          for (int l = 0; l < 8; ++l) amax = std::max(amax, m8[l]);
+        }
+        for (int64_t i = i0; i < g; ++i) amax = std::max(amax, std::fabs(x[i]));
         scale = std::max(round(amax / half_range), eps);
         inv = round(1.0f / scale);
       } else {
@@ -497,9 +716,26 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
       if (!out) continue;  // the scales only
       // t = clamp(x * inv) (clamping before the rounding gives the same integers: the bounds are on every grid),
       // rounded to the 16-bit type under `narrow`, then to an integer (ties to even: kRounder)
-      for (int64_t i = 0; i < g; ++i) t[static_cast<size_t>(i)] = std::min(std::max(x[i] * inv, qmin), qmax);
+      int64_t i1 = 0;
+      if (narrow && bf16) {  // 8 at a time, the same operations lane by lane, then the tail below
+        const F32x8 vinv = inv - F32x8{}, lo = qmin - F32x8{}, hi = qmax - F32x8{}, rounder = kRounder - F32x8{};
+        for (; i1 + 8 <= g; i1 += 8) {
+          F32x8 y;
+          std::memcpy(&y, x + i1, sizeof y);
+          y *= vinv;
+          y = y < lo ? lo : y;  // std::max(y, qmin)
+          y = hi < y ? hi : y;  // std::min(y, qmax)
+          U32x8 u;
+          std::memcpy(&u, &y, sizeof u);
+          u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+          std::memcpy(&y, &u, sizeof y);
+          y = (y + rounder) - rounder;
+          std::memcpy(&t[static_cast<size_t>(i1)], &y, sizeof y);
+        }
+      }
+      for (int64_t i = i1; i < g; ++i) t[static_cast<size_t>(i)] = std::min(std::max(x[i] * inv, qmin), qmax);
       if (narrow && bf16) {
-        for (int64_t i = 0; i < g; ++i) {
+        for (int64_t i = i1; i < g; ++i) {
           uint32_t u;
           std::memcpy(&u, &t[static_cast<size_t>(i)], 4);
           u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
@@ -508,7 +744,8 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
       } else if (narrow) {
         for (int64_t i = 0; i < g; ++i) t[static_cast<size_t>(i)] = round_to_half(t[static_cast<size_t>(i)]);
       }
-      for (int64_t i = 0; i < g; ++i) t[static_cast<size_t>(i)] = (t[static_cast<size_t>(i)] + kRounder) - kRounder;
+      for (int64_t i = narrow && bf16 ? i1 : 0; i < g; ++i)
+        t[static_cast<size_t>(i)] = (t[static_cast<size_t>(i)] + kRounder) - kRounder;
       if (q.bits == 8) {
         for (int64_t i = 0; i < g; ++i) out[b * g + i] = static_cast<uint8_t>(static_cast<int8_t>(t[static_cast<size_t>(i)]));
       } else {  // ExecuTorch's embedding_4bit order: the even column in the high nibble, as q + 8 (g is even)
@@ -521,31 +758,72 @@ void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const Embe
   }
 }
 
-// Streams a table's rows in blocks of about 32 MB of fp32 (split over two threads), each block quantized into the
-// caller's buffers: `fn(first_row, rows, data, scales)` gets every block in order. The table is never whole in
-// memory: its values come from the .pt2 (widened from bf16 as they are read) or from the folded bytes.
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void quantize_embedding_rows_avx2(const float* w, int64_t rows, int64_t d,
+                                                                   const EmbeddingQuant& q, uint8_t* data,
+                                                                   float* scales) {
+  quantize_embedding_rows_impl(w, rows, d, q, data, scales);
+}
+#endif
+
+// quantize_embedding_rows_impl in the widest form this CPU runs (the same bytes: no fused multiply-adds)
+void quantize_embedding_rows(const float* w, int64_t rows, int64_t d, const EmbeddingQuant& q, uint8_t* data,
+                             float* scales) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return quantize_embedding_rows_avx2(w, rows, d, q, data, scales);
+#endif
+  quantize_embedding_rows_impl(w, rows, d, q, data, scales);
+}
+
+// Streams a table's rows in blocks of about 32 MB of fp32 (split over lower_threads()), each block quantized into
+// the caller's buffers: `fn(first_row, rows, data, scales)` gets every block in order. The table is never whole in
+// memory: its values come from the .pt2 (widened from bf16 as they are read; with more than one thread, the next
+// block is read on a thread of its own while this one is quantized and handed to fn: two blocks in memory) or
+// from the folded bytes.
 void for_each_quantized_block(const pt2::ExportedProgram* exported, const passes::ConstantData& c, int64_t v, int64_t d,
                               const EmbeddingQuant& q, bool scales_only,
                               const std::function<void(int64_t, int64_t, const uint8_t*, const float*)>& fn) {
   const int64_t g = q.group ? q.group : d, groups = d / g;
-  const int64_t block = std::max<int64_t>(1, (int64_t{8} << 20) / d);  // rows per block: ~8 M values
+  const int64_t block = std::max<int64_t>(1, lower_block_bytes(int64_t{32} << 20) / 4 / d);  // rows: ~8 M values
   const size_t row_bytes = static_cast<size_t>(q.bits == 4 ? d / 2 : d);
-  std::vector<float> values(static_cast<size_t>(std::min(block, v)) * static_cast<size_t>(d));
+  const int64_t threads = lower_threads();
+  const bool read_ahead = !c.bytes && threads > 1 && v > block;
+  std::vector<float> values[2];
+  for (int i = 0; i < (c.bytes ? 0 : read_ahead ? 2 : 1); ++i)
+    values[i].resize(static_cast<size_t>(std::min(block, v)) * static_cast<size_t>(d));
   std::vector<uint8_t> data(scales_only ? 0 : static_cast<size_t>(std::min(block, v)) * row_bytes);
   std::vector<float> scales(static_cast<size_t>(std::min(block, v)) * static_cast<size_t>(groups));
-  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 4);
+  auto read = [&](int64_t r0, std::vector<float>& into) {
+    const int64_t n = std::min(block, v - r0);
+    const size_t count = static_cast<size_t>(n) * static_cast<size_t>(d);
+    const uint64_t offset = static_cast<uint64_t>(r0) * static_cast<uint64_t>(d) * sizeof(float);
+    exported->read_constant_range(*c.source, offset, std::as_writable_bytes(std::span(into.data(), count)));
+  };
+  // the block after this one, read while this one is quantized and written (joined before the next block starts,
+  // and on the way out when fn or the quantization throws)
+  struct Ahead {
+    std::thread thread;
+    std::exception_ptr error;
+    void join() {
+      if (thread.joinable()) thread.join();
+    }
+    ~Ahead() { join(); }
+  } ahead;
+  int cur = 0;
+  if (!c.bytes) read(0, values[0]);
   for (int64_t r0 = 0; r0 < v; r0 += block) {
     const int64_t n = std::min(block, v - r0);
     const size_t count = static_cast<size_t>(n) * static_cast<size_t>(d);
-    const float* src = nullptr;
-    if (c.bytes) {
-      src = reinterpret_cast<const float*>(c.bytes->data()) + static_cast<size_t>(r0) * static_cast<size_t>(d);
-    } else {
-      const uint64_t offset = static_cast<uint64_t>(r0) * static_cast<uint64_t>(d) * sizeof(float);
-      exported->read_constant_range(*c.source, offset,
-                                            std::as_writable_bytes(std::span(values.data(), count)));
-      src = values.data();
-    }
+    const float* src = c.bytes ? reinterpret_cast<const float*>(c.bytes->data()) + static_cast<size_t>(r0) * static_cast<size_t>(d)
+                               : values[cur].data();
+    if (read_ahead && r0 + block < v)
+      ahead.thread = std::thread([&, next = r0 + block, into = &values[1 - cur]] {
+        try {
+          read(next, *into);
+        } catch (...) {
+          ahead.error = std::current_exception();
+        }
+      });
     auto part = [&](int64_t t, int64_t parts) {
       const int64_t a = n * t / parts, b = n * (t + 1) / parts;
       quantize_embedding_rows(src + static_cast<size_t>(a) * static_cast<size_t>(d), b - a, d, q,
@@ -553,11 +831,21 @@ void for_each_quantized_block(const pt2::ExportedProgram* exported, const passes
                               scales.data() + static_cast<size_t>(a) * static_cast<size_t>(groups));
     };
     const int64_t parts = count >= (size_t{1} << 20) ? std::min(threads, n) : 1;
-    std::vector<std::thread> pool;
-    for (int64_t t = 1; t < parts; ++t) pool.emplace_back(part, t, parts);
-    part(0, parts);
-    for (auto& th : pool) th.join();
+    {
+      std::vector<std::thread> pool;
+      for (int64_t t = 1; t < parts; ++t) pool.emplace_back(part, t, parts);
+      part(0, parts);
+      for (auto& th : pool) th.join();
+    }
     fn(r0, n, data.data(), scales.data());
+    if (c.bytes || r0 + block >= v) continue;
+    if (read_ahead) {
+      ahead.join();
+      if (ahead.error) std::rethrow_exception(ahead.error);
+      cur = 1 - cur;
+    } else {
+      read(r0 + block, values[cur]);
+    }
   }
 }
 
