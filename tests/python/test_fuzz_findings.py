@@ -155,3 +155,27 @@ def test_pool_negative_span_with_a_huge_stride(kiln, tmp_path):
     proc = run(kiln, "run", pte, "--method", "", "--input", x, "--output", tmp_path / "y.npy")
     assert_refused(proc, "the output would be empty")
     assert listing(tmp_path) == before
+
+
+# fuzz_pte (2026-12-05): the same seed with max_pool2d's kernel width made 70368744177666 (and ceil_mode): a
+# valid pooling whose window covers the 4-wide input once, but the portable kernel stepped through all 2^46
+# taps of it, skipping the ones outside the input (a timeout). It now visits only the taps inside the input.
+# The fuzzer's file (fuzz/regressions/pte/max_pool_huge_kernel_timeout.pte) is replayed by the CI smoke; here
+# a pooling of the same shape exported from torch (whose eager takes int32 sizes: a kernel 2^31 - 1 wide, which
+# the old loop also stepped through, tap by tap), against eager in kiln's runtime.
+def test_max_pool_with_a_huge_kernel_visits_only_the_input(tmp_path):
+    import torch
+
+    from test_functionalize import compare, export_mutating, io_of
+    from test_xnnpack_runtime import kiln_run
+    from conftest import kiln_lower
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.max_pool2d(x, kernel_size=(2, 2**31 - 1), ceil_mode=True)
+
+    torch.manual_seed(0)
+    spec = export_mutating(Pool(), (torch.randn(1, 3, 4, 4),), tmp_path / "pool", "pool")
+    ins, refs = io_of(spec)
+    pte = kiln_lower(spec, "portable")
+    compare(kiln_run(pte, ins, tmp_path), refs, "max_pool2d with a 2^31-wide kernel in kiln's runtime")

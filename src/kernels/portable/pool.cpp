@@ -90,6 +90,11 @@ bool setup(KernelContext& ctx, const char* name, const Tensor& self, IntArrayRef
   return resize_out(ctx, out, {shape, static_cast<size_t>(self.dim)}, name);
 }
 
+// The first tap k >= 0 of a window starting at `base` (stride `dil` between taps) that is at or after 0, and
+// one past the last that is before `size`: base + k * dil in [0, size). Divisions only, no overflow.
+int64_t taps_begin(int64_t base, int64_t dil) { return base >= 0 ? 0 : -base / dil + (-base % dil != 0); }
+int64_t taps_end(int64_t base, int64_t dil, int64_t size) { return base >= size ? 0 : (size - 1 - base) / dil + 1; }
+
 void max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
                                  IntArrayRef padding, IntArrayRef dilation, bool ceil_mode, Tensor& out,
                                  Tensor& indices) {
@@ -111,12 +116,14 @@ void max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self, IntArra
       for (int64_t ox = 0; ox < p.ow; ++ox) {
         float best = -std::numeric_limits<float>::infinity();
         int64_t at = -1;
-        for (int64_t ky = 0; ky < p.kh; ++ky) {
-          const int64_t iy = oy * p.sh - p.ph + ky * p.dh;
-          if (iy < 0 || iy >= p.ih) continue;
-          for (int64_t kx = 0; kx < p.kw; ++kx) {
-            const int64_t ix = ox * p.sw - p.pw + kx * p.dw;
-            if (ix < 0 || ix >= p.iw) continue;
+        // Only the window's taps inside the input: a kernel of 2^62 taps over a 4x4 input must not loop over
+        // every tap (a file's arguments; found by fuzz_pte as a timeout).
+        const int64_t by = oy * p.sh - p.ph, bx = ox * p.sw - p.pw;
+        const int64_t ky1 = std::min(p.kh, taps_end(by, p.dh, p.ih)), kx1 = std::min(p.kw, taps_end(bx, p.dw, p.iw));
+        for (int64_t ky = taps_begin(by, p.dh); ky < ky1; ++ky) {
+          const int64_t iy = by + ky * p.dh;
+          for (int64_t kx = taps_begin(bx, p.dw); kx < kx1; ++kx) {
+            const int64_t ix = bx + kx * p.dw;
             const float v = xp[iy * p.iw + ix];
             if (at < 0 || v > best || std::isnan(v)) {
               best = v;
