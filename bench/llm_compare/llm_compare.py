@@ -143,14 +143,24 @@ def main() -> None:
                     "decode call")
     ap.add_argument("--only", default=None, help="run only these sides (comma-separated: kiln, ExecuTorch, "
                     "'ET runner', llama.cpp), e.g. to rerun one side's cells after a fix")
-    ap.add_argument("--model", choices=["smollm2", "llama1b"], default="smollm2",
+    ap.add_argument("--model", choices=["smollm2", "llama1b", "e2b"], default="smollm2",
                     help="smollm2 (default): the table above; llama1b: Llama 3.2 1B's shape with seeded bf16 weights, "
                     "kiln 8da4w (best ISA and KILN_CPU_ISA=avx2) against llama.cpp Q4_0 and Q4_K_M on the same weights "
-                    "(bench/llm_compare/llama1b.py)")
+                    "(bench/llm_compare/llama1b.py); e2b: the same for Gemma 4 E2B, kiln's --recipe llm-int4 "
+                    "(bench/llm_compare/e2b.py)")
     ap.add_argument("--quantize-embedding", default="4", help="llama1b: kiln lower --quantize-embedding (4, 8 or none)")
-    ap.add_argument("--render-json", default=None, help="llama1b: print the table of a run's --json file (every cell "
+    ap.add_argument("--render-json", default=None, help="llama1b, e2b: print the table of a run's --json file (every cell "
                     "saved as it finished), measuring nothing")
+    ap.add_argument("--e2b-dir", default=None, help="e2b: an existing `kiln_export llm --arch gemma4 --config e2b "
+                    "--dtype bf16` folder (default: exported under --work/e2b_256)")
+    ap.add_argument("--e2b-pte", default=None, help="e2b: an existing `kiln lower --recipe llm-int4` file of it")
+    ap.add_argument("--gguf-dir", default=None, help="e2b: where the GGUF files are (made when missing)")
     args = ap.parse_args()
+    if args.model == "e2b":
+        import e2b
+
+        e2b.main(args)
+        return
     if args.model == "llama1b":
         import llama1b
 
