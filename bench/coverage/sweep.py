@@ -112,6 +112,10 @@ NONDETERMINISTIC = re.compile(r"(^|\.)(bernoulli|normal|rand\w*|multinomial|unif
                               r"randn|randint\w*|resize_)$")
 # Not operators a model's forward contains.
 EXCLUDED = re.compile(r"(^masked\.|^sparse\.|^_refs|backward|^torch\.ops\.aten\._(flash|efficient))")
+# Left out of the whole-op_db selection (--all-ops), with why: sparse tensors (a layout neither kiln nor
+# ExecuTorch's runtime has), gradient operators (`*backward*`: training, not a forward), and the CUDA-only
+# flash / memory-efficient attention kernels (no CPU implementation to export or to compare with). masked.* is in.
+ALL_OPS_EXCLUDED = re.compile(r"(^sparse\.|backward|^_refs|^torch\.ops\.aten\._(flash|efficient))")
 
 # Operators whose tensors after the first are weights (exported as buffers).
 WEIGHTED = re.compile(r"^nn\.functional\.(conv\w*|linear|batch_norm|group_norm|instance_norm|layer_norm|"
@@ -140,27 +144,40 @@ def _core_names():
     return names
 
 
-def select_ops(wanted: list[str] | None = None):
-    """[(key, why, OpInfo or None)]: core-ATen OpInfos, issue 11's list, the module samples."""
+def select_ops(wanted: list[str] | None = None, selection: str = "core"):
+    """[(key, why, OpInfo or None)].
+
+    selection "core": core-ATen OpInfos, issue 11's list, the module samples (the default);
+    "all": every op_db entry with its variants except ALL_OPS_EXCLUDED, plus the module samples;
+    "rest": the entries "all" has and "core" does not."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     core = _core_names()
     rows, seen = [], set()
     for o in op_db:
         key = opinfo_key(o)
-        if EXCLUDED.search(key) or key in seen:
+        if key in seen:
             continue
         hit = next((c for c in (o.aten_name, o.name.split(".")[-1]) if c in core), None)
-        if hit:
+        if EXCLUDED.search(key):
+            why = None
+        elif hit:
             why = f"core aten.{hit}"
         elif key in ISSUE11_OPS or o.name in ISSUE11_OPS:
             why = "issue 11"
         else:
+            why = None
+        if selection == "core" and why is None:
             continue
+        if selection != "core":
+            if ALL_OPS_EXCLUDED.search(key) or (selection == "rest" and why is not None):
+                continue
+            why = why or "op_db"
         seen.add(key)
         rows.append((key, why, o))
-    for name in MODULE_SAMPLES:
-        rows.append((name, "issue 11 (module)", None))
+    if selection != "rest":
+        for name in MODULE_SAMPLES:
+            rows.append((name, "issue 11 (module)", None))
     if wanted:
         rows = [r for r in rows if r[0] in wanted or r[0].split(".")[0] in wanted]
     return rows
@@ -603,7 +620,7 @@ def worker(args):
     with tempfile.TemporaryDirectory(prefix="kiln-cov-") as tmp, open(out, "a") as f:
         work = Path(tmp)
         if args.category == "ops":
-            rows = select_ops(wanted)
+            rows = select_ops(wanted, args.selection)
         else:  # categories.py: o is the category's sample generator
             from categories import select
 
@@ -691,13 +708,13 @@ def driver(args):
         cmd += ["--ops", args.ops]
     if args.no_et_lower:
         cmd.append("--no-et-lower")
-    cmd += ["--ir", args.ir, "--category", args.category]
+    cmd += ["--ir", args.ir, "--category", args.category, "--selection", args.selection]
     cmd += ["--et-cache", args.et_cache]
     if args.verbose:
         cmd.append("--verbose")
     meta = {"command": " ".join(["bench/coverage/sweep.py", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "kiln_bin": args.kiln_bin,
-            "max_samples": args.max_samples, "category": args.category}
+            "max_samples": args.max_samples, "category": args.category, "selection": args.selection}
     (Path(str(out) + ".meta.json")).write_text(json.dumps(meta))
     restarts = 0
     while True:
@@ -763,6 +780,12 @@ def main(argv=None):
     p.add_argument("--category", default="ops", choices=["ops", "inplace", "modules"],
                    help="OpInfo operators; their in-place variants in a module writing an intermediate and a view "
                         "of one; torch.nn modules of module_db (categories.py)")
+    p.add_argument("--all-ops", dest="selection", action="store_const", const="all", default="core",
+                   help="(--category ops) every OpInfo of op_db with its variants (masked.* too; not sparse.*, "
+                        "*backward*, the CUDA-only flash/efficient attention) instead of core ATen + issue 11")
+    p.add_argument("--new-ops", dest="selection", action="store_const", const="rest",
+                   help="(--category ops) the op_db entries --all-ops adds to the default selection, only")
+    p.add_argument("--selection", dest="selection", choices=["core", "all", "rest"], help=argparse.SUPPRESS)
     p.add_argument("--no-et-lower", action="store_true", help="skip ExecuTorch's own lowering (faster)")
     p.add_argument("--et-cache", default=str(REPO / "bench" / "coverage" / "et_cache"),
                    help="directory keeping ExecuTorch's lowerings between runs ('' for none)")
@@ -777,7 +800,7 @@ def main(argv=None):
         wanted = args.ops.split(",") if args.ops else None
         if args.category != "ops":
             from categories import select
-        for key, why, _ in select_ops(wanted) if args.category == "ops" else select(args.category, wanted):
+        for key, why, _ in select_ops(wanted, args.selection) if args.category == "ops" else select(args.category, wanted):
             print(f"{key:50s} {why}")
         return 0
     if args.report_only:

@@ -99,4 +99,48 @@ void gru_cell(L& l, const Node& n);
 void lstm_cell(L& l, const Node& n);
 void pool3d(L& l, const Node& n);
 
+// decompositions_opdb.cpp (operators the whole-op_db sweep found)
+void identity(L& l, const Node& n);
+void renamed(L& l, const Node& n);
+void view_as_output(L& l, const Node& n);
+void t_copy(L& l, const Node& n);
+void narrow(L& l, const Node& n);
+void broadcast_to(L& l, const Node& n);
+void flip_one(L& l, const Node& n);
+void movedim(L& l, const Node& n);
+void rot90(L& l, const Node& n);
+void tile(L& l, const Node& n);
+void split_pieces(L& l, const Node& n);
+void channel_shuffle(L& l, const Node& n);
+void meshgrid(L& l, const Node& n);
+void logsumexp(L& l, const Node& n);
+void std_dev(L& l, const Node& n);
+void var_mean(L& l, const Node& n);
+void all_of(L& l, const Node& n);
+void count_nonzero(L& l, const Node& n);
+void nansum(L& l, const Node& n);
+void trace(L& l, const Node& n);
+void dot(L& l, const Node& n);
+void inner(L& l, const Node& n);
+void mv(L& l, const Node& n);
+void outer(L& l, const Node& n);
+void cross(L& l, const Node& n);
+void take(L& l, const Node& n);
+void take_along_dim(L& l, const Node& n);
+void logaddexp(L& l, const Node& n);
+void round_decimals(L& l, const Node& n);
+void erfc(L& l, const Node& n);
+void special_ndtr(L& l, const Node& n);
+void hypot(L& l, const Node& n);
+void signbit(L& l, const Node& n);
+void copysign(L& l, const Node& n);
+void fmax_fmin(L& l, const Node& n);
+void isfinite(L& l, const Node& n);
+void isinf_signed(L& l, const Node& n);
+void isreal(L& l, const Node& n);
+void special_xlog1py(L& l, const Node& n);
+void special_entr(L& l, const Node& n);
+void isclose(L& l, const Node& n);
+void eye(L& l, const Node& n);
+
 }  // namespace kiln::passes::detail::decomp
