@@ -142,5 +142,18 @@ void special_xlog1py(L& l, const Node& n);
 void special_entr(L& l, const Node& n);
 void isclose(L& l, const Node& n);
 void eye(L& l, const Node& n);
+void sum_to_size(L& l, const Node& n);
+void aminmax(L& l, const Node& n);
+void pairwise_distance(L& l, const Node& n);
+void triplet_margin_loss(L& l, const Node& n);
+void cosine_similarity(L& l, const Node& n);
+void isin(L& l, const Node& n);
+void linspace(L& l, const Node& n);
+void column_stack(L& l, const Node& n);
+void block_diag(L& l, const Node& n);
+void cartesian_prod(L& l, const Node& n);
+void diag_embed(L& l, const Node& n);
+void diag(L& l, const Node& n);
+void max_unpool(L& l, const Node& n);
 
 }  // namespace kiln::passes::detail::decomp
