@@ -979,6 +979,8 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.diagflat.default", diag},
     {"aten.max_unpool2d.default", max_unpool},
     {"aten.max_unpool3d.default", max_unpool},
+    {"aten.bucketize.Tensor", bucketize},
+    {"aten.unfold_copy.default", unfold_copy},
     {"aten.subtract.Tensor", renamed},
     {"aten.subtract.Scalar", renamed},
     {"aten.multiply.Tensor", renamed},

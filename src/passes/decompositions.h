@@ -155,5 +155,7 @@ void cartesian_prod(L& l, const Node& n);
 void diag_embed(L& l, const Node& n);
 void diag(L& l, const Node& n);
 void max_unpool(L& l, const Node& n);
+void bucketize(L& l, const Node& n);
+void unfold_copy(L& l, const Node& n);
 
 }  // namespace kiln::passes::detail::decomp

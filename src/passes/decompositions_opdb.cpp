@@ -988,4 +988,34 @@ void max_unpool(L& l, const Node& n) {  // zeros with the values scattered to th
   l.bind(n, l.view(r, m.sizes));
 }
 
+// ---- kiln programs ExecuTorch's runtime could not run (the sweep's kiln bugs)
+
+// bucketize as comparisons (ExecuTorch's portable library has no bucketize kernel: its runtime could not load
+// kiln's program): the count of boundaries below x (right: at or below), NaN past the last, as torch's search.
+void bucketize(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId x = l.tensor_in(n, "self"), b = l.tensor_in(n, "boundaries");
+  if (l.meta_of(b).sizes.size() != 1) l.unsupported(n, "boundaries of more than one dim");
+  const int64_t nb = l.meta_of(b).sizes[0], nx = l.meta_of(x).numel();
+  if (l.meta_of(x).dtype != l.meta_of(b).dtype) {
+    const bool fl = is_float(l.meta_of(x).dtype) || is_float(l.meta_of(b).dtype);
+    const ScalarType common = fl ? ScalarType::Float : ScalarType::Long;
+    x = l.convert(x, common);
+    b = l.convert(b, common);
+  }
+  ValueId xv = l.view(x, {nx, 1}), bv = l.view(b, {1, nb});
+  const bool right = l.int_in(n, "right", 0) != 0;
+  ValueId below = binary(l, right ? "aten.le.Tensor" : "aten.lt.Tensor", bv, xv, ScalarType::Bool, "below");
+  ValueId count = l.view(sum_kept(l, l.convert(below, ScalarType::Long), {1}, "count"), {nx});
+  if (is_float(l.meta_of(x).dtype)) {
+    ValueId nan = unary(l, "aten.isnan.default", l.view(x, {nx}), ScalarType::Bool, "nan");
+    count = select_where(l, nan, constant_of(l, static_cast<double>(nb), ScalarType::Long), count, ScalarType::Long,
+                         "bucket");
+  }
+  l.bind(n, l.view(l.convert(count, m.dtype), m.sizes));
+}
+
+// unfold_copy as unfold (a view kiln lowers itself; ExecuTorch's unfold_copy kernel aborts its runtime on a 0-d input)
+void unfold_copy(L& l, const Node& n) { as_op(l, n, "aten.unfold.default", n.inputs); }
+
 }  // namespace kiln::passes::detail::decomp
