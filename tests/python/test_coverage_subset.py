@@ -151,6 +151,48 @@ def test_category_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
                 assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
 
 
+# ---- the whole-op_db sweep's decompositions (`sweep.py --all-ops`, 2026-12-05; src/passes/decompositions_opdb.cpp):
+# one sample of each op_db entry kiln lowers since (the first, unless OPDB_SAMPLES says), both backends, both
+# runtimes, against eager; bucketize and unfold_copy: kiln programs ExecuTorch's runtime once rejected or aborted on.
+OPDB = ["positive", "resolve_conj", "resolve_neg", "real", "ravel", "reshape_as", "view_as", "squeeze_copy",
+        "atleast_1d", "atleast_2d", "atleast_3d", "t_copy", "narrow", "narrow_copy", "broadcast_to", "fliplr", "flipud",
+        "movedim", "rot90", "tile", "hsplit", "vsplit", "dsplit", "nn.functional.channel_shuffle",
+        "meshgrid.variadic_tensors", "meshgrid.list_of_tensors", "logsumexp", "std", "std.unbiased", "var_mean",
+        "var_mean.unbiased", "std_mean", "std_mean.unbiased", "all", "count_nonzero", "nansum", "nanmean", "trace",
+        "dot", "vdot", "linalg.vecdot", "inner", "mv", "outer", "cross", "linalg.cross", "take", "take_along_dim",
+        "logaddexp", "logaddexp2", "round.decimals_3", "round.decimals_neg_3", "erfc", "special.ndtr", "hypot",
+        "signbit", "copysign", "fmax", "fmin", "isfinite", "isposinf", "isneginf", "isreal", "special.xlog1py",
+        "special.entr", "isclose", "eye", "masked.var", "masked.std", "masked.normalize", "mH", "H",
+        "sum_to_size", "aminmax", "nn.functional.pairwise_distance", "nn.functional.triplet_margin_loss",
+        "nn.functional.triplet_margin_with_distance_loss", "nn.functional.cosine_similarity", "isin", "linspace",
+        "linspace.tensor_overload", "logspace", "logspace.tensor_overload", "column_stack", "block_diag",
+        "cartesian_prod", "diag_embed", "diag", "diagflat", "nn.functional.max_unpool1d", "nn.functional.max_unpool2d",
+        "nn.functional.max_unpool3d", "bucketize", "unfold_copy"]
+# std/var_mean/std_mean: a dim (sample 1) and keepdim (2) too; linspace/logspace: steps 0 (sample 0) and more.
+OPDB_SAMPLES = {"std": [0, 1, 2], "var_mean": [0, 1, 2], "std_mean": [0, 1, 2], "linspace": [0, 3],
+                "logspace": [0, 3], "linspace.tensor_overload": [0, 3], "logspace.tensor_overload": [0, 3],
+                "bucketize": [0, 2]}
+_OPDB = {key: o for key, _, o in sweep.select_ops(OPDB, "all")}
+
+
+@pytest.mark.parametrize("key", OPDB)
+def test_opdb_decomposition_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
+    assert key in _OPDB, f"{key} is not in op_db"
+    wanted = OPDB_SAMPLES.get(key, [0])
+    samples = sweep.samples_of(key, _OPDB[key], max(wanted) + 1)
+    assert len(samples) > max(wanted), f"{key}: {len(samples)} samples, expected {max(wanted) + 1}"
+    for i in wanted:
+        desc, module, inputs = samples[i]
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
+        where = f"{key}[{i}] ({desc})"
+        assert rec["export"]["status"] == "ok", f"{where}: torch.export: {rec['export']}"
+        for backend in sweep.BACKENDS:
+            r = rec[f"kiln_{backend}"]
+            assert r["lower"]["status"] == "ok", f"{where} {backend}: kiln lower {r['lower']}"
+            for runtime in ("et_run", "kiln_run"):
+                assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
+
+
 class _Cells(__import__("torch").nn.Module):
     """The RNN cells batched and without biases (module_db's samples are unbatched, with biases)."""
 
