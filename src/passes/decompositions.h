@@ -157,5 +157,10 @@ void diag(L& l, const Node& n);
 void max_unpool(L& l, const Node& n);
 void bucketize(L& l, const Node& n);
 void unfold_copy(L& l, const Node& n);
+void kron(L& l, const Node& n);
+void tensordot(L& l, const Node& n);
+void trapezoid(L& l, const Node& n);
+void trapezoid_dx(L& l, const Node& n);
+void grid_sampler(L& l, const Node& n);
 
 }  // namespace kiln::passes::detail::decomp

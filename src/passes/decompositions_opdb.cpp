@@ -1018,4 +1018,148 @@ void bucketize(L& l, const Node& n) {
 // unfold_copy as unfold (a view kiln lowers itself; ExecuTorch's unfold_copy kernel aborts its runtime on a 0-d input)
 void unfold_copy(L& l, const Node& n) { as_op(l, n, "aten.unfold.default", n.inputs); }
 
+// ---- batch 3
+
+void kron(L& l, const Node& n) {  // a [a0, 1, a1, 1, ...] * b [1, b0, 1, b1, ...] viewed as [a0 b0, a1 b1, ...]
+  const TensorMeta m = l.out_meta(n);
+  ValueId a = l.convert(l.tensor_in(n, "self"), m.dtype), b = l.convert(l.tensor_in(n, "other"), m.dtype);
+  auto as = l.meta_of(a).sizes, bs = l.meta_of(b).sizes;
+  const size_t r = std::max(as.size(), bs.size());
+  as.insert(as.begin(), r - as.size(), 1);
+  bs.insert(bs.begin(), r - bs.size(), 1);
+  std::vector<int64_t> av, bv;
+  for (size_t i = 0; i < r; ++i) {
+    av.insert(av.end(), {as[i], 1});
+    bv.insert(bv.end(), {1, bs[i]});
+  }
+  l.bind(n, l.view(binary(l, "aten.mul.Tensor", l.view(a, av), l.view(b, bv), m.dtype, "kron"), m.sizes));
+}
+
+void tensordot(L& l, const Node& n) {  // a's free dims x contracted, b's contracted x free: one mm
+  const TensorMeta m = l.out_meta(n);
+  ValueId a = l.convert(l.tensor_in(n, "self"), m.dtype), b = l.convert(l.tensor_in(n, "other"), m.dtype);
+  const auto as = l.meta_of(a).sizes, bs = l.meta_of(b).sizes;
+  std::vector<int64_t> da = l.ints_in(n, "dims_self"), db = l.ints_in(n, "dims_other");
+  if (da.size() != db.size()) l.unsupported(n, "contracted dims of different counts");
+  for (auto& d : da) d = L::wrap_dim(d, as.size());
+  for (auto& d : db) d = L::wrap_dim(d, bs.size());
+  {  // a contracted pair of sizes n and 1 broadcasts (torch's tensordot): the 1 expanded
+    auto ea = as, eb = bs;
+    for (size_t i = 0; i < da.size(); ++i) {
+      int64_t& sa = ea[static_cast<size_t>(da[i])];
+      int64_t& sb = eb[static_cast<size_t>(db[i])];
+      if (sa != sb && sa != 1 && sb != 1) l.unsupported(n, "contracted dims of different sizes");
+      sa = sb = std::max(sa, sb);
+    }
+    if (ea != as) a = l.expand(a, ea);
+    if (eb != bs) b = l.expand(b, eb);
+  }
+  const auto& as2 = l.meta_of(a).sizes;
+  const auto& bs2 = l.meta_of(b).sizes;
+  std::vector<int64_t> pa, pb;
+  int64_t fa = 1, fb = 1, k = 1;
+  for (size_t i = 0; i < as2.size(); ++i)
+    if (std::find(da.begin(), da.end(), static_cast<int64_t>(i)) == da.end()) {
+      pa.push_back(static_cast<int64_t>(i));
+      fa *= as2[i];
+    }
+  for (int64_t d : da) {
+    pa.push_back(d);
+    k *= as2[static_cast<size_t>(d)];
+  }
+  pb = db;
+  for (size_t i = 0; i < bs2.size(); ++i)
+    if (std::find(db.begin(), db.end(), static_cast<int64_t>(i)) == db.end()) {
+      pb.push_back(static_cast<int64_t>(i));
+      fb *= bs2[i];
+    }
+  auto ordered = [&](ValueId x, const std::vector<int64_t>& perm) {
+    bool id = true;
+    for (size_t i = 0; i < perm.size(); ++i) id = id && perm[i] == static_cast<int64_t>(i);
+    return id || perm.size() < 2 ? x : l.permute(x, perm);
+  };
+  ValueId a2 = l.view(ordered(a, pa), {fa, k}), b2 = l.view(ordered(b, pb), {k, fb});
+  ValueId p = l.emit("aten.mm.default", {NA("self", tensor_arg(a2)), NA("mat2", tensor_arg(b2))}, contiguous(m.dtype, {fa, fb}),
+                     "tensordot");
+  l.bind(n, l.view(p, m.sizes));
+}
+
+namespace {
+ValueId slice_of(L& l, ValueId x, int64_t dim, int64_t start, int64_t end, const char* hint) {
+  auto s = l.meta_of(x).sizes;
+  s[static_cast<size_t>(dim)] = end - start;
+  return l.emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(x)), NA("dim", int_arg(dim)), NA("start", int_arg(start)),
+                                           NA("end", int_arg(end)), NA("step", int_arg(1))},
+                contiguous(l.meta_of(x).dtype, s), hint);
+}
+}  // namespace
+
+// trapz / trapezoid / cumulative_trapezoid with sample points x, eager's: (dx * (y[1:] + y[:-1])).sum(dim) / 2
+// (cumsum for the cumulative one), dx = diff(x) (a 1-D x along dim).
+void trapezoid(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId y = l.convert(l.tensor_in(n, "y"), m.dtype), x = l.convert(l.tensor_in(n, "x"), m.dtype);
+  const auto ys = l.meta_of(y).sizes;
+  if (ys.empty()) l.unsupported(n, "trapezoid of a 0-d tensor");
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", -1), ys.size());
+  const int64_t len = ys[static_cast<size_t>(dim)];
+  if (len < 2) l.unsupported(n, "trapezoid over fewer than two points");
+  ValueId dx;
+  if (l.meta_of(x).sizes.size() == 1) {
+    const int64_t nx = l.meta_of(x).sizes[0];
+    dx = binary(l, "aten.sub.Tensor", slice_of(l, x, 0, 1, nx, "x_hi"), slice_of(l, x, 0, 0, nx - 1, "x_lo"), m.dtype, "dx");
+    std::vector<int64_t> v(ys.size(), 1);
+    v[static_cast<size_t>(dim)] = nx - 1;
+    dx = l.view(dx, v);
+  } else {
+    const auto xs = l.meta_of(x).sizes;
+    const int64_t xd = L::wrap_dim(l.int_in(n, "dim", -1), xs.size());
+    const int64_t nx = xs[static_cast<size_t>(xd)];
+    dx = binary(l, "aten.sub.Tensor", slice_of(l, x, xd, 1, nx, "x_hi"), slice_of(l, x, xd, 0, nx - 1, "x_lo"), m.dtype, "dx");
+  }
+  ValueId sides = binary(l, "aten.add.Tensor", slice_of(l, y, dim, 1, len, "y_hi"), slice_of(l, y, dim, 0, len - 1, "y_lo"),
+                         m.dtype, "sides");
+  ValueId areas = binary(l, "aten.mul.Tensor", dx, sides, m.dtype, "areas");
+  ValueId r;
+  if (n.target == "aten.cumulative_trapezoid.x") {
+    r = l.emit("aten.cumsum.default", {NA("self", tensor_arg(areas)), NA("dim", int_arg(dim))},
+               contiguous(l.meta_of(areas)), "cumsum");
+  } else {
+    r = sum_kept(l, areas, {dim}, "sum");
+  }
+  l.bind(n, l.view(with_scalar(l, "aten.div.Scalar", r, 2.0, m.dtype, "trapezoid"), m.sizes));
+}
+
+// trapz / trapezoid with a spacing dx, eager's: (sum(y) - (y[0] + y[-1]) / 2) * dx; cumulative_trapezoid:
+// cumsum(dx / 2 * (y[1:] + y[:-1]))
+void trapezoid_dx(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId y = l.convert(l.tensor_in(n, "y"), m.dtype);
+  const auto ys = l.meta_of(y).sizes;
+  if (ys.empty()) l.unsupported(n, "trapezoid of a 0-d tensor");
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", -1), ys.size());
+  const int64_t len = ys[static_cast<size_t>(dim)];
+  const double dx = l.number_in(n, "dx", 1.0);
+  if (len < 1) l.unsupported(n, "trapezoid over no points");
+  if (n.target == "aten.cumulative_trapezoid.dx") {
+    if (len < 2) l.unsupported(n, "cumulative trapezoid over fewer than two points");
+    ValueId sides = binary(l, "aten.add.Tensor", slice_of(l, y, dim, 1, len, "y_hi"), slice_of(l, y, dim, 0, len - 1, "y_lo"),
+                           m.dtype, "sides");
+    ValueId areas = with_scalar(l, "aten.mul.Scalar", sides, dx / 2.0, m.dtype, "areas");
+    l.bind(n, l.emit("aten.cumsum.default", {NA("self", tensor_arg(areas)), NA("dim", int_arg(dim))}, m, "cumsum"));
+    return;
+  }
+  ValueId total = sum_kept(l, y, {dim}, "sum");
+  ValueId ends = binary(l, "aten.add.Tensor", slice_of(l, y, dim, 0, 1, "first"), slice_of(l, y, dim, len - 1, len, "last"),
+                        m.dtype, "ends");
+  ValueId r = binary(l, "aten.sub.Tensor", total, with_scalar(l, "aten.mul.Scalar", ends, 0.5, m.dtype, "half_ends"),
+                     m.dtype, "inner");
+  l.bind(n, l.view(with_scalar(l, "aten.mul.Scalar", r, dx, m.dtype, "trapezoid"), m.sizes));
+}
+
+void grid_sampler(L& l, const Node& n) {  // of a 4-d input: grid_sampler_2d
+  if (l.meta_of(l.tensor_in(n, "input")).sizes.size() != 4) l.unsupported(n, "grid_sampler of an input that is not 4-d");
+  as_op(l, n, "aten.grid_sampler_2d.default", n.inputs);
+}
+
 }  // namespace kiln::passes::detail::decomp
