@@ -279,8 +279,8 @@ void cross_entropy_loss(L& l, const Node& n) {
 void multi_margin_loss(L& l, const Node& n) {
   Ops o = ops_of(l, n);
   ValueId x = l.tensor_in(n, "self"), t = l.tensor_in(n, "target");
-  if (l.meta_of(x).sizes.size() == 1) {
-    x = l.view(x, {1, l.meta_of(x).sizes[0]});
+  if (l.meta_of(x).sizes.size() <= 1) {  // one sample ([C], or a 0-d input: C = 1)
+    x = l.view(x, {1, l.meta_of(x).numel()});
     t = l.view(t, {1});
   }
   const auto xs = l.meta_of(x).sizes;
@@ -319,10 +319,10 @@ void multi_margin_loss(L& l, const Node& n) {
 void multilabel_margin_loss(L& l, const Node& n) {
   Ops o = ops_of(l, n);
   ValueId x = l.tensor_in(n, "self"), t = l.convert(l.tensor_in(n, "target"), ScalarType::Long);
-  const bool one = l.meta_of(x).sizes.size() == 1;  // one sample: eager's unreduced loss is 0-d (export says [1])
+  const bool one = l.meta_of(x).sizes.size() <= 1;  // one sample ([C], or 0-d: C = 1): eager's unreduced loss is 0-d
   if (one) {
-    x = l.view(x, {1, l.meta_of(x).sizes[0]});
-    t = l.view(t, {1, l.meta_of(t).sizes[0]});
+    x = l.view(x, {1, l.meta_of(x).numel()});
+    t = l.view(t, {1, l.meta_of(t).numel()});
   }
   const auto xs = l.meta_of(x).sizes;
   if (xs.size() != 2 || l.meta_of(t).sizes != xs) l.unsupported(n, "input and target must be [C] or [N, C] alike");

@@ -168,7 +168,9 @@ OPDB = ["positive", "resolve_conj", "resolve_neg", "real", "ravel", "reshape_as"
         "linspace.tensor_overload", "logspace", "logspace.tensor_overload", "column_stack", "block_diag",
         "cartesian_prod", "diag_embed", "diag", "diagflat", "nn.functional.max_unpool1d", "nn.functional.max_unpool2d",
         "nn.functional.max_unpool3d", "bucketize", "unfold_copy", "kron", "tensordot", "trapz", "trapezoid",
-        "cumulative_trapezoid", "nn.functional.grid_sample"]
+        "cumulative_trapezoid", "nn.functional.grid_sample",
+        # a 0-d input and target (one sample of one class)
+        "nn.functional.multi_margin_loss", "nn.functional.multilabel_margin_loss"]
 # std/var_mean/std_mean: a dim (sample 1) and keepdim (2) too; linspace/logspace: steps 0 (sample 0) and more;
 # tensordot: contracted dims of sizes 1 and 2 (sample 2); trapz/cumulative_trapezoid: a spacing dx (sample 3).
 OPDB_SAMPLES = {"std": [0, 1, 2], "var_mean": [0, 1, 2], "std_mean": [0, 1, 2], "linspace": [0, 3],
