@@ -990,6 +990,7 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.trapezoid.dx", trapezoid_dx},
     {"aten.cumulative_trapezoid.dx", trapezoid_dx},
     {"aten.grid_sampler.default", grid_sampler},
+    {"aten.diff.default", diff},
     {"aten.subtract.Tensor", renamed},
     {"aten.subtract.Scalar", renamed},
     {"aten.multiply.Tensor", renamed},

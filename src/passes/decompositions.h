@@ -162,5 +162,6 @@ void tensordot(L& l, const Node& n);
 void trapezoid(L& l, const Node& n);
 void trapezoid_dx(L& l, const Node& n);
 void grid_sampler(L& l, const Node& n);
+void diff(L& l, const Node& n);
 
 }  // namespace kiln::passes::detail::decomp

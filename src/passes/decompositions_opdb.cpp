@@ -1162,4 +1162,44 @@ void grid_sampler(L& l, const Node& n) {  // of a 4-d input: grid_sampler_2d
   as_op(l, n, "aten.grid_sampler_2d.default", n.inputs);
 }
 
+// diff of any order (eager's: cat(prepend, x, append) along dim, then n times x[1:] - x[:-1], != for bools;
+// n = 0 the input itself, prepend and append ignored)
+void diff(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  ValueId x = l.tensor_in(n, "self");
+  const size_t rank = l.meta_of(x).sizes.size();
+  if (rank == 0) l.unsupported(n, "diff of a 0-d tensor");
+  const int64_t dim = L::wrap_dim(l.int_in(n, "dim", -1), rank);
+  const int64_t order = l.int_in(n, "n", 1);
+  if (order < 0) l.unsupported(n, "diff of a negative order");
+  if (order == 0) {  // eager returns the input itself, without prepend / append
+    l.bind(n, x);
+    return;
+  }
+  auto pre = l.opt_tensor_in(n, "prepend");
+  auto post = l.opt_tensor_in(n, "append");
+  if (pre || post) {
+    std::vector<ValueId> parts;
+    if (pre) parts.push_back(*pre);
+    parts.push_back(x);
+    if (post) parts.push_back(*post);
+    std::vector<int64_t> sizes = l.meta_of(x).sizes;
+    sizes[static_cast<size_t>(dim)] = 0;
+    for (ValueId v : parts) sizes[static_cast<size_t>(dim)] += l.meta_of(v).sizes.at(static_cast<size_t>(dim));
+    x = l.emit("aten.cat.default", {NA("tensors", {Argument::Kind::Tensors, parts}), NA("dim", int_arg(dim))},
+               contiguous(l.meta_of(x).dtype, sizes), "cat");
+  }
+  const bool boolean = l.meta_of(x).dtype == ScalarType::Bool;
+  for (int64_t k = 0; k < order; ++k) {
+    const int64_t len = l.meta_of(x).sizes[static_cast<size_t>(dim)];
+    if (len <= 1) {  // nothing left: the empty result
+      l.bind(n, l.emit("aten.full.default", {NA("size", ints_arg(m.sizes)), NA("fill_value", int_arg(0))}, m, "empty"));
+      return;
+    }
+    x = binary(l, boolean ? "aten.ne.Tensor" : "aten.sub.Tensor", slice_of(l, x, dim, 1, len, "hi"),
+               slice_of(l, x, dim, 0, len - 1, "lo"), l.meta_of(x).dtype, "diff");
+  }
+  l.bind(n, l.view(x, m.sizes));
+}
+
 }  // namespace kiln::passes::detail::decomp
