@@ -991,6 +991,8 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.cumulative_trapezoid.dx", trapezoid_dx},
     {"aten.grid_sampler.default", grid_sampler},
     {"aten.diff.default", diff},
+    {"aten._unsafe_masked_index.default", unsafe_masked_index},
+    {"aten._unsafe_masked_index_put_accumulate.default", unsafe_masked_index_put_accumulate},
     {"aten.subtract.Tensor", renamed},
     {"aten.subtract.Scalar", renamed},
     {"aten.multiply.Tensor", renamed},

@@ -163,5 +163,7 @@ void trapezoid(L& l, const Node& n);
 void trapezoid_dx(L& l, const Node& n);
 void grid_sampler(L& l, const Node& n);
 void diff(L& l, const Node& n);
+void unsafe_masked_index(L& l, const Node& n);
+void unsafe_masked_index_put_accumulate(L& l, const Node& n);
 
 }  // namespace kiln::passes::detail::decomp

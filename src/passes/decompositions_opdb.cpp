@@ -76,7 +76,7 @@ std::vector<int64_t> kept_sizes(std::vector<int64_t> s, const std::vector<int64_
 // sum of x over dims (kept), in dtype dt; a 0-d x is viewed as [1] first.
 ValueId sum_kept(L& l, ValueId x, const std::vector<int64_t>& dims, const char* hint) {
   if (l.meta_of(x).sizes.empty()) x = l.view(x, {1});
-  const auto& xm = l.meta_of(x);
+  const TensorMeta xm = l.meta_of(x);
   std::vector<int64_t> d = dims.empty() ? std::vector<int64_t>{0} : dims;
   return l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(x)), NA("dim", ints_arg(d)),
                                          NA("keepdim", bool_arg(true))}, contiguous(xm.dtype, kept_sizes(xm.sizes, d)),
@@ -145,7 +145,7 @@ void t_copy(L& l, const Node& n) {
 
 void narrow(L& l, const Node& n) {  // slice(dim, start, start + length)
   ValueId x = l.tensor_in(n, "self");
-  const auto& s = l.meta_of(x).sizes;
+  const auto s = l.meta_of(x).sizes;
   const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), s.size());
   int64_t start = l.int_in(n, "start");
   if (start < 0) start += s.at(static_cast<size_t>(dim));
@@ -1054,8 +1054,8 @@ void tensordot(L& l, const Node& n) {  // a's free dims x contracted, b's contra
     if (ea != as) a = l.expand(a, ea);
     if (eb != bs) b = l.expand(b, eb);
   }
-  const auto& as2 = l.meta_of(a).sizes;
-  const auto& bs2 = l.meta_of(b).sizes;
+  const auto as2 = l.meta_of(a).sizes;
+  const auto bs2 = l.meta_of(b).sizes;
   std::vector<int64_t> pa, pb;
   int64_t fa = 1, fb = 1, k = 1;
   for (size_t i = 0; i < as2.size(); ++i)
@@ -1200,6 +1200,45 @@ void diff(L& l, const Node& n) {
                slice_of(l, x, dim, 0, len - 1, "lo"), l.meta_of(x).dtype, "diff");
   }
   l.bind(n, l.view(x, m.sizes));
+}
+
+namespace {
+// The indices of an index argument, each clamped to [-size, size - 1] of its dim (torch's _unsafe_masked_index*
+// decompositions: the masked-off positions may hold any index).
+Argument clamped_indices(L& l, const Node& n, ValueId x) {
+  const Argument a = l.remap(l.arg(n, "indices"));
+  std::vector<std::optional<ValueId>> idx;
+  if (a.kind == Argument::Kind::OptionalTensors) idx = std::get<std::vector<std::optional<ValueId>>>(a.payload);
+  else if (a.kind == Argument::Kind::Tensors)
+    for (ValueId v : std::get<std::vector<ValueId>>(a.payload)) idx.emplace_back(v);
+  else
+    l.unsupported(n, "argument 'indices' is not a tensor list");
+  const auto xs = l.meta_of(x).sizes;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    if (!idx[i]) continue;
+    if (i >= xs.size()) l.unsupported(n, "more indices than dims");
+    const TensorMeta im = contiguous(l.meta_of(*idx[i]));
+    idx[i] = l.emit("aten.clamp.default", {NA("self", tensor_arg(*idx[i])), NA("min", int_arg(-xs[i])),
+                                           NA("max", int_arg(xs[i] - 1))}, im, "index_clamped");
+  }
+  return {Argument::Kind::OptionalTensors, std::move(idx)};
+}
+}  // namespace
+
+void unsafe_masked_index(L& l, const Node& n) {  // x[clamped indices] where mask, else fill
+  const TensorMeta m = l.out_meta(n);
+  ValueId x = l.tensor_in(n, "self"), mask = l.tensor_in(n, "mask");
+  ValueId r = l.emit("aten.index.Tensor", {NA("self", tensor_arg(x)), NA("indices", clamped_indices(l, n, x))}, m, "index");
+  ValueId fill = l.scalar_tensor(l.arg(n, "fill"), m.dtype);
+  l.bind(n, l.expand(select_where(l, mask, r, fill, m.dtype, "masked_index"), m.sizes));
+}
+
+void unsafe_masked_index_put_accumulate(L& l, const Node& n) {  // index_put(accumulate) of the values where mask, else 0
+  const TensorMeta m = l.out_meta(n);
+  ValueId x = l.tensor_in(n, "self"), mask = l.tensor_in(n, "mask"), v = l.tensor_in(n, "values");
+  ValueId mv = select_where(l, mask, v, constant_of(l, 0.0, l.meta_of(v).dtype), l.meta_of(v).dtype, "masked_values");
+  l.bind(n, l.emit("aten.index_put.default", {NA("self", tensor_arg(x)), NA("indices", clamped_indices(l, n, x)),
+                                              NA("values", tensor_arg(mv)), NA("accumulate", bool_arg(true))}, m));
 }
 
 }  // namespace kiln::passes::detail::decomp
