@@ -166,4 +166,89 @@ void diff(L& l, const Node& n);
 void unsafe_masked_index(L& l, const Node& n);
 void unsafe_masked_index_put_accumulate(L& l, const Node& n);
 
+// ---- helpers of decompositions_opdb*.cpp (the whole-op_db sweep's rewrites)
+
+// Lowers `n` as the source operator `target` with `inputs` (source-graph arguments) and `outputs` (a subset
+// of n's): a rewrite into another operator the lowerer has.
+inline void as_op(L& l, const Node& n, std::string target, std::vector<NamedArgument> inputs,
+           std::optional<std::vector<Argument>> outputs = std::nullopt) {
+  Node m = n;
+  m.target = std::move(target);
+  m.inputs = std::move(inputs);
+  if (outputs) m.outputs = std::move(*outputs);
+  l.lower(m);
+}
+
+inline NamedArgument source_input(L& l, const Node& n, std::string_view name) {
+  const NamedArgument* a = n.input(name);
+  if (!a) l.unsupported(n, fmt::format("missing argument '{}'", name));
+  return {a->name, a->arg, a->keyword};
+}
+
+inline ValueId output_value(const Node& n, size_t i) { return std::get<ValueId>(n.outputs.at(i).payload); }
+
+inline bool is_float(ScalarType t) {
+  return t == ScalarType::Float || t == ScalarType::Double || t == ScalarType::Half || t == ScalarType::BFloat16;
+}
+
+inline ValueId unary(L& l, const char* op, ValueId x, ScalarType out, const char* hint) {
+  return l.emit(op, {NA("self", tensor_arg(x))}, contiguous(out, l.meta_of(x).sizes), hint);
+}
+
+inline ValueId binary(L& l, const char* op, ValueId a, ValueId b, ScalarType out, const char* hint) {
+  return l.emit(op, {NA("self", tensor_arg(a)), NA("other", tensor_arg(b))},
+                contiguous(out, broadcast_sizes(l.meta_of(a).sizes, l.meta_of(b).sizes)), hint);
+}
+
+inline ValueId with_scalar(L& l, const char* op, ValueId a, double v, ScalarType out, const char* hint) {
+  return l.emit(op, {NA("self", tensor_arg(a)), NA("other", float_arg(v))}, contiguous(out, l.meta_of(a).sizes),
+                hint);
+}
+
+inline ValueId select_where(L& l, ValueId c, ValueId a, ValueId b, ScalarType out, const char* hint) {
+  const auto s = broadcast_sizes(broadcast_sizes(l.meta_of(c).sizes, l.meta_of(a).sizes), l.meta_of(b).sizes);
+  return l.emit("aten.where.self", {NA("condition", tensor_arg(c)), NA("self", tensor_arg(a)),
+                                    NA("other", tensor_arg(b))}, contiguous(out, s), hint);
+}
+
+inline ValueId constant_of(L& l, double v, ScalarType dt) { return l.scalar_tensor(float_arg(v), dt); }
+
+// The reduction dims of an int[]? argument: None or [] is every dim; wrapped, in order.
+inline std::vector<int64_t> dims_of(L& l, const Node& n, const char* name, size_t rank) {
+  const Argument* a = l.opt(n, name);
+  std::vector<int64_t> dims;
+  if (a && a->kind != Argument::Kind::None) dims = l.ints_in(n, name);
+  if (dims.empty())
+    for (size_t d = 0; d < rank; ++d) dims.push_back(static_cast<int64_t>(d));
+  for (auto& d : dims) d = L::wrap_dim(d, std::max<size_t>(rank, 1));
+  return dims;
+}
+
+inline std::vector<int64_t> kept_sizes(std::vector<int64_t> s, const std::vector<int64_t>& dims) {
+  for (int64_t d : dims)
+    if (static_cast<size_t>(d) < s.size()) s[static_cast<size_t>(d)] = 1;
+  return s;
+}
+
+// sum of x over dims (kept), in dtype dt; a 0-d x is viewed as [1] first.
+inline ValueId sum_kept(L& l, ValueId x, const std::vector<int64_t>& dims, const char* hint) {
+  if (l.meta_of(x).sizes.empty()) x = l.view(x, {1});
+  const TensorMeta xm = l.meta_of(x);
+  std::vector<int64_t> d = dims.empty() ? std::vector<int64_t>{0} : dims;
+  return l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(x)), NA("dim", ints_arg(d)),
+                                         NA("keepdim", bool_arg(true))}, contiguous(xm.dtype, kept_sizes(xm.sizes, d)),
+                hint);
+}
+
+// signbit of a float tensor: x < 0, and -0.0 (1 / -0.0 = -inf).
+inline ValueId signbit_of(L& l, ValueId x) {
+  const ScalarType dt = l.meta_of(x).dtype;
+  ValueId neg = with_scalar(l, "aten.lt.Scalar", x, 0.0, ScalarType::Bool, "negative");
+  if (!is_float(dt)) return neg;
+  ValueId zero = with_scalar(l, "aten.eq.Scalar", x, 0.0, ScalarType::Bool, "zero");
+  ValueId inv = unary(l, "aten.reciprocal.default", x, dt, "inverse");
+  ValueId negzero = with_scalar(l, "aten.lt.Scalar", inv, 0.0, ScalarType::Bool, "negative_zero");
+  return select_where(l, zero, negzero, neg, ScalarType::Bool, "signbit");
+}
+
 }  // namespace kiln::passes::detail::decomp
