@@ -568,4 +568,19 @@ void unsafe_masked_index_put_accumulate(L& l, const Node& n) {  // index_put(acc
                                               NA("values", tensor_arg(mv)), NA("accumulate", bool_arg(true))}, m));
 }
 
+// argsort / msort as the sort rewrite (decompose.cpp): a topk of every element in order (ExecuTorch's portable
+// library has no sort); argsort keeps the indices, msort (along dim 0) the values. kiln's topk orders ties by index.
+void argsort(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  const TensorMeta xm = contiguous(l.meta_of(x));
+  const bool values = n.target == "aten.msort.default";
+  const int64_t dim = values ? 0 : L::wrap_dim(l.int_in(n, "dim", -1), xm.sizes.size());
+  const int64_t k = xm.sizes.empty() ? 1 : xm.sizes.at(static_cast<size_t>(dim));
+  const bool descending = !values && l.int_in(n, "descending", 0) != 0;
+  auto outs = l.emit_raw("aten.topk.default", {NA("self", tensor_arg(x)), NA("k", int_arg(k)), NA("dim", int_arg(dim)),
+                                               NA("largest", bool_arg(descending)), NA("sorted", bool_arg(true))},
+                         {xm, contiguous(ScalarType::Long, xm.sizes)}, "sort");
+  l.bind(n, outs[values ? 0 : 1]);
+}
+
 }  // namespace kiln::passes::detail::decomp

@@ -172,7 +172,7 @@ OPDB = ["positive", "resolve_conj", "resolve_neg", "real", "ravel", "reshape_as"
         # a 0-d input and target (one sample of one class)
         "nn.functional.multi_margin_loss", "nn.functional.multilabel_margin_loss",
         # n = 0 (the input itself, prepend/append ignored) and n = 3 with prepend/append
-        "diff"]
+        "diff", "_unsafe_masked_index", "_unsafe_masked_index_put_accumulate", "argsort", "msort"]
 # std/var_mean/std_mean: a dim (sample 1) and keepdim (2) too; linspace/logspace: steps 0 (sample 0) and more;
 # tensordot: contracted dims of sizes 1 and 2 (sample 2); trapz/cumulative_trapezoid: a spacing dx (sample 3).
 OPDB_SAMPLES = {"std": [0, 1, 2], "var_mean": [0, 1, 2], "std_mean": [0, 1, 2], "linspace": [0, 3],
