@@ -996,6 +996,7 @@ constexpr Decomposition kDecompositions[] = {
     {"aten.argsort.default", argsort},
     {"aten.argsort.stable", argsort},
     {"aten.msort.default", argsort},
+    {"aten.gradient.scalarint", gradient},
     {"aten.subtract.Tensor", renamed},
     {"aten.subtract.Scalar", renamed},
     {"aten.multiply.Tensor", renamed},

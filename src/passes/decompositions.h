@@ -166,6 +166,7 @@ void diff(L& l, const Node& n);
 void unsafe_masked_index(L& l, const Node& n);
 void unsafe_masked_index_put_accumulate(L& l, const Node& n);
 void argsort(L& l, const Node& n);
+void gradient(L& l, const Node& n);
 
 // ---- helpers of decompositions_opdb*.cpp (the whole-op_db sweep's rewrites)
 

@@ -583,4 +583,36 @@ void argsort(L& l, const Node& n) {
   l.bind(n, outs[values ? 0 : 1]);
 }
 
+// torch.gradient with one uniform spacing h and edge_order 1, per dim: (x[2:] - x[:-2]) / 2h inside, one-sided
+// differences / h at the two ends.
+void gradient(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  const auto xs = l.meta_of(x).sizes;
+  if (l.int_in(n, "edge_order", 1) != 1) l.unsupported(n, "gradient with edge_order 2");
+  const double h = l.number_in(n, "spacing", 1.0);
+  std::vector<int64_t> dims;
+  const Argument* d = l.opt(n, "dim");
+  if (d && d->kind != Argument::Kind::None) dims = {L::wrap_dim(l.int_in(n, "dim"), xs.size())};
+  else
+    for (size_t i = 0; i < xs.size(); ++i) dims.push_back(static_cast<int64_t>(i));
+  std::vector<ValueId> outs;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const TensorMeta m = l.out_meta(n, i);
+    const int64_t dim = dims[i], len = xs.at(static_cast<size_t>(dim));
+    if (len < 2) l.unsupported(n, "gradient along a dim of fewer than 2 points");
+    ValueId xf = l.convert(x, m.dtype);
+    auto step = [&](int64_t hi, int64_t lo, int64_t count, double div, const char* hint) {
+      ValueId dd = binary(l, "aten.sub.Tensor", slice_of(l, xf, dim, hi, hi + count, "hi"),
+                          slice_of(l, xf, dim, lo, lo + count, "lo"), m.dtype, "difference");
+      return with_scalar(l, "aten.div.Scalar", dd, div, m.dtype, hint);
+    };
+    std::vector<ValueId> parts{step(1, 0, 1, h, "first")};
+    if (len > 2) parts.push_back(step(2, 0, len - 2, 2.0 * h, "inner"));
+    parts.push_back(step(len - 1, len - 2, 1, h, "last"));
+    outs.push_back(l.emit("aten.cat.default", {NA("tensors", {Argument::Kind::Tensors, parts}), NA("dim", int_arg(dim))},
+                          m, "gradient"));
+  }
+  l.bind_all(n, outs);
+}
+
 }  // namespace kiln::passes::detail::decomp
