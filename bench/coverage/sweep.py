@@ -513,9 +513,13 @@ def run_sample(kiln_bin, module, inputs, work: Path, et_lowering=True, progress=
         except Exception as e:  # noqa: BLE001 - torch's decompositions fail on it
             rec["export"] = {"status": "error", "msg": one_line(f"run_decompositions: {type(e).__name__}: {e}")}
             return rec
-    rec["export"] = {"status": "ok"}
     pt2 = work / "prog.pt2"
-    torch.export.save(ep, str(pt2))
+    try:
+        torch.export.save(ep, str(pt2))
+    except Exception as e:  # noqa: BLE001 - torch cannot serialize what it exported (a program with no outputs)
+        rec["export"] = {"status": "error", "msg": one_line(f"torch.export.save: {type(e).__name__}: {e}")}
+        return rec
+    rec["export"] = {"status": "ok"}
     (work / "model_spec.json").write_text(json.dumps({"name": "op", "exported_program": "prog.pt2"}))
     n_out = len(refs)
 
