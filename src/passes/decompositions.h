@@ -167,6 +167,10 @@ void unsafe_masked_index(L& l, const Node& n);
 void unsafe_masked_index_put_accumulate(L& l, const Node& n);
 void argsort(L& l, const Node& n);
 void gradient(L& l, const Node& n);
+void fftshift(L& l, const Node& n);
+void multi_dot(L& l, const Node& n);
+void matrix_power(L& l, const Node& n);
+void linalg_norm(L& l, const Node& n);
 
 // ---- helpers of decompositions_opdb*.cpp (the whole-op_db sweep's rewrites)
 

@@ -615,4 +615,116 @@ void gradient(L& l, const Node& n) {
   l.bind_all(n, outs);
 }
 
+// fftshift / ifftshift of a real tensor: a roll by size / 2 (ifftshift: back) along the dims (None: all)
+void fftshift(L& l, const Node& n) {
+  ValueId x = l.tensor_in(n, "self");
+  const auto xs = l.meta_of(x).sizes;
+  const bool inverse = n.target == "aten.fft_ifftshift.default";
+  std::vector<int64_t> dims = dims_of(l, n, "dim", xs.size()), shifts;
+  if (xs.empty()) {
+    l.bind(n, x);
+    return;
+  }
+  for (int64_t d : dims) {
+    const int64_t h = xs.at(static_cast<size_t>(d)) / 2;
+    shifts.push_back(inverse ? -h : h);
+  }
+  l.bind(n, l.emit("aten.roll.default", {NA("self", tensor_arg(x)), NA("shifts", ints_arg(shifts)), NA("dims", ints_arg(dims))},
+                   l.out_meta(n)));
+}
+
+namespace {
+ValueId matmul2(L& l, ValueId a, ValueId b, ScalarType dt, const char* hint) {  // [.., m, k] @ [.., k, n]: mm or bmm
+  const auto as = l.meta_of(a).sizes, bs = l.meta_of(b).sizes;
+  if (as.size() == 2) return l.emit("aten.mm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))},
+                                    contiguous(dt, {as[0], bs[1]}), hint);
+  return l.emit("aten.bmm.default", {NA("self", tensor_arg(a)), NA("mat2", tensor_arg(b))},
+                contiguous(dt, {as[0], as[1], bs[2]}), hint);
+}
+}  // namespace
+
+void multi_dot(L& l, const Node& n) {  // the chain of matrix products, left to right (a 1-D first/last as a row/column)
+  const TensorMeta m = l.out_meta(n);
+  auto xs = tensor_list(l, n, "tensors");
+  if (xs.size() < 2) l.unsupported(n, "multi_dot of fewer than two tensors");
+  if (l.meta_of(xs.front()).sizes.size() == 1) xs.front() = l.view(xs.front(), {1, l.meta_of(xs.front()).numel()});
+  if (l.meta_of(xs.back()).sizes.size() == 1) xs.back() = l.view(xs.back(), {l.meta_of(xs.back()).numel(), 1});
+  ValueId r = l.convert(xs[0], m.dtype);
+  for (size_t i = 1; i < xs.size(); ++i) {
+    if (l.meta_of(xs[i]).sizes.size() != 2) l.unsupported(n, "multi_dot of a tensor that is not a matrix");
+    r = matmul2(l, r, l.convert(xs[i], m.dtype), m.dtype, "multi_dot");
+  }
+  l.bind(n, l.view(r, m.sizes));
+}
+
+void matrix_power(L& l, const Node& n) {  // n >= 0: the identity, or products by squaring
+  const TensorMeta m = l.out_meta(n);
+  ValueId a = l.tensor_in(n, "self");
+  const auto as = l.meta_of(a).sizes;
+  int64_t e = l.int_in(n, "n");
+  if (e < 0) l.unsupported(n, "matrix_power of a negative power (an inverse)");
+  if (as.size() < 2 || as[as.size() - 1] != as[as.size() - 2]) l.unsupported(n, "matrix_power of non-square matrices");
+  const int64_t k = as.back();
+  if (e == 0) {
+    std::vector<std::byte> mask(static_cast<size_t>(k * k));
+    for (int64_t i = 0; i < k; ++i) mask[static_cast<size_t>(i * k + i)] = std::byte{1};
+    ValueId eye = l.constant_tensor(ScalarType::Bool, {k, k}, std::move(mask), "identity");
+    ValueId one = select_where(l, eye, constant_of(l, 1.0, m.dtype), constant_of(l, 0.0, m.dtype), m.dtype, "identity");
+    l.bind(n, l.expand(one, m.sizes));
+    return;
+  }
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < as.size(); ++i) batch *= as[i];
+  ValueId base = as.size() == 2 ? a : l.view(a, {batch, k, k});
+  std::optional<ValueId> r;
+  while (e > 0) {
+    if (e & 1) r = r ? matmul2(l, *r, base, m.dtype, "power") : base;
+    e >>= 1;
+    if (e) base = matmul2(l, base, base, m.dtype, "square");
+  }
+  l.bind(n, l.view(*r, m.sizes));
+}
+
+// linalg_norm / linalg_matrix_norm: vector norms (one dim, or a flattened tensor with ord None) as vector_norm;
+// the Frobenius norm and the 1 / inf matrix norms (max of column / row sums of |x|). Spectral and nuclear: SVD.
+void linalg_norm(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  if (l.opt(n, "dtype") && l.opt(n, "dtype")->kind != Argument::Kind::None) l.unsupported(n, "a norm with a dtype");
+  ValueId x = l.convert(l.tensor_in(n, "self"), m.dtype);
+  const auto xs = l.meta_of(x).sizes;
+  const Argument* ord = l.opt(n, "ord");
+  const bool none = !ord || ord->kind == Argument::Kind::None;
+  const Argument* d = l.opt(n, "dim");
+  std::vector<int64_t> dims;
+  if (d && d->kind != Argument::Kind::None) dims = l.ints_in(n, "dim");
+  for (auto& v : dims) v = L::wrap_dim(v, xs.size());
+  const bool matrix_op = n.target.starts_with("aten.linalg_matrix_norm");
+  if (matrix_op && dims.empty()) dims = {static_cast<int64_t>(xs.size()) - 2, static_cast<int64_t>(xs.size()) - 1};
+  std::string sord = ord && ord->kind == Argument::Kind::String ? std::get<std::string>(ord->payload) : "";
+  if (!matrix_op && (dims.size() == 1 || (dims.empty() && (none || xs.size() <= 1)))) {  // linalg_vector_norm's
+    std::vector<NamedArgument> in{source_input(l, n, "self"), none ? NA("ord", float_arg(2.0)) : source_input(l, n, "ord")};
+    if (d) in.push_back(source_input(l, n, "dim"));
+    if (l.opt(n, "keepdim")) in.push_back(source_input(l, n, "keepdim"));
+    as_op(l, n, "aten.linalg_vector_norm.default", std::move(in));
+    return;
+  }
+  if (dims.empty() && xs.size() == 2) dims = {0, 1};
+  if (dims.size() != 2) l.unsupported(n, "a matrix norm needs two dims");
+  if (none || sord == "fro") {
+    ValueId sq = binary(l, "aten.mul.Tensor", x, x, m.dtype, "sq");
+    l.bind(n, l.view(unary(l, "aten.sqrt.default", sum_kept(l, sq, dims, "sum"), m.dtype, "fro"), m.sizes));
+    return;
+  }
+  if (!sord.empty()) l.unsupported(n, fmt::format("the '{}' matrix norm (singular values)", sord));
+  const double p = l.number_in(n, "ord", 2.0);
+  if (std::abs(p) != 1.0 && !std::isinf(p)) l.unsupported(n, "a matrix norm of order +-2 (singular values)");
+  // ord +-1: over the columns (dims[1]) the sum over rows (dims[0]); ord +-inf: the other way round
+  const int64_t summed = std::abs(p) == 1.0 ? dims[0] : dims[1], reduced = std::abs(p) == 1.0 ? dims[1] : dims[0];
+  ValueId sums = sum_kept(l, unary(l, "aten.abs.default", x, m.dtype, "abs"), {summed}, "sums");
+  ValueId r = l.emit(p > 0 ? "aten.amax.default" : "aten.amin.default",
+                     {NA("self", tensor_arg(sums)), NA("dim", ints_arg({reduced})), NA("keepdim", bool_arg(true))},
+                     contiguous(m.dtype, kept_sizes(l.meta_of(sums).sizes, {reduced})), "matrix_norm");
+  l.bind(n, l.view(r, m.sizes));
+}
+
 }  // namespace kiln::passes::detail::decomp
