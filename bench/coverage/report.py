@@ -37,6 +37,26 @@ def load(path: Path):
 # sample must have one (issue 35). A refusal whose entry is not here is listed as UNEXPLAINED.
 REFUSAL_REASONS = {
     "nonzero": "data-dependent output size: kiln plans every tensor's size ahead of time",
+    # the whole-op_db sweep (--all-ops, 2026-12-05)
+    "argwhere": "data-dependent output size (nonzero's): kiln plans every tensor's size ahead of time",
+    "view_as_complex": "complex dtypes: kiln has none (ExecuTorch's own program of it fails in its runtime too)",
+    "stft": "complex output (an FFT): kiln has no complex dtypes and no FFT",
+    "fft.fft": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "fft.hfft": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "fft.rfft": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "fft.rfft2": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "fft.rfftn": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "fft.irfft": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "fft.irfft2": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "fft.irfftn": "FFT with complex values: kiln has no complex dtypes and no FFT",
+    "float_power": "computes in float64 (eager promotes to double): kiln's kernels and rewrites are float32/ints; not done",
+    "quantile": "sort + interpolation not written yet; ExecuTorch's own program of it fails in its runtime",
+    "nanquantile": "sort + interpolation not written yet; ExecuTorch's own program of it fails in its runtime",
+    "_upsample_bilinear2d_aa": "antialiased bilinear resize: not done (a resize_dim with antialias weights, "
+                               "rewrites_conv.cpp, outside this change)",
+    "_chunk_cat": "not done (FSDP's gradient-bucketing op, not a model forward's)",
+    "resize_": "an in-place shape change of an input: kiln's functionalization does not carry it (a view rewrite "
+               "returned the old shape, so it stays refused)",
 }
 
 
