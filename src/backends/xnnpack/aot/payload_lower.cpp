@@ -248,7 +248,11 @@ void PayloadBuilder::lower_pow(graph::ValueId x, double e, graph::ValueId out) {
   if (e == 1) return unary(XType::XNNCopy, xi, write(out));
   if (e == 2) return unary(XType::XNNSquare, xi, write(out));
   if (e == 0.5) return unary(XType::XNNSquareRoot, xi, write(out));
-  if (e == -0.5) return unary(XType::XNNReciprocalSquareRoot, xi, write(out));
+  if (e == -0.5) {  // 1 / sqrt(x): XNNPACK's own reciprocal square root (ExecuTorch's runtime) makes NaN of 0, not inf
+    uint32_t r = temp(dims(x));
+    unary(XType::XNNSquareRoot, xi, r);
+    return binary(XType::XNNDiv, scalar_constant(1.0), r, write(out));
+  }
   if (e == -1) return binary(XType::XNNDiv, scalar_constant(1.0), xi, write(out));
   uint32_t sq = temp(dims(x));  // e == 3
   unary(XType::XNNSquare, xi, sq);

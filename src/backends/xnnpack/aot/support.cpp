@@ -32,8 +32,8 @@ constexpr std::array kRules{
     SupportRule{"aten.rsub.Scalar", "XNNSubtract from a constant [1]", "number operand"},
     SupportRule{"aten.mul.Scalar", "XNNMultiply by a constant [1]", "number operand"},
     SupportRule{"aten.div.Scalar", "XNNDiv by a constant [1]", "number operand"},
-    SupportRule{"aten.pow.Tensor_Scalar", "XNNSquare / XNNSquareRoot / XNNReciprocalSquareRoot / XNNCopy, or a "
-                                          "short chain of them with XNNMultiply / XNNDiv",
+    SupportRule{"aten.pow.Tensor_Scalar", "XNNSquare / XNNSquareRoot / XNNCopy, or a short chain of them with "
+                                          "XNNMultiply / XNNDiv (-0.5: 1 / XNNSquareRoot, so 0 gives inf)",
                 "exponent in {1, 2, 3, 0.5, -0.5, -1}"},
     SupportRule{"aten.neg.default", "XNNNegate", ""},
     SupportRule{"aten.abs.default", "XNNAbs", ""},
