@@ -49,7 +49,6 @@ REFUSAL_REASONS = {
     "fft.irfft": "FFT with complex values: kiln has no complex dtypes and no FFT",
     "fft.irfft2": "FFT with complex values: kiln has no complex dtypes and no FFT",
     "fft.irfftn": "FFT with complex values: kiln has no complex dtypes and no FFT",
-    "float_power": "computes in float64 (eager promotes to double): kiln's kernels and rewrites are float32/ints; not done",
     "quantile": "sort + interpolation not written yet; ExecuTorch's own program of it fails in its runtime",
     "nanquantile": "sort + interpolation not written yet; ExecuTorch's own program of it fails in its runtime",
     "_upsample_bilinear2d_aa": "antialiased bilinear resize: not done (a resize_dim with antialias weights, "

@@ -171,6 +171,7 @@ void fftshift(L& l, const Node& n);
 void multi_dot(L& l, const Node& n);
 void matrix_power(L& l, const Node& n);
 void linalg_norm(L& l, const Node& n);
+void float_power(L& l, const Node& n);
 
 // ---- helpers of decompositions_opdb*.cpp (the whole-op_db sweep's rewrites)
 

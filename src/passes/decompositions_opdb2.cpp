@@ -727,4 +727,17 @@ void linalg_norm(L& l, const Node& n) {
   l.bind(n, l.view(r, m.sizes));
 }
 
+// float_power: pow in float64 (eager promotes both operands to double; a number operand is a 0-d double)
+void float_power(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  auto operand = [&](const char* name) {
+    const Argument& a = l.arg(n, name);
+    return a.kind == Argument::Kind::Tensor ? l.convert(l.tensor_in(n, name), m.dtype) : l.scalar_tensor(a, m.dtype);
+  };
+  ValueId a = operand("self"), b = operand("exponent");
+  l.bind(n, l.expand(l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(a)), NA("exponent", tensor_arg(b))},
+                            contiguous(m.dtype, broadcast_sizes(l.meta_of(a).sizes, l.meta_of(b).sizes)), "float_power"),
+                     m.sizes));
+}
+
 }  // namespace kiln::passes::detail::decomp

@@ -176,7 +176,7 @@ OPDB = ["positive", "resolve_conj", "resolve_neg", "real", "ravel", "reshape_as"
         "gradient", "fft.fftshift", "fft.ifftshift", "linalg.multi_dot", "linalg.matrix_power", "linalg.norm",
         "linalg.matrix_norm",
         # ord -0.5 of a vector with zeros: XNNPACK's reciprocal square root made NaN of 0 in ExecuTorch's runtime
-        "linalg.norm.subgradients_at_zero"]
+        "linalg.norm.subgradients_at_zero", "float_power"]
 # std/var_mean/std_mean: a dim (sample 1) and keepdim (2) too; linspace/logspace: steps 0 (sample 0) and more;
 # tensordot: contracted dims of sizes 1 and 2 (sample 2); trapz/cumulative_trapezoid: a spacing dx (sample 3).
 OPDB_SAMPLES = {"std": [0, 1, 2], "var_mean": [0, 1, 2], "std_mean": [0, 1, 2], "linspace": [0, 3],
@@ -184,7 +184,7 @@ OPDB_SAMPLES = {"std": [0, 1, 2], "var_mean": [0, 1, 2], "std_mean": [0, 1, 2], 
                 "bucketize": [0, 2], "tensordot": [0, 2], "trapz": [0, 3], "cumulative_trapezoid": [0, 3],
                 "diff": [0, 22, 25], "gradient": [0, 1],
                 "linalg.matrix_power": [0, 7], "linalg.matrix_norm": [0, 3],
-                "linalg.norm.subgradients_at_zero": [7]}
+                "linalg.norm.subgradients_at_zero": [7], "float_power": [0, 4]}
 _OPDB = {key: o for key, _, o in sweep.select_ops(OPDB, "all")}
 
 
@@ -204,6 +204,26 @@ def test_opdb_decomposition_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_
             assert r["lower"]["status"] == "ok", f"{where} {backend}: kiln lower {r['lower']}"
             for runtime in ("et_run", "kiln_run"):
                 assert r[runtime]["status"] == "ok", f"{where} {backend} {runtime}: {r[runtime]}"
+
+
+class _FloatPowers(__import__("torch").nn.Module):
+    """float_power's number overloads (op_db's samples are tensor ** tensor): float64 results."""
+
+    def forward(self, x):
+        import torch
+        return torch.float_power(x, 2.5), torch.float_power(1.5, x)
+
+
+def test_float_power_number_operands_match_eager(kiln_bin, tmp_path):
+    import torch
+    torch.manual_seed(0)
+    rec = sweep.run_sample(kiln_bin, _FloatPowers(), (torch.rand(3, 4) + 0.5,), tmp_path, et_lowering=False)
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
+        for runtime in ("et_run", "kiln_run"):
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
 
 
 class _Cells(__import__("torch").nn.Module):
