@@ -99,7 +99,9 @@ void gru_cell(L& l, const Node& n);
 void lstm_cell(L& l, const Node& n);
 void pool3d(L& l, const Node& n);
 
-// decompositions_opdb.cpp (operators the whole-op_db sweep found)
+// decompositions_opdb.cpp (operators the whole-op_db sweep found): its table's rewrite for an operator, or null
+using Rewrite = void (*)(L&, const Node&);
+Rewrite opdb_rewrite(std::string_view target);
 void identity(L& l, const Node& n);
 void renamed(L& l, const Node& n);
 void view_as_output(L& l, const Node& n);
