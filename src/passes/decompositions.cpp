@@ -600,14 +600,20 @@ void renorm(L& l, const Node& n) {
       kept[static_cast<size_t>(d)] = 1;
     }
   ValueId a = o.un("aten.abs.default", x, "abs");
-  ValueId pw = p == 2.0 ? o.bin("aten.mul.Tensor", a, a, "pow")
-                        : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(a)), NA("exponent", float_arg(p))},
-                                 contiguous(l.meta_of(a)), "pow");
-  ValueId s = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(pw)), NA("dim", ints_arg(dims)),
-                                              NA("keepdim", bool_arg(true))}, contiguous(o.dt, kept), "sum");
-  ValueId norm = p == 2.0 ? o.un("aten.sqrt.default", s, "norm")
-                          : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(s)), NA("exponent", float_arg(1.0 / p))},
-                                   contiguous(o.dt, kept), "norm");
+  ValueId norm;  // p = inf: the largest |x| of each slice
+  if (std::isinf(p)) {
+    norm = l.emit("aten.amax.default", {NA("self", tensor_arg(a)), NA("dim", ints_arg(dims)), NA("keepdim", bool_arg(true))},
+                  contiguous(o.dt, kept), "norm");
+  } else {
+    ValueId pw = p == 2.0 ? o.bin("aten.mul.Tensor", a, a, "pow")
+                          : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(a)), NA("exponent", float_arg(p))},
+                                   contiguous(l.meta_of(a)), "pow");
+    ValueId s = l.emit("aten.sum.dim_IntList", {NA("self", tensor_arg(pw)), NA("dim", ints_arg(dims)),
+                                                NA("keepdim", bool_arg(true))}, contiguous(o.dt, kept), "sum");
+    norm = p == 2.0 ? o.un("aten.sqrt.default", s, "norm")
+                    : l.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(s)), NA("exponent", float_arg(1.0 / p))},
+                             contiguous(o.dt, kept), "norm");
+  }
   ValueId factor = l.emit("aten.div.Tensor", {NA("self", tensor_arg(l.scalar_tensor(float_arg(maxnorm), o.dt))),
                                               NA("other", tensor_arg(o.scal("aten.add.Scalar", norm, 1e-7, "norm_eps")))},
                           contiguous(o.dt, kept), "factor");
@@ -876,9 +882,6 @@ constexpr Decomposition kDecompositions[] = {
     {"aten._adaptive_avg_pool3d.default", pool3d},
     {"aten.adaptive_max_pool3d.default", pool3d},
     {"transformers.grouped_mm_fallback.default", grouped_mm},
-    // the whole-op_db sweep's: mH / matrix_H here; the rest in kOpdbDecompositions (decompositions_opdb.cpp)
-    {"aten.mH.default", swap_last_two},
-    {"aten.matrix_H.default", swap_last_two},
 };
 
 }  // namespace

@@ -104,6 +104,7 @@ using Rewrite = void (*)(L&, const Node&);
 Rewrite opdb_rewrite(std::string_view target);
 void identity(L& l, const Node& n);
 void renamed(L& l, const Node& n);
+void conj_transpose(L& l, const Node& n);
 void view_as_output(L& l, const Node& n);
 void t_copy(L& l, const Node& n);
 void narrow(L& l, const Node& n);

@@ -52,6 +52,16 @@ void renamed(L& l, const Node& n) {  // another name of an operator the lowerer 
   l.unsupported(n, "internal: no other name");
 }
 
+void conj_transpose(L& l, const Node& n) {  // mH / matrix_H of a real tensor: its last two dims swapped
+  ValueId x = l.tensor_in(n, "self");
+  const size_t r = l.meta_of(x).sizes.size();
+  if (r < 2) l.unsupported(n, "mH needs a tensor of at least 2 dims");
+  std::vector<int64_t> dims(r);
+  std::iota(dims.begin(), dims.end(), 0);
+  std::swap(dims[r - 1], dims[r - 2]);
+  l.bind(n, l.permute(x, dims));
+}
+
 void t_copy(L& l, const Node& n) {
   ValueId x = l.tensor_in(n, "self");
   l.bind(n, l.meta_of(x).sizes.size() < 2 ? x : l.permute(x, {1, 0}));
@@ -604,6 +614,8 @@ struct OpdbDecomposition {
 };
 
 constexpr OpdbDecomposition kOpdbDecompositions[] = {
+    {"aten.mH.default", conj_transpose},
+    {"aten.matrix_H.default", conj_transpose},
     {"aten.positive.default", identity},
     {"aten.resolve_conj.default", identity},
     {"aten.resolve_neg.default", identity},

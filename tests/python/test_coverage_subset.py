@@ -176,7 +176,9 @@ OPDB = ["positive", "resolve_conj", "resolve_neg", "real", "ravel", "reshape_as"
         "gradient", "fft.fftshift", "fft.ifftshift", "linalg.multi_dot", "linalg.matrix_power", "linalg.norm",
         "linalg.matrix_norm",
         # ord -0.5 of a vector with zeros: XNNPACK's reciprocal square root made NaN of 0 in ExecuTorch's runtime
-        "linalg.norm.subgradients_at_zero", "float_power"]
+        "linalg.norm.subgradients_at_zero", "float_power",
+        # p = inf (sample 3): the largest |x| of each slice, once a wrong number
+        "renorm"]
 # std/var_mean/std_mean: a dim (sample 1) and keepdim (2) too; linspace/logspace: steps 0 (sample 0) and more;
 # tensordot: contracted dims of sizes 1 and 2 (sample 2); trapz/cumulative_trapezoid: a spacing dx (sample 3).
 OPDB_SAMPLES = {"std": [0, 1, 2], "var_mean": [0, 1, 2], "std_mean": [0, 1, 2], "linspace": [0, 3],
@@ -184,7 +186,7 @@ OPDB_SAMPLES = {"std": [0, 1, 2], "var_mean": [0, 1, 2], "std_mean": [0, 1, 2], 
                 "bucketize": [0, 2], "tensordot": [0, 2], "trapz": [0, 3], "cumulative_trapezoid": [0, 3],
                 "diff": [0, 22, 25], "gradient": [0, 1],
                 "linalg.matrix_power": [0, 7], "linalg.matrix_norm": [0, 3],
-                "linalg.norm.subgradients_at_zero": [7], "float_power": [0, 4]}
+                "linalg.norm.subgradients_at_zero": [7], "float_power": [0, 4], "renorm": [0, 3]}
 _OPDB = {key: o for key, _, o in sweep.select_ops(OPDB, "all")}
 
 
