@@ -242,35 +242,6 @@ void Lowerer::lower(const Node& n) {
                  out_meta(n)));
     return;
   }
-  if (t == "aten.diff.default") {
-    ValueId x = tensor_in(n, "self");
-    if (int_in(n, "n", 1) != 1) unsupported(n, "diff with n != 1");
-    int64_t dim = wrap_dim(int_in(n, "dim", -1), meta_of(x).sizes.size());
-    // diff(x, prepend=p, append=q) == diff(cat([p, x, q], dim))
-    auto pre = opt_tensor_in(n, "prepend");
-    auto post = opt_tensor_in(n, "append");
-    if (pre || post) {
-      std::vector<ValueId> parts;
-      if (pre) parts.push_back(*pre);
-      parts.push_back(x);
-      if (post) parts.push_back(*post);
-      std::vector<int64_t> sizes = meta_of(x).sizes;
-      sizes[static_cast<size_t>(dim)] = 0;
-      for (ValueId v : parts) sizes[static_cast<size_t>(dim)] += meta_of(v).sizes[static_cast<size_t>(dim)];
-      x = emit("aten.cat.default", {NA("tensors", {Argument::Kind::Tensors, parts}), NA("dim", int_arg(dim))},
-               contiguous(meta_of(x).dtype, sizes), "cat");
-    }
-    const auto& xm = meta_of(x);
-    TensorMeta m = out_meta(n);
-    TensorMeta part = contiguous(xm.dtype, m.sizes);
-    ValueId hi = emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(x)), NA("dim", int_arg(dim)), NA("start", int_arg(1)),
-                                                 NA("end", int_arg(std::numeric_limits<int64_t>::max()))}, part, "hi");
-    ValueId lo = emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(x)), NA("dim", int_arg(dim)), NA("start", int_arg(0)),
-                                                 NA("end", int_arg(-1))}, part, "lo");
-    bind(n, emit(xm.dtype == ScalarType::Bool ? "aten.ne.Tensor" : "aten.sub.Tensor",
-                 {NA("self", tensor_arg(hi)), NA("other", tensor_arg(lo))}, m));
-    return;
-  }
   if (t == "aten.where.ScalarOther" || t == "aten.where.ScalarSelf" || t == "aten.where.Scalar") {
     ValueId cond = tensor_in(n, "condition");
     TensorMeta m = out_meta(n);
