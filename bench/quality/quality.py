@@ -138,6 +138,9 @@ KILN_FLAGS = {
                           "{calibration}"],
     # the int4 lookup (groups of 32) frees ~14 MB of the budget for int8 linear layers
     "kiln-auto-130-emb4": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4"],
+    # at llama.cpp Q4_K_M's size (104.9 MB on SmolLM2)
+    "kiln-auto-105-emb4-awq": ["--quantize", "auto", "--max-size", "104.9", "--quantize-embedding", "4",
+                               "--calibrate", "{calibration}"],
     "kiln-auto-130-emb4-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4", "--calibrate",
                                "{calibration}"],
 }
