@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 # llama_ftype values (llama.h): the targets of llama_model_quantize
-FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "q4_k_s": 14, "q6_k": 18}
+FTYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "q4_k_s": 14, "q5_k_m": 17, "q6_k": 18}
 NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
          "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
@@ -122,13 +122,24 @@ def state_dict_dtype(state_dict: dict):
     return torch.float32
 
 
-def quantize(src, dst, qtype: str, threads: int = 2) -> None:
-    """llama.cpp's quantizer (llama-quantize's library call) from the bf16/f16/f32 GGUF to `qtype`."""
+def quantize(src, dst, qtype: str, threads: int = 2, imatrix: dict | None = None) -> None:
+    """llama.cpp's quantizer (llama-quantize's library call) from the bf16/f16/f32 GGUF to `qtype`. `imatrix`: GGUF
+    tensor name -> importance per input column (llama-imatrix's in_sum2 / counts: the mean x^2 of the tensor's
+    inputs), handed over as llama-quantize hands a loaded imatrix file (a null-terminated array)."""
+    import ctypes
+
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[qtype]
     params.nthread = threads
+    if imatrix:
+        keep = [(name.encode(), np.ascontiguousarray(v, dtype=np.float32)) for name, v in imatrix.items()]
+        entries = (llama_cpp.llama_model_imatrix_data * (len(keep) + 1))()
+        for e, (name, v) in zip(entries, keep):
+            e.name, e.data, e.size = name, v.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), v.size
+        entries[len(keep)].name = None  # the terminator
+        params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({src} -> {qtype}) returned {rc}")

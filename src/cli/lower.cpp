@@ -291,7 +291,7 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
   cmd->add_option("--calibrate-method", opts->calibrate_method,
                   "with --calibrate: awq+gptq (the default; --quantize auto: awq): AWQ's scales, then GPTQ; awq "
                   "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
-                  "each input's X^T X)");
+                  "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups)");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

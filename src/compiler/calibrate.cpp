@@ -384,7 +384,9 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 int64_t self_tokens, bool scales_only) {
   CalibrationResult result;
   result.method = std::string(calibration_method_name(method));
-  const bool gptq = method != CalibrationMethod::Awq, awq = method != CalibrationMethod::Gptq;
+  const bool gptq = method != CalibrationMethod::Awq,
+             awq = method != CalibrationMethod::Gptq && method != CalibrationMethod::GptqAct;
+  const bool act_order = method == CalibrationMethod::GptqAct || method == CalibrationMethod::AwqGptqAct;
   check(!scales_only || method == CalibrationMethod::Awq, "internal: calibration scales only with awq");
   check(scheme.kind == QuantScheme::Kind::Int4Groups || scheme.kind == QuantScheme::Kind::Int8Channels,
         "--calibrate needs --quantize 8da4w or 8da8w");
@@ -671,7 +673,22 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
       // never excited: on SmolLM2 with 840 tokens, down_proj's held-out output error was 1.6x the plain rule's at
       // 1% and 0.8x at 100%; q_proj's 0.30x at 1%, 0.25x at 10%; bench/RESULTS.md)
       const double damp = gr.rows >= 2 * k ? 0.01 : gr.rows >= k ? 0.1 : 1.0;
-      const std::vector<float> u = backends::xnnpack::gptq_inverse_factor(h, k, damp, &dead);
+      // act-order: the columns in decreasing diag(H) (ties by index), H permuted likewise before the factorisation
+      std::vector<int64_t> order;
+      std::vector<double> hp;
+      if (act_order) {
+        order.resize(static_cast<size_t>(k));
+        for (int64_t i = 0; i < k; ++i) order[static_cast<size_t>(i)] = i;
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+          return h[static_cast<size_t>(a * k + a)] > h[static_cast<size_t>(b * k + b)];
+        });
+        hp.resize(h.size());
+        for (int64_t i = 0; i < k; ++i)
+          for (int64_t j = 0; j < k; ++j)
+            hp[static_cast<size_t>(i * k + j)] =
+                h[static_cast<size_t>(order[static_cast<size_t>(i)] * k + order[static_cast<size_t>(j)])];
+      }
+      const std::vector<float> u = backends::xnnpack::gptq_inverse_factor(act_order ? std::move(hp) : h, k, damp, &dead);
       result.gptq_dead_inputs += dead;
       for (size_t si : todo) {
         const Site& st = sites[si];
@@ -698,7 +715,7 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
             dequantize(backends::xnnpack::quantize_weights(w.data(), st.n, k, scheme), st.n, k, scheme);
         result.gptq_objective_plain += objective(plain, w);
         std::vector<float> fed = w;
-        auto qw = backends::xnnpack::quantize_weights_gptq(fed, st.n, k, u, scheme);
+        auto qw = backends::xnnpack::quantize_weights_gptq(fed, st.n, k, u, scheme, act_order ? &order : nullptr);
         result.gptq_objective += objective(fed, w);
         result.precomputed[st.weight] = {scheme, std::move(qw)};
         ++result.gptq_layers;
@@ -719,12 +736,21 @@ std::optional<CalibrationMethod> parse_calibration_method(std::string_view text,
   if (text == "awq") return CalibrationMethod::Awq;
   if (text == "gptq") return CalibrationMethod::Gptq;
   if (text == "awq+gptq") return CalibrationMethod::AwqGptq;
-  *error = fmt::format("unknown calibration method '{}' in --calibrate-method (awq, gptq or awq+gptq)", text);
+  if (text == "gptq-act") return CalibrationMethod::GptqAct;
+  if (text == "awq+gptq-act") return CalibrationMethod::AwqGptqAct;
+  *error = fmt::format("unknown calibration method '{}' in --calibrate-method (awq, gptq, awq+gptq, gptq-act or awq+gptq-act)", text);
   return std::nullopt;
 }
 
 std::string_view calibration_method_name(CalibrationMethod m) {
-  return m == CalibrationMethod::Awq ? "awq" : m == CalibrationMethod::Gptq ? "gptq" : "awq+gptq";
+  switch (m) {
+    case CalibrationMethod::Awq: return "awq";
+    case CalibrationMethod::Gptq: return "gptq";
+    case CalibrationMethod::AwqGptq: return "awq+gptq";
+    case CalibrationMethod::GptqAct: return "gptq-act";
+    case CalibrationMethod::AwqGptqAct: return "awq+gptq-act";
+  }
+  return "awq+gptq";
 }
 
 }  // namespace kiln::compiler

@@ -56,7 +56,9 @@ struct CalibrationResult {
 // program's activations, not sequential); awq+gptq: AWQ's scales, then GPTQ on the rescaled weights and H.
 // GPTQ's damping: 1% of H's mean diagonal with at least 2k calibration tokens for k inputs, 10% with at least k, else
 // 100% (calibrate.cpp).
-enum class CalibrationMethod : uint8_t { Awq, Gptq, AwqGptq };
+// gptq-act / awq+gptq-act: the same with GPTQ's act-order in its "static groups" form (the columns in decreasing
+// diag(H) order, every group's scale the plain rule's on the original weights).
+enum class CalibrationMethod : uint8_t { Awq, Gptq, AwqGptq, GptqAct, AwqGptqAct };
 std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error);
 std::string_view calibration_method_name(CalibrationMethod m);
 

@@ -119,8 +119,11 @@ std::vector<float> gptq_inverse_factor(std::vector<double> h, int64_t k, double 
 // each group's scale (the whole row's for 8da8w) is `scheme`'s rule applied to the row's error-fed values when the
 // group starts, codes q = clamp(round(v / scale)). Returns quantize_weights' layout; w is left holding the
 // dequantized values (scale q). Rows are split over the cores (they are independent).
+// With `order` (act-order, "static groups"): a permutation of the k columns, u the factor of H permuted by it; every
+// group's scale is the scheme's rule on the original row (the plain quantizer's scales, unchanged), and the columns
+// are quantized in that order, the error fed to the columns after them in it.
 QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>& u,
-                                       const QuantScheme& scheme);
+                                       const QuantScheme& scheme, const std::vector<int64_t>* order = nullptr);
 
 // ---- embedding tables (kiln lower --quantize-embedding 4[:G] | 8[:G]) -----------
 // torchao's IntxWeightOnlyConfig rules (SYMMETRIC, fp32 scales), as ExecuTorch's

@@ -111,8 +111,66 @@ std::vector<float> gptq_inverse_factor(std::vector<double> h, int64_t k, double 
   return std::vector<float>(u.begin(), u.end());
 }
 
+namespace {
+
+// Act-order with static groups: every group's scale is the scheme's rule on the row's original values (taken before
+// any feedback), and the columns are quantized in `order` (U factors H permuted by `order`), each with its own
+// group's scale: the error feedback goes to the columns that come later in that order.
+QuantizedWeights gptq_ordered(std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>& u,
+                              const QuantScheme& scheme, const std::vector<int64_t>& order) {
+  const bool int4 = scheme.kind == QuantScheme::Kind::Int4Groups;
+  const int64_t g = int4 ? scheme.group : k, groups = k / g;
+  check(static_cast<int64_t>(order.size()) == k, "internal: GPTQ order size");
+  QuantizedWeights q = quantize_weights(w.data(), n, k, scheme);  // the static scales (its codes are replaced)
+  std::fill(q.data.begin(), q.data.end(), std::byte{0});
+  const float qmin = int4 ? -8.0f : -128.0f, qmax = int4 ? 7.0f : 127.0f;
+  auto rows = [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(k)), scale(static_cast<size_t>(k));
+    for (int64_t j = r0; j < r1; ++j) {
+      float* orig = w.data() + j * k;
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t c = order[static_cast<size_t>(i)];
+        row[static_cast<size_t>(i)] = orig[c];
+        float s;
+        if (int4) {
+          s = bf16_to_float(q.scales.data() + static_cast<size_t>(j * groups + c / g) * 2);
+        } else {
+          std::memcpy(&s, q.scales.data() + static_cast<size_t>(j) * 4, 4);
+        }
+        scale[static_cast<size_t>(i)] = s;
+      }
+      for (int64_t i = 0; i < k; ++i) {
+        const float* ui = u.data() + i * k;
+        const float s = scale[static_cast<size_t>(i)], v = row[static_cast<size_t>(i)];
+        const float code = std::clamp(std::nearbyint(v * (1.0f / s)), qmin, qmax);
+        const float e = (v - code * s) / ui[i];
+        row[static_cast<size_t>(i)] = code * s;
+        axpy_sub(row.data() + i + 1, e, ui + i + 1, k - i - 1);
+        const int64_t c = order[static_cast<size_t>(i)];
+        orig[c] = code * s;
+        if (int4) {
+          const auto nib = static_cast<uint8_t>(static_cast<int>(code) + 8);
+          auto* out = reinterpret_cast<uint8_t*>(q.data.data()) + j * (k / 2) + c / 2;
+          *out |= static_cast<uint8_t>((c & 1) ? nib << 4 : nib);
+        } else {
+          reinterpret_cast<int8_t*>(q.data.data())[j * k + c] = static_cast<int8_t>(code);
+        }
+      }
+    }
+  };
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::min<int64_t>(8, n));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back([&, t] { rows(n * t / threads, n * (t + 1) / threads); });
+  rows(0, n / threads);
+  for (auto& th : pool) th.join();
+  return q;
+}
+
+}  // namespace
+
 QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>& u,
-                                       const QuantScheme& scheme) {
+                                       const QuantScheme& scheme, const std::vector<int64_t>* order) {
+  if (order) return gptq_ordered(w, n, k, u, scheme, *order);
   const bool int4 = scheme.kind == QuantScheme::Kind::Int4Groups;
   check(int4 || scheme.kind == QuantScheme::Kind::Int8Channels, "internal: GPTQ for 8da4w or 8da8w only");
   const int64_t g = int4 ? scheme.group : k, groups = k / g;
