@@ -260,7 +260,7 @@ void Lowerer::lower(const Node& n) {
       x = emit("aten.cat.default", {NA("tensors", {Argument::Kind::Tensors, parts}), NA("dim", int_arg(dim))},
                contiguous(meta_of(x).dtype, sizes), "cat");
     }
-    const auto& xm = meta_of(x);
+    const TensorMeta xm = meta_of(x);  // a copy: emit() adds values to the graph, which may move them
     TensorMeta m = out_meta(n);
     TensorMeta part = contiguous(xm.dtype, m.sizes);
     ValueId hi = emit("aten.slice_copy.Tensor", {NA("self", tensor_arg(x)), NA("dim", int_arg(dim)), NA("start", int_arg(1)),
