@@ -235,3 +235,34 @@ def test_constant_of_no_elements_lowers_clean(kiln, tmp_path, backend):
     assert proc.returncode == 0 and "runtime error" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
     got = np.load(y)
     assert (got.shape, got.dtype) == (refs[0].shape, refs[0].dtype) == ((1, 0, 3), np.float32), (got, refs[0])
+
+
+# The same run: lowering tiny Llama (aten.diff with prepend, from its mask) read freed memory in
+# src/passes/decompose.cpp (ASan: heap-use-after-free): diff's lowering kept a reference to its input's metadata
+# across emits that add values to the graph and may move them. It now keeps a copy. A chain of diffs with
+# prepend / append (one of them crosses the graph's growth), both builds: exit 0, no report, eager's output.
+def test_diff_chain_lowers_without_reading_freed_metadata(kiln, tmp_path):
+    import numpy as np
+    import torch
+
+    from test_functionalize import compare, export_mutating, io_of
+
+    class Diffs(torch.nn.Module):
+        def forward(self, x, p):
+            for i in range(12):
+                x = torch.diff(x, dim=-1, prepend=p) if i % 2 else torch.diff(x, dim=-1, append=p)
+            return x
+
+    torch.manual_seed(0)
+    spec = export_mutating(Diffs(), (torch.randn(2, 8), torch.randn(2, 1)), tmp_path / "diffs", "diffs")
+    ins, refs = io_of(spec)
+    pte, y = tmp_path / "diffs.pte", tmp_path / "y.npy"
+    proc = run(kiln, "lower", "--spec", spec, "--backend", "portable", "--out", pte, "-q")
+    assert proc.returncode == 0 and "Sanitizer" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
+    args = []
+    for i, a in enumerate(ins):
+        np.save(tmp_path / f"x{i}.npy", a)
+        args += ["--input", tmp_path / f"x{i}.npy"]
+    proc = run(kiln, "run", pte, *args, "--output", y)
+    assert proc.returncode == 0 and "runtime error" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
+    compare([np.load(y)], refs, "a chain of 12 diffs with prepend / append")
