@@ -321,6 +321,7 @@ class Emitter {
     constexpr uint64_t kSample = 4096;
     *size = c.bytes ? c.bytes->size() : static_cast<uint64_t>(c.source->meta.nbytes());
     auto read = [&](uint64_t offset, std::span<std::byte> out) {
+      if (out.empty()) return;  // a constant of no elements: memcpy takes no null pointer, even for 0 bytes
       if (c.bytes) std::memcpy(out.data(), c.bytes->data() + offset, out.size());
       else p_.exported->read_constant_range(*c.source, offset, out);
     };

@@ -179,3 +179,90 @@ def test_max_pool_with_a_huge_kernel_visits_only_the_input(tmp_path):
     ins, refs = io_of(spec)
     pte = kiln_lower(spec, "portable")
     compare(kiln_run(pte, ins, tmp_path), refs, "max_pool2d with a 2^31-wide kernel in kiln's runtime")
+
+
+# The whole pytest suite under the sanitizer build (2026-12-05, docs/FUZZING.md): every XNNPACK program ended
+# with a UBSan report, "member call on address ... which does not point to an object of type
+# '_Sp_counted_base' ... invalid vptr", exit 87, from `kiln run` (any --threads) and `kiln generate`: the
+# runtime is built -fno-rtti, and the linker kept a vptr-checked copy of libstdc++'s ~__shared_count from an RTTI
+# object, which then met the -fno-rtti vtable of the XNNPACK state's shared_ptr<ThreadPool> (a valid object).
+# The sanitizer build now leaves out the vptr check (CMakeLists.txt). An XNNPACK program (a delegated linear
+# and relu), one and two threads, in both builds: exit 0, nothing on stderr from a sanitizer, eager's output.
+@pytest.mark.parametrize("threads", [1, 2])
+def test_xnnpack_program_ends_clean_under_the_sanitizers(kiln, tmp_path, threads):
+    import numpy as np
+    import torch
+
+    from test_functionalize import compare, export_mutating, io_of
+    from conftest import kiln_lower
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    spec = export_mutating(model, (torch.randn(4, 16),), tmp_path / "mlp", "mlp")
+    ins, refs = io_of(spec)
+    pte = kiln_lower(spec, "xnnpack")
+    x, y = tmp_path / "x.npy", tmp_path / "y.npy"
+    np.save(x, ins[0])
+    proc = run(kiln, "run", pte, "--input", x, "--output", y, "--threads", str(threads))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert "runtime error" not in proc.stderr and "Sanitizer" not in proc.stderr, proc.stderr[-3000:]
+    compare([np.load(y)], refs, f"an XNNPACK linear-relu-linear on {threads} thread(s)")
+
+
+# The same whole-suite run: test_coverage_subset's fill sample on a float32[1, 0, 3] input lowers to a constant
+# of no elements, whose fingerprint (src/emit/emitter.cpp) memcpy'd 0 bytes into an empty vector's null data
+# pointer (UBSan: "null pointer passed as argument 1, which is declared to never be null", exit 87; the release
+# build did nothing wrong in practice). The emitter now reads nothing for an empty constant. Both builds, both
+# backends: `kiln lower` exits 0 with no sanitizer report, and `kiln run` gives an output of eager's shape and dtype.
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_constant_of_no_elements_lowers_clean(kiln, tmp_path, backend):
+    import numpy as np
+    import torch
+
+    from test_functionalize import export_mutating, io_of
+
+    class Fill(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.fill.Scalar(x, True)
+
+    spec = export_mutating(Fill(), (torch.randn(1, 0, 3),), tmp_path / "fill", "fill")
+    ins, refs = io_of(spec)
+    pte, x, y = tmp_path / f"fill_{backend}.pte", tmp_path / "x.npy", tmp_path / "y.npy"
+    proc = run(kiln, "lower", "--spec", spec, "--backend", backend, "--out", pte, "-q")
+    assert proc.returncode == 0 and "runtime error" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
+    np.save(x, ins[0])
+    proc = run(kiln, "run", pte, "--input", x, "--output", y)
+    assert proc.returncode == 0 and "runtime error" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
+    got = np.load(y)
+    assert (got.shape, got.dtype) == (refs[0].shape, refs[0].dtype) == ((1, 0, 3), np.float32), (got, refs[0])
+
+
+# The same run: lowering tiny Llama (aten.diff with prepend, from its mask) read freed memory in
+# src/passes/decompose.cpp (ASan: heap-use-after-free): diff's lowering kept a reference to its input's metadata
+# across emits that add values to the graph and may move them. It now keeps a copy. A chain of diffs with
+# prepend / append (one of them crosses the graph's growth), both builds: exit 0, no report, eager's output.
+def test_diff_chain_lowers_without_reading_freed_metadata(kiln, tmp_path):
+    import numpy as np
+    import torch
+
+    from test_functionalize import compare, export_mutating, io_of
+
+    class Diffs(torch.nn.Module):
+        def forward(self, x, p):
+            for i in range(12):
+                x = torch.diff(x, dim=-1, prepend=p) if i % 2 else torch.diff(x, dim=-1, append=p)
+            return x
+
+    torch.manual_seed(0)
+    spec = export_mutating(Diffs(), (torch.randn(2, 8), torch.randn(2, 1)), tmp_path / "diffs", "diffs")
+    ins, refs = io_of(spec)
+    pte, y = tmp_path / "diffs.pte", tmp_path / "y.npy"
+    proc = run(kiln, "lower", "--spec", spec, "--backend", "portable", "--out", pte, "-q")
+    assert proc.returncode == 0 and "Sanitizer" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
+    args = []
+    for i, a in enumerate(ins):
+        np.save(tmp_path / f"x{i}.npy", a)
+        args += ["--input", tmp_path / f"x{i}.npy"]
+    proc = run(kiln, "run", pte, *args, "--output", y)
+    assert proc.returncode == 0 and "runtime error" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
+    compare([np.load(y)], refs, "a chain of 12 diffs with prepend / append")
