@@ -438,9 +438,11 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         r.untied_weights = static_cast<int64_t>(untied.copies.size());
         kept_tied = untied.kept_fp32;
         if (o.quantize_head == 8) {  // the head's weight (its own copy when tied) 8da8w, as --quantize auto's choices
-          r.head_8bit = backends::xnnpack::find_output_head(edge);
+          r.head_8bit = backends::xnnpack::find_output_head(edge, keep_fp32);
           check(r.head_8bit.has_value(), "--quantize-head 8: {} has no linear layer to call its head",
                 spec.exported_program);
+          check(!r.head_8bit->kept_fp32, "--quantize-head 8: --quantize-skip '{}' keeps the head '{}' fp32",
+                o.quantize_skip, r.head_8bit->layer);
           backends::xnnpack::QuantScheme q8 = quant;
           q8.kind = backends::xnnpack::QuantScheme::Kind::Int8Channels;
           payload_options.per_weight[r.head_8bit->weight] = q8;

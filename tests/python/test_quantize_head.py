@@ -164,6 +164,7 @@ def test_calibrated_head_is_qc8w(tmp_path):
     (["--quantize", "int8w", "--quantize-head", "8"], "--quantize-head 8 needs --quantize 8da4w"),
     (["--quantize", "auto", "--max-size", "10", "--quantize-head", "8"], "--quantize-head 8 needs --quantize 8da4w"),
     (["--quantize", "8da4w", "--quantize-head", "6"], "--quantize-head takes 4 or 8"),
+    (["--quantize", "8da4w", "--quantize-head", "8", "--quantize-skip", "^head$"], "keeps the head 'head' fp32"),
 ])
 def test_bad_quantize_head_is_one_clear_line(args, message, tmp_path):
     out = tmp_path / "m"

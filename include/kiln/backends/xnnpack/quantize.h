@@ -234,7 +234,9 @@ struct HeadLayer {
   std::string name;      // the weight's parameter name (its FQN) or value name
   std::string layer;     // the product's module path (or node name)
   int64_t n = 0, k = 0;  // output channels, inputs
+  bool kept_fp32 = false;  // keep_fp32 (--quantize-skip) keeps it fp32
 };
-std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program);
+std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program,
+                                          const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
 
 }  // namespace kiln::backends::xnnpack

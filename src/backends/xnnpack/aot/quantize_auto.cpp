@@ -131,7 +131,8 @@ std::vector<Site> linear_sites(const passes::EdgeProgram& program,
 
 }  // namespace
 
-std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program) {
+std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program,
+                                          const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
   const std::vector<Site> sites = linear_sites(program, {});
   if (sites.empty()) return std::nullopt;
   const Site& s = sites.back();
@@ -144,6 +145,7 @@ std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program) {
   const auto& cd = program.constants.at(s.weight);
   h.name = cd.name.empty() ? g.value(s.weight).name : cd.name;
   h.layer = s.product->module_path.empty() ? s.product->name : s.product->module_path;
+  h.kept_fp32 = keep_fp32 && keep_fp32(*s.product, s.weight);
   return h;
 }
 
