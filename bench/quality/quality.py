@@ -40,6 +40,9 @@ same numbers as one token per call, measured: bench/RESULTS.md).
                          per call; no text), lowered from the dynamic export
   kiln-auto-130-emb4[-awq], kiln-auto-105-emb4-awq  --quantize auto --max-size 130 / 104.9 (llama.cpp Q4_K_M's size)
                          with the int4 lookup (--quantize-embedding 4), without / with --calibrate (awq)
+  kiln-8da4w-head8-emb8[-cal[-act]], kiln-8da4w-head8-emb4[-cal], kiln-8da4w-head8  --quantize 8da4w --quantize-head 8
+                         (the LM head 8da8w) with --quantize-embedding 8 / 4 / none (fp32 lookup), -cal: --calibrate
+                         (awq+gptq; -act: awq+gptq-act); dynamic export
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
   kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
                          layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
@@ -147,6 +150,17 @@ KILN_FLAGS = {
                                "--calibrate", "{calibration}"],
     "kiln-auto-130-emb4-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4", "--calibrate",
                                "{calibration}"],
+    # --quantize-head 8: the LM head (the tied token table's product) 8da8w, the blocks 8da4w, the lookup int8 / int4
+    # (llama.cpp Q4_0's split: its token_embd, lookup and head, is Q8_0)
+    "kiln-8da4w-head8-emb8": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "8"],
+    "kiln-8da4w-head8-emb4": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "4"],
+    "kiln-8da4w-head8-emb8-cal": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "8",
+                                  "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq"],
+    "kiln-8da4w-head8-emb8-cal-act": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "8",
+                                      "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq-act"],
+    "kiln-8da4w-head8-emb4-cal": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "4",
+                                  "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq"],
+    "kiln-8da4w-head8": ["--quantize", "8da4w", "--quantize-head", "8"],  # the lookup fp32 (113 MB)
 }
 # llama.cpp's rows: SmolLM2's fp32 weights (the ones transformers loads) written as an f32 GGUF by
 # bench/llm_compare/gguf_llama.py, quantized by llama.cpp's own quantizer (llama_cpp.llama_model_quantize); "-imatrix":
@@ -160,6 +174,7 @@ ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq", *LLAMACPP]
 def dynamic(row: str) -> bool:
     """lowered from the dynamic export: every calibrated row (many tokens per calibration call) and its control"""
     return (row in ("kiln-8da4w-mse-dynamic", "kiln-auto-130-emb4") or row.startswith("kiln-8da4w-self")
+            or row.startswith("kiln-8da4w-head8")
             or any("{calibration" in f for f in KILN_FLAGS.get(row, [])))
 
 

@@ -381,8 +381,14 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const std::string& tokenizer_path, int64_t max_positions, const QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
                                 const std::function<void(std::string_view)>& progress, CalibrationMethod method,
-                                int64_t self_tokens, bool scales_only) {
+                                int64_t self_tokens, bool scales_only,
+                                const std::map<ValueId, QuantScheme>& per_weight) {
   CalibrationResult result;
+  // the scheme each layer is stored in (--quantize-head 8: the head's 8da8w; PayloadOptions::per_weight)
+  auto scheme_of = [&](ValueId w) -> const QuantScheme& {
+    const auto it = per_weight.find(w);
+    return it != per_weight.end() ? it->second : scheme;
+  };
   result.method = std::string(calibration_method_name(method));
   const bool gptq = method != CalibrationMethod::Awq,
              awq = method != CalibrationMethod::Gptq && method != CalibrationMethod::GptqAct;
@@ -569,8 +575,9 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
         std::vector<float> scaled(w.size());
         for (int64_t r = 0; r < st.n; ++r)
           for (size_t c = 0; c < k; ++c) scaled[r * k + c] = w[r * k + c] * s[c];
-        const std::vector<float> dq = dequantize(backends::xnnpack::quantize_weights(scaled.data(), st.n, st.k, scheme),
-                                                 st.n, st.k, scheme);
+        const QuantScheme& sw = scheme_of(st.weight);
+        const std::vector<float> dq = dequantize(backends::xnnpack::quantize_weights(scaled.data(), st.n, st.k, sw),
+                                                 st.n, st.k, sw);
         for (int64_t r = 0; r < st.n; ++r)
           for (size_t c = 0; c < k; ++c) {
             const double d = static_cast<double>(w[r * k + c]) - static_cast<double>(dq[r * k + c]) / s[c];
@@ -627,7 +634,7 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     for (const Group& gr : groups) {
       for (size_t si : gr.sites) {
         const Site& st = sites[si];
-        if (!st.quantized) continue;
+        if (!st.quantized || scheme_of(st.weight).kind != QuantScheme::Kind::Int4Groups) continue;
         std::vector<float>& w = weight(st.weight);
         std::vector<double> m(static_cast<size_t>(st.k));  // x' = x / s: mean x'^2 per column
         for (size_t c = 0; c < m.size(); ++c) m[c] = gr.sq_sum[c] / static_cast<double>(gr.rows) / (gr.s[c] * gr.s[c]);
@@ -711,13 +718,14 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
           }
           return total;
         };
+        const QuantScheme& sw = scheme_of(st.weight);
         const std::vector<float> plain =
-            dequantize(backends::xnnpack::quantize_weights(w.data(), st.n, k, scheme), st.n, k, scheme);
+            dequantize(backends::xnnpack::quantize_weights(w.data(), st.n, k, sw), st.n, k, sw);
         result.gptq_objective_plain += objective(plain, w);
         std::vector<float> fed = w;
-        auto qw = backends::xnnpack::quantize_weights_gptq(fed, st.n, k, u, scheme, act_order ? &order : nullptr);
+        auto qw = backends::xnnpack::quantize_weights_gptq(fed, st.n, k, u, sw, act_order ? &order : nullptr);
         result.gptq_objective += objective(fed, w);
-        result.precomputed[st.weight] = {scheme, std::move(qw)};
+        result.precomputed[st.weight] = {sw, std::move(qw)};
         ++result.gptq_layers;
       }
     }

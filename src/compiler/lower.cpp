@@ -101,6 +101,9 @@ std::string metadata(const LowerResult& r) {
                                                            [](const auto& L) { return L.int8; })},
                              {"layers", layers}};
   }
+  if (r.head_8bit)
+    meta["quantize_head"] = {{"bits", 8},           {"scheme", "8da8w"}, {"layer", r.head_8bit->layer},
+                             {"weight", r.head_8bit->name}, {"n", r.head_8bit->n}, {"k", r.head_8bit->k}};
   if (r.backend == LowerBackend::Portable)
     meta["quantization"] = {{"scheme", r.portable_quantization},
                             {"quantized_nodes", r.portable_quantized_nodes},
@@ -165,7 +168,8 @@ namespace {
 // --calibrate: the tokenizer beside the spec (tokenizer.json, else tokenizer.model; or in a tokenizer/ folder)
 compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::ModelSpec& spec, const LowerOptions& o,
                                       const backends::xnnpack::QuantScheme& quant,
-                                      const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+                                      const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
+                                      const std::map<graph::ValueId, backends::xnnpack::QuantScheme>& per_weight) {
   std::string tokenizer;
   std::error_code ec;
   for (const fs::path& d : {fs::path(spec.directory), fs::path(spec.directory) / "tokenizer"})
@@ -181,7 +185,7 @@ compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::Mode
       !o.calibrate_method.empty() ? o.calibrate_method : o.quantize == "auto" ? "awq" : "awq+gptq", &why);
   check(method.has_value(), "{}", why);
   return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method,
-                                 o.calibrate_self, o.quantize == "auto");
+                                 o.calibrate_self, o.quantize == "auto", per_weight);
 }
 
 }  // namespace
@@ -217,6 +221,10 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   // --quantize auto with --calibrate: AWQ's channel scales (folded, every layer then int4 or int8 by the plan)
   check(!quant_auto || o.calibrate.empty() || o.calibrate_method.empty() || o.calibrate_method == "awq",
         "--calibrate-method {}: --quantize auto takes --calibrate-method awq only", o.calibrate_method);
+  check(o.quantize_head == 4 || o.quantize_head == 8, "--quantize-head {}: --quantize-head takes 4 or 8", o.quantize_head);
+  check(o.quantize_head == 4 || (xnnpack && quant.kind == backends::xnnpack::QuantScheme::Kind::Int4Groups && !quant_auto),
+        "--quantize-head 8 needs --quantize 8da4w[:G] with --backend xnnpack (given: --quantize {}{})",
+        o.quantize.empty() ? "none" : o.quantize, xnnpack ? "" : ", --backend portable");
   if (!o.quantize_scales.empty()) {
     check(!o.quantize.empty(), "--quantize-scales {}: --quantize-scales needs --quantize", o.quantize_scales);
     std::string why;
@@ -429,8 +437,18 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         partition_options.transformed_constants.insert(untied.copies.begin(), untied.copies.end());
         r.untied_weights = static_cast<int64_t>(untied.copies.size());
         kept_tied = untied.kept_fp32;
+        if (o.quantize_head == 8) {  // the head's weight (its own copy when tied) 8da8w, as --quantize auto's choices
+          r.head_8bit = backends::xnnpack::find_output_head(edge, keep_fp32);
+          check(r.head_8bit.has_value(), "--quantize-head 8: {} has no linear layer to call its head",
+                spec.exported_program);
+          check(!r.head_8bit->kept_fp32, "--quantize-head 8: --quantize-skip '{}' keeps the head '{}' fp32",
+                o.quantize_skip, r.head_8bit->layer);
+          backends::xnnpack::QuantScheme q8 = quant;
+          q8.kind = backends::xnnpack::QuantScheme::Kind::Int8Channels;
+          payload_options.per_weight[r.head_8bit->weight] = q8;
+        }
         if (!o.calibrate.empty() || o.calibrate_self > 0) {
-          r.calibration = calibrate(edge, spec, o, quant, keep_fp32);
+          r.calibration = calibrate(edge, spec, o, quant, keep_fp32, payload_options.per_weight);
           payload_options.precomputed = std::move(r.calibration->precomputed);
           r.calibration->precomputed.clear();
         }
@@ -453,6 +471,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
           fmt::format("auto: {} x {}, {} x 8da8w", static_cast<int64_t>(r.auto_plan->layers.size()) - int8,
                       quant.name(), int8);
     }
+    if (r.head_8bit) r.delegation->quantization = fmt::format("{}, head 8da8w", r.delegation->quantization);
     if (quant.kind == backends::xnnpack::QuantScheme::Kind::Int8WeightOnly) {
       r.delegation->quantization = quant.name();
       r.delegation->quantized_nodes = weight_only.quantized;  // dequantize nodes (one per weight)

@@ -72,7 +72,8 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
                                 const std::function<void(std::string_view)>& progress,
                                 CalibrationMethod method = CalibrationMethod::Awq, int64_t self_tokens = 0,
-                                bool scales_only = false);
+                                bool scales_only = false,
+                                const std::map<graph::ValueId, backends::xnnpack::QuantScheme>& per_weight = {});
 // (self_tokens > 0: data-free self-calibration, --calibrate-self N: the text is N tokens the fp32 program samples
 // itself, windows of max_positions from the BOS token; text_path is not read)
 // (scales_only: AWQ's channel scales only, no output-aware int4 groups: --quantize auto, which picks int4 or int8

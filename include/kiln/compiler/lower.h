@@ -53,6 +53,9 @@ struct LowerOptions {
   // quantized_decomposed::embedding_4bit / embedding_byte lookups (portable
   // kernels; backends/xnnpack/quantize.h); empty: fp32. Either backend.
   std::string quantize_embedding;
+  // With quantize 8da4w (xnnpack): 4 (the default) keeps the LM head (the output projection, tied or not) 8da4w like
+  // the other layers; 8 makes it 8da8w (int8 per channel), through PayloadOptions::per_weight as --quantize auto does.
+  int64_t quantize_head = 4;
   // A named recipe the caller expanded into the options above (kiln lower --recipe llm-int4): recorded in
   // the metadata with `recipe_choices`, one "flag value (why)" or "flag value (given: overrides ...)" line each.
   std::string recipe;
@@ -121,6 +124,7 @@ struct LowerResult {
   std::string program_dtype = "float32", stored_dtype = "float32";
   std::optional<backends::xnnpack::AutoPlan> auto_plan;  // --quantize auto: the per-layer choices
   int64_t max_size_bytes = 0;                            // --max-size, in bytes
+  std::optional<backends::xnnpack::HeadLayer> head_8bit;  // --quantize-head 8: the layer made 8da8w
   int64_t untied_weights = 0;  // tied weights given a copy of their own for their quantized linear products
   // --backend portable --quantize: the scheme ("8da4w:32 (mse scales)", "none") and the linear products rewritten to
   // ExecuTorch's quantized_decomposed per-token activation quantization and mixed_linear (kiln/passes/quantize_portable.h)

@@ -226,4 +226,17 @@ struct AutoPlan {
 AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
                               const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
 
+// kiln lower --quantize 8da4w --quantize-head 8: the output projection (the LM head, tied or not), the last linear
+// layer in graph order (the layers plan_mixed_precision finds; after untie_quantized_linear_weights, the tied head's
+// own copy). Its weight goes to PayloadOptions::per_weight as 8da8w, as --quantize auto's int8 choices do.
+struct HeadLayer {
+  graph::ValueId weight = 0;
+  std::string name;      // the weight's parameter name (its FQN) or value name
+  std::string layer;     // the product's module path (or node name)
+  int64_t n = 0, k = 0;  // output channels, inputs
+  bool kept_fp32 = false;  // keep_fp32 (--quantize-skip) keeps it fp32
+};
+std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program,
+                                          const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
+
 }  // namespace kiln::backends::xnnpack

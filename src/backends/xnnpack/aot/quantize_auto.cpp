@@ -92,20 +92,21 @@ double weighted_error(const float* w, int64_t n, int64_t k, const QuantizedWeigh
   return e;
 }
 
-}  // namespace
+struct Site {
+  graph::ValueId weight, input;
+  bool kn;  // the weight is [K, N]
+  const graph::Node* product;
+};
 
-AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
-                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+// The linear layers in graph order, one per weight (the first product that reads it): mm/addmm on a constant
+// [K, N], through permute_copy [1,0] of a constant [N, K], or the tied head's mm(W, x^T).
+std::vector<Site> linear_sites(const passes::EdgeProgram& program,
+                               const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
   const graph::Graph& g = program.graph;
   auto is_weight = [&](graph::ValueId v) {
     const auto& m = g.value(v).meta;
     if (!program.is_constant(v) || m.dtype != ScalarType::Float || m.sizes.size() != 2) return false;
     return program.constants.at(v).quantized == nullptr;  // a weight the .pt2 holds quantized keeps its own form
-  };
-  struct Site {
-    graph::ValueId weight, input;
-    bool kn;  // the weight is [K, N]
-    const graph::Node* product;
   };
   std::vector<Site> sites;
   std::set<graph::ValueId> seen;
@@ -125,6 +126,35 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     if (!site || (keep_fp32 && keep_fp32(n, site->weight))) continue;
     if (seen.insert(site->weight).second) sites.push_back(*site);
   }
+  return sites;
+}
+
+}  // namespace
+
+std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program,
+                                          const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+  const std::vector<Site> sites = linear_sites(program, {});
+  if (sites.empty()) return std::nullopt;
+  const Site& s = sites.back();
+  const graph::Graph& g = program.graph;
+  HeadLayer h;
+  h.weight = s.weight;
+  const auto& meta = g.value(s.weight).meta;
+  h.n = s.kn ? meta.sizes[1] : meta.sizes[0];
+  h.k = s.kn ? meta.sizes[0] : meta.sizes[1];
+  const auto& cd = program.constants.at(s.weight);
+  h.name = cd.name.empty() ? g.value(s.weight).name : cd.name;
+  h.layer = s.product->module_path.empty() ? s.product->name : s.product->module_path;
+  h.kept_fp32 = keep_fp32 && keep_fp32(*s.product, s.weight);
+  return h;
+}
+
+AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
+                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+  const graph::Graph& g = program.graph;
+  const std::vector<Site> sites = linear_sites(program, keep_fp32);
+  std::set<graph::ValueId> seen;
+  for (const Site& s : sites) seen.insert(s.weight);
 
   QuantScheme q4 = base, q8 = base;
   q4.kind = QuantScheme::Kind::Int4Groups;
