@@ -42,7 +42,8 @@ same numbers as one token per call, measured: bench/RESULTS.md).
                          with the int4 lookup (--quantize-embedding 4), without / with --calibrate (awq)
   kiln-8da4w-head8-emb8[-cal[-act]], kiln-8da4w-head8-emb4[-cal], kiln-8da4w-head8  --quantize 8da4w --quantize-head 8
                          (the LM head 8da8w) with --quantize-embedding 8 / 4 / none (fp32 lookup), -cal: --calibrate
-                         (awq+gptq; -act: awq+gptq-act); dynamic export
+                         (awq+gptq; -act: awq+gptq-act; -refit: the method with +refit, GPTQ's scales re-fitted);
+                         dynamic export
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
   kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
                          layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
@@ -158,6 +159,10 @@ KILN_FLAGS = {
                                   "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq"],
     "kiln-8da4w-head8-emb8-cal-act": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "8",
                                       "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq-act"],
+    "kiln-8da4w-head8-emb8-cal-act-refit": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "8",
+                                            "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq-act+refit"],
+    "kiln-8da4w-head8-emb8-cal-refit": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "8",
+                                        "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq+refit"],
     "kiln-8da4w-head8-emb4-cal": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "4",
                                   "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq"],
     "kiln-8da4w-head8": ["--quantize", "8da4w", "--quantize-head", "8"],  # the lookup fp32 (113 MB)

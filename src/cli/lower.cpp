@@ -297,7 +297,9 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
   cmd->add_option("--calibrate-method", opts->calibrate_method,
                   "with --calibrate: awq+gptq (the default; --quantize auto: awq): AWQ's scales, then GPTQ; awq "
                   "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
-                  "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups)");
+                  "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups); any GPTQ "
+                  "method with +refit (e.g. awq+gptq-act+refit): GPTQ's int4 group scales then re-fitted to its "
+                  "objective");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

@@ -58,7 +58,12 @@ struct CalibrationResult {
 // 100% (calibrate.cpp).
 // gptq-act / awq+gptq-act: the same with GPTQ's act-order in its "static groups" form (the columns in decreasing
 // diag(H) order, every group's scale the plain rule's on the original weights).
-enum class CalibrationMethod : uint8_t { Awq, Gptq, AwqGptq, GptqAct, AwqGptqAct };
+// "+refit" (gptq+refit, awq+gptq+refit, gptq-act+refit, awq+gptq-act+refit): after GPTQ, with its int4 codes kept,
+// each row's bf16 group scales re-fitted jointly to the layer objective (w - Q s)^T H (w - Q s) (exact least squares
+// over the row's scales; kept per row only where the stored scales lower it). Same file format; 8da4w layers only.
+enum class CalibrationMethod : uint8_t {
+  Awq, Gptq, AwqGptq, GptqAct, AwqGptqAct, GptqRefit, AwqGptqRefit, GptqActRefit, AwqGptqActRefit
+};
 std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error);
 std::string_view calibration_method_name(CalibrationMethod m);
 
