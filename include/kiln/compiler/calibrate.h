@@ -59,8 +59,9 @@ struct CalibrationResult {
 // gptq-act / awq+gptq-act: the same with GPTQ's act-order in its "static groups" form (the columns in decreasing
 // diag(H) order, every group's scale the plain rule's on the original weights).
 // "+refit" (gptq+refit, awq+gptq+refit, gptq-act+refit, awq+gptq-act+refit): after GPTQ, with its int4 codes kept,
-// each row's bf16 group scales re-fitted jointly to the layer objective (w - Q s)^T H (w - Q s) (exact least squares
-// over the row's scales; kept per row only where the stored scales lower it). Same file format; 8da4w layers only.
+// each row's bf16 group scales re-fitted jointly to the layer objective (w - Q s)^T H (w - Q s), H damped as GPTQ's
+// (exact least squares over the row's scales; kept per row only where the stored scales lower it). Same file format;
+// 8da4w layers only.
 enum class CalibrationMethod : uint8_t {
   Awq, Gptq, AwqGptq, GptqAct, AwqGptqAct, GptqRefit, AwqGptqRefit, GptqActRefit, AwqGptqActRefit
 };
