@@ -10,6 +10,7 @@
 // weights (int4: half a byte per weight plus the bf16 scales).
 //   build/kiln_gemm_bench [min_seconds_per_measurement]
 #include "kiln/cpu/config.h"
+#include "kiln/cpu/gemm.h"
 #include "kiln/cpu/quant.h"
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -145,6 +147,7 @@ int main(int argc, char** argv) {
   }
   std::printf("kiln CPU micro-kernels, single thread. This CPU: best ISA %s; selected (KILN_CPU_ISA or best): %s -> %s, %s\n",
               isa_name(best_isa()), isa_name(active_isa()), f32_gemm_config().name, f32_gemv_config().name);
+  std::printf("512-bit FMA pipes (measured, or KILN_FMA512_PIPES): %d\n", cpu_fma512_pipes());
   std::printf("GFLOP/s by wall clock and by thread CPU time (the latter discounts time the core ran others);\n"
               "%%peak: the CPU-time rate over the fp32 FMA peak of the variant's ISA on one core (no memory traffic)\n");
   double peak[3] = {0, 0, 0};
@@ -155,9 +158,10 @@ int main(int argc, char** argv) {
     }
 
   std::mt19937 rng(0);
-  std::printf("\nf32-gemm (seq_len 128)\n%-24s %-20s %-12s %10s %10s %10s %7s %12s\n", "variant", "M x K x N", "layer",
+  std::printf("\nf32-gemm (seq_len 128; B as rows [K, N], packed per call, then B packed once as the variant's panels: +P)\n%-24s %-20s %-12s %10s %10s %10s %7s %12s\n", "variant", "M x K x N", "layer",
               "ms/call", "GFLOP/s", "(cpu)", "%peak", "max rel err");
-  const Shape gemm_shapes[] = {{128, 768, 768, "attn c_proj"}, {128, 768, 3072, "mlp c_fc"}, {128, 768, 50257, "lm_head"}};
+  const Shape gemm_shapes[] = {{128, 768, 768, "attn c_proj"}, {128, 768, 2304, "attn c_attn"}, {128, 768, 3072, "mlp c_fc"},
+                               {128, 3072, 768, "mlp c_proj"}, {128, 768, 50257, "lm_head"}};
   for (const Shape& s : gemm_shapes) {
     const std::vector<float> a = random_floats(static_cast<size_t>(s.m * s.k), rng),
                              b = random_floats(static_cast<size_t>(s.k * s.n), rng);
@@ -168,14 +172,21 @@ int main(int argc, char** argv) {
         continue;
       }
       const double flop = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.k) * static_cast<double>(s.n);
-      const Timing t = time_it(min_seconds, flop, [&] {
-        v.gemm(s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n, false, c.data(), s.n);
-      });
       char dims[64];
       std::snprintf(dims, sizeof(dims), "%lld x %lld x %lld", static_cast<long long>(s.m), static_cast<long long>(s.k),
                     static_cast<long long>(s.n));
-      std::printf("%-24s %-20s %-12s %10.3f %10.1f %10.1f %6.1f%% %12.2e\n", v.name, dims, s.what, t.ms, t.gflops_wall,
-                  t.gflops_cpu, 100.0 * t.gflops_cpu / peak[static_cast<int>(v.isa)], max_rel_error(s, a, b, c));
+      std::vector<float> packed(static_cast<size_t>((s.n + v.nr - 1) / v.nr * v.nr * s.k));
+      sgemm_pack_b_width(v.nr, s.k, s.n, b.data(), s.n, false, packed.data());
+      for (bool panels : {false, true}) {
+        const Timing t = time_it(min_seconds, flop, [&] {
+          if (panels) v.gemm_packed(s.m, s.n, s.k, 1.0f, a.data(), s.k, packed.data(), 0, false, c.data(), s.n);
+          else v.gemm(s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n, false, c.data(), s.n);
+        });
+        std::string name = std::string(v.name) + (panels ? " +P" : "");
+        std::printf("%-24s %-20s %-12s %10.3f %10.1f %10.1f %6.1f%% %12.2e\n", name.c_str(), dims, s.what, t.ms,
+                    t.gflops_wall, t.gflops_cpu, 100.0 * t.gflops_cpu / peak[static_cast<int>(v.isa)],
+                    max_rel_error(s, a, b, c));
+      }
     }
   }
 

@@ -4,6 +4,7 @@
 
 #include "ukernels.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -67,14 +68,14 @@ bool cpu_has(Isa isa) {
 #define KILN_ARM64_ONLY(...)
 #endif
 
-// intel: see F32GemmVariant::intel (the other avx512 row is skipped on Intel; generic and avx2 rows are for every vendor)
+// two_pipes: see F32GemmVariant::two_pipes (the other avx512 row is skipped on such cores; generic and avx2 rows are for every core)
 const F32GemmVariant kF32Gemm[] = {
-    KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512, f32_gemm_4x64__avx512_bt})
-    KILN_X86_ONLY({"f32_gemm_4x64__avx512_l1", Isa::Avx512, 4, 64, 128, f32_gemm_4x64__avx512_l1,
-                   f32_gemm_4x64__avx512_l1_bt, true})
-    KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2, f32_gemm_4x24__avx2_bt})
-    KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon, f32_gemm_8x8__neon_bt})
-    {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic, f32_gemm_6x8__generic_bt},
+    KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512, f32_gemm_4x64__avx512_bt, f32_gemm_4x64__avx512_packed})
+    KILN_X86_ONLY({"f32_gemm_6x64__avx512", Isa::Avx512, 6, 64, 128, f32_gemm_6x64__avx512,
+                   f32_gemm_6x64__avx512_bt, f32_gemm_6x64__avx512_packed, true})
+    KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2, f32_gemm_4x24__avx2_bt, f32_gemm_4x24__avx2_packed})
+    KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon, f32_gemm_8x8__neon_bt, f32_gemm_8x8__neon_packed})
+    {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic, f32_gemm_6x8__generic_bt, f32_gemm_6x8__generic_packed},
 };
 
 #define KILN_GEMV_ROW(isa, ISA) {"f32_gemv__" #isa, Isa::ISA, f32_gemv_axpy_rows__##isa, f32_gemv_dot__##isa, \
@@ -113,13 +114,21 @@ const Qd8GemmVariant* const kQd8Gemm[] = {
     &qd8_gemm__generic,
 };
 
-// GenuineIntel (CPUID leaf 0): the f32-gemm variants tuned for Intel's cores (F32GemmVariant::intel).
-bool cpu_is_intel() {
+// The 512-bit FMA rate over the 256-bit one, in flops per second of this thread's CPU time, best of
+// five alternating probes of ~40 us each (f32_fma_probe__*: independent FMA chains, no memory traffic):
+// ~2 on a core with two full-width pipes, ~1 where 512-bit FMAs are split in two (bench/RESULTS.md has
+// 1.86 on a Xeon with AMX).
+int measure_fma512_pipes() {
 #ifdef KILN_CPU_X86
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel");
+  if (!cpu_has(Isa::Avx512)) return 0;
+  double best512 = 0, best256 = 0;
+  for (int round = 0; round < 5; ++round) {
+    best512 = std::max(best512, f32_fma_probe__avx512(4000));
+    best256 = std::max(best256, f32_fma_probe__avx2(4000));
+  }
+  return best512 > 1.5 * best256 ? 2 : 1;
 #else
-  return false;
+  return 0;
 #endif
 }
 
@@ -255,12 +264,21 @@ Isa active_isa() { return tables().isa; }
 
 std::span<const F32GemmVariant> f32_gemm_variants() { return kF32Gemm; }
 
+int cpu_fma512_pipes() {
+  static const int pipes = [] {
+    const char* env = std::getenv("KILN_FMA512_PIPES");
+    if (env != nullptr && (std::strcmp(env, "1") == 0 || std::strcmp(env, "2") == 0)) return env[0] - '0';
+    return measure_fma512_pipes();
+  }();
+  return pipes;
+}
+
 bool f32_gemm_for_this_cpu(const F32GemmVariant& v) {
-  const bool intel = cpu_is_intel();
-  if (v.intel) return intel;
-  if (!intel) return true;
-  for (const F32GemmVariant& w : kF32Gemm)  // on Intel, an ISA's row tuned for it replaces the general one
-    if (w.intel && w.isa == v.isa) return false;
+  const bool two = cpu_fma512_pipes() == 2;
+  if (v.two_pipes) return two;
+  if (!two) return true;
+  for (const F32GemmVariant& w : kF32Gemm)  // there, an ISA's row tuned for two pipes replaces the general one
+    if (w.two_pipes && w.isa == v.isa) return false;
   return true;
 }
 const F32GemmVariant& f32_gemm_config() { return *tables().f32_gemm; }

@@ -16,20 +16,28 @@ namespace kiln::cpu {
   void name(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,          \
             int64_t ldb, bool accumulate, float* c, int64_t ldc)
 
-// The _bt forms take b as Bᵀ, [n, k] with row stride ldb.
+// The _bt forms take b as Bᵀ, [n, k] with row stride ldb; the _packed forms, B as panels (gemm.h's sgemm_pack_b).
 KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic);
 KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic_bt);
+KILN_DECLARE_F32_GEMM(f32_gemm_6x8__generic_packed);
 #ifdef KILN_CPU_X86
 KILN_DECLARE_F32_GEMM(f32_gemm_4x24__avx2);
 KILN_DECLARE_F32_GEMM(f32_gemm_4x24__avx2_bt);
+KILN_DECLARE_F32_GEMM(f32_gemm_4x24__avx2_packed);
 KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512);
 KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512_bt);
-KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512_l1);
-KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512_l1_bt);
+KILN_DECLARE_F32_GEMM(f32_gemm_4x64__avx512_packed);
+KILN_DECLARE_F32_GEMM(f32_gemm_6x64__avx512);
+KILN_DECLARE_F32_GEMM(f32_gemm_6x64__avx512_bt);
+KILN_DECLARE_F32_GEMM(f32_gemm_6x64__avx512_packed);
+// FMA rate probes (config.cpp's cpu_fma512_pipes): flops per second of thread CPU time, `rounds` x 128 FMAs
+double f32_fma_probe__avx512(long rounds);
+double f32_fma_probe__avx2(long rounds);
 #endif
 #ifdef KILN_CPU_ARM64
 KILN_DECLARE_F32_GEMM(f32_gemm_8x8__neon);
 KILN_DECLARE_F32_GEMM(f32_gemm_8x8__neon_bt);
+KILN_DECLARE_F32_GEMM(f32_gemm_8x8__neon_packed);
 #endif
 
 // f32-gemv: the streaming products for a few rows (see kiln/cpu/config.h).

@@ -121,9 +121,10 @@ void check_family(std::span<const V> variants) {
   for (size_t i = 0; i < variants.size(); ++i) {
     EXPECT_TRUE(names.insert(variants[i].name).second) << variants[i].name << " twice";
     if (i > 0) {
-      // two rows for one ISA only where the second is one vendor's tuning of the first (f32-gemm's intel rows)
+      // two rows for one ISA only where the second tunes the first for other cores (f32-gemm's two_pipes rows)
       bool vendor_row = false;
-      if constexpr (requires { variants[i].intel; }) vendor_row = variants[i].intel && !variants[i - 1].intel;
+      if constexpr (requires { variants[i].two_pipes; })
+        vendor_row = variants[i].two_pipes && !variants[i - 1].two_pipes;
       if (vendor_row) {
         EXPECT_EQ(variants[i].isa, variants[i - 1].isa) << variants[i].name << ": a vendor's row follows its ISA's row";
       } else {
@@ -132,6 +133,30 @@ void check_family(std::span<const V> variants) {
     }
     EXPECT_NE(std::string(variants[i].name).find(std::string("__") + isa_name(variants[i].isa)), std::string::npos)
         << variants[i].name << " is not named for its ISA";
+  }
+}
+
+// The measured 512-bit FMA pipes (or KILN_FMA512_PIPES): 0 exactly where the CPU lacks AVX-512, and the
+// f32-gemm selection follows it: a two_pipes row is picked where it says 2 and AVX-512 is selected, never
+// where it says 1.
+TEST(Config, FmaPipesPickTheGemmRow) {
+  const int pipes = cpu_fma512_pipes();
+  const char* env = std::getenv("KILN_FMA512_PIPES");
+  if (env != nullptr && (std::string(env) == "1" || std::string(env) == "2")) {
+    EXPECT_EQ(pipes, env[0] - '0');
+  } else {
+    EXPECT_EQ(pipes == 0, !isa_supported(Isa::Avx512)) << pipes;
+  }
+  EXPECT_GE(pipes, 0);
+  EXPECT_LE(pipes, 2);
+  bool has_two_pipes_row = false;
+  for (const F32GemmVariant& v : f32_gemm_variants())
+    has_two_pipes_row = has_two_pipes_row || (v.two_pipes && v.isa == f32_gemm_config().isa);
+  if (pipes == 2 && has_two_pipes_row) {
+    EXPECT_TRUE(f32_gemm_config().two_pipes) << f32_gemm_config().name;
+  }
+  if (pipes != 2) {
+    EXPECT_FALSE(f32_gemm_config().two_pipes) << f32_gemm_config().name;
   }
 }
 

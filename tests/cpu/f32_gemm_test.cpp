@@ -63,6 +63,19 @@ TEST_P(F32Gemm, TransposedB) {
   GemmTester().m(37).n(200).k(300).float_data(true).transposed_b(true).test(GetParam());
 }
 
+// gemm_packed (B packed once as the variant's panels, from B or from Bᵀ: a linear layer's weights at
+// load), over the remainders, and from the second panel on (a task's columns) against the same reference.
+TEST_P(F32Gemm, PackedB) {
+  for (int64_t k : {int64_t{1}, int64_t{5}, kc() - 1, kc() + 1, 2 * kc() + 3})
+    for (int64_t m : {int64_t{1}, mr() - 1, mr() + 1, 2 * mr() + 1})
+      for (int64_t n : {int64_t{1}, int64_t{3}, nr() - 1, nr(), nr() + 1, 2 * nr() + 5})
+        for (bool acc : {false, true})
+          for (bool from_bt : {false, true})
+            GemmTester().m(m).n(n).k(k).b_pad(k % 2 == 0 ? 0 : 3).c_pad(2).accumulate(acc).alpha(acc ? 0.5f : 1.0f)
+                .transposed_b(from_bt).packed_b(true).test(GetParam());
+  GemmTester().m(37).n(200).k(300).float_data(true).packed_b(true).test(GetParam());
+}
+
 TEST_P(F32Gemm, FloatData) {
   for (uint32_t seed : {1u, 2u, 3u})
     GemmTester().m(2 * mr() + 1).n(2 * nr() + 1).k(kc() + 5).alpha(0.7f).accumulate(seed == 2).b_pad(1).float_data(true)

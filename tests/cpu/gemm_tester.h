@@ -7,6 +7,7 @@
 #pragma once
 
 #include "kiln/cpu/config.h"
+#include "kiln/cpu/gemm.h"
 
 #include <gtest/gtest.h>
 
@@ -47,11 +48,15 @@ class GemmTester {
   GemmTester& seed(uint32_t v) { seed_ = v; return *this; }
   // runs the variant's gemm_bt on Bᵀ ([n, k], its rows padded by b_pad) instead of gemm on B
   GemmTester& transposed_b(bool v) { transposed_b_ = v; return *this; }
+  // runs the variant's gemm_packed on B packed as its panels (sgemm_pack_b_width, from B or, with
+  // transposed_b, from Bᵀ), in two calls when n > nr: columns [0, nr) and [nr, n) from the second panel on
+  GemmTester& packed_b(bool v) { packed_b_ = v; return *this; }
 
   void test(const F32GemmVariant& v) const {
     SCOPED_TRACE(::testing::Message() << v.name << " m=" << m_ << " n=" << n_ << " k=" << k_ << " lda=" << lda()
                                       << " ldb=" << ldb() << " ldc=" << ldc() << " alpha=" << alpha_
-                                      << " accumulate=" << accumulate_ << " transposed_b=" << transposed_b_);
+                                      << " accumulate=" << accumulate_ << " transposed_b=" << transposed_b_
+                                      << " packed_b=" << packed_b_);
     std::mt19937 rng(seed_);
     auto fill = [&](std::vector<float>& x) {
       std::uniform_int_distribution<int> ints(-3, 3);
@@ -67,11 +72,24 @@ class GemmTester {
       for (int64_t j = n_; j < ldc(); ++j) c0[static_cast<size_t>(i * ldc() + j)] = kSentinel;
 
     std::vector<float> c = c0;
+    const int64_t ldbt = k_ + b_pad_;
+    std::vector<float> bt;
     if (transposed_b_) {
-      const int64_t ldbt = k_ + b_pad_;
-      std::vector<float> bt(static_cast<size_t>(n_ * ldbt), kSentinel);
+      bt.assign(static_cast<size_t>(n_ * ldbt), kSentinel);
       for (int64_t p = 0; p < k_; ++p)
         for (int64_t j = 0; j < n_; ++j) bt[static_cast<size_t>(j * ldbt + p)] = b[static_cast<size_t>(p * ldb() + j)];
+    }
+    if (packed_b_) {
+      const int64_t panels = (n_ + v.nr - 1) / v.nr;
+      std::vector<float> packed(static_cast<size_t>(panels * v.nr * k_), kSentinel);
+      if (transposed_b_) sgemm_pack_b_width(v.nr, k_, n_, bt.data(), ldbt, true, packed.data());
+      else sgemm_pack_b_width(v.nr, k_, n_, b.data(), ldb(), false, packed.data());
+      const int64_t j0 = n_ > v.nr ? v.nr : n_;
+      v.gemm_packed(m_, j0, k_, alpha_, a.data(), lda(), packed.data(), 0, accumulate_, c.data(), ldc());
+      if (j0 < n_)
+        v.gemm_packed(m_, n_ - j0, k_, alpha_, a.data(), lda(), packed.data() + j0 * k_, 0, accumulate_, c.data() + j0,
+                      ldc());
+    } else if (transposed_b_) {
       v.gemm_bt(m_, n_, k_, alpha_, a.data(), lda(), bt.data(), ldbt, accumulate_, c.data(), ldc());
     } else {
       v.gemm(m_, n_, k_, alpha_, a.data(), lda(), b.data(), ldb(), accumulate_, c.data(), ldc());
@@ -121,7 +139,7 @@ class GemmTester {
 
   int64_t m_ = 1, n_ = 1, k_ = 1, a_pad_ = 0, b_pad_ = 0, c_pad_ = 0;
   float alpha_ = 1.0f;
-  bool accumulate_ = false, float_data_ = false, transposed_b_ = false;
+  bool accumulate_ = false, float_data_ = false, transposed_b_ = false, packed_b_ = false;
   uint32_t seed_ = 0;
 };
 

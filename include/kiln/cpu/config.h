@@ -54,10 +54,17 @@ struct F32GemmVariant {
   int64_t kc;        // K block (rows of a packed B panel)
   F32GemmFn gemm;
   F32GemmFn gemm_bt;  // the same with b given as Bᵀ, [n, k] (sgemm_bt)
-  // Picked only on Intel cores (and skipped there by the variant it tunes): their two 512-bit FMA pipes
-  // consume a 4 x 64 tile's B faster than L2 delivers it, so its panel must fit L1 (bench/RESULTS.md).
-  bool intel = false;
+  F32GemmFn gemm_packed;  // the same with B as panels of nr columns, packed once (sgemm_pack_b; ldb unused)
+  // Picked only on cores with two full-width 512-bit FMA pipes, as measured (cpu_fma512_pipes), and
+  // skipped there by the variant it tunes: such a core consumes a 4 x 64 tile's B faster than L2 delivers
+  // it, so its panel must fit L1, and its tile is written with intrinsics (bench/RESULTS.md, issue 42).
+  bool two_pipes = false;
 };
+
+// The core's full-width (512-bit) FMA pipes, measured once: 2 where 512-bit FMAs run at about twice the
+// 256-bit ones' rate in flops (Intel's server cores), else 1 (AMD's Zen 4 splits them in halves; a CPU
+// without AVX-512: 0). KILN_FMA512_PIPES=1|2 overrides the measurement (tests, benchmarks).
+int cpu_fma512_pipes();
 
 std::span<const F32GemmVariant> f32_gemm_variants();  // all built in, widest first, runnable or not
 const F32GemmVariant& f32_gemm_config();              // the selected one

@@ -20,6 +20,21 @@ void sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
 void sgemm_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
               bool accumulate, float* c, int64_t ldc);
 
+// B packed once (a constant's layout for many products: a linear layer's weights, packed at load) as the
+// selected variant's panels of sgemm_panel_width() columns, each k rows of that many floats, columns past
+// n zero: sgemm_packed_floats(k, n) floats. From B [k, n] (row stride ldb), or from Bᵀ [n, k] if
+// `transposed`. The products then read B in place, nothing packed per call.
+int64_t sgemm_panel_width();
+int64_t sgemm_packed_floats(int64_t k, int64_t n);
+void sgemm_pack_b(int64_t k, int64_t n, const float* b, int64_t ldb, bool transposed, float* packed);
+// The same with a given panel width (a variant's nr: tests, benchmarks).
+void sgemm_pack_b_width(int64_t nr, int64_t k, int64_t n, const float* b, int64_t ldb, bool transposed,
+                        float* packed);
+// sgemm over packed B: C[m, n] = alpha * A[m, k] · B[:, j0 : j0 + n] + (accumulate ? C : 0), where `packed`
+// is sgemm_pack_b's output advanced by j0 * k floats and j0 is a multiple of sgemm_panel_width().
+void sgemm_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* packed,
+                  bool accumulate, float* c, int64_t ldc);
+
 // The code paths of sgemm are the ISA levels of config.h.
 using SgemmIsa = Isa;
 

@@ -6,6 +6,7 @@
 // seq_len 128 shapes, one thread): 61-78 GFLOP/s against 46-70 (bench/RESULTS.md).
 #include "../ukernels.h"
 #include "f32-gemm.h"
+#include "fma-probe.h"
 
 #ifdef KILN_CPU_X86
 namespace kiln::cpu {
@@ -19,6 +20,15 @@ __attribute__((target("avx2,fma"))) void f32_gemm_4x24__avx2(int64_t m, int64_t 
 __attribute__((target("avx2,fma"))) void f32_gemm_4x24__avx2_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
     int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   f32_gemm_blocked<4, 3, VecOf<32>::type, 256, true>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+__attribute__((target("avx2,fma"))) void f32_gemm_4x24__avx2_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+    const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  f32_gemm_blocked<4, 3, VecOf<32>::type, 256, kPanelsB>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+__attribute__((target("avx2,fma"))) double f32_fma_probe__avx2(long rounds) {
+  return fma_probe<VecOf<32>::type>(rounds);
 }
 
 }  // namespace kiln::cpu

@@ -21,22 +21,9 @@ __attribute__((target("avx512f,fma"))) void f32_gemm_4x64__avx512_bt(int64_t m, 
   f32_gemm_blocked<4, 4, VecOf<64>::type, 768, true>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
-// KC = 128 (a 32 KiB panel, L1-resident) for Intel's server cores: two full-width FMA pipes do the
-// tile's 16 FMAs in 8 cycles, and 256 bytes of B in 8 cycles is more than their L2 sustains. On a
-// Xeon (AVX-512 FP16, AMX) GPT-2's shapes ran at 78/74/65% of the FMA peak against 68/62/63% with
-// KC = 768; on AMD's Zen 4 (512-bit FMAs in two halves) KC = 768 stays faster (85/77/77 vs 74/71/68%).
-__attribute__((target("avx512f,fma"))) void f32_gemm_4x64__avx512_l1(int64_t m, int64_t n, int64_t k, float alpha,
-                                                                      const float* a, int64_t lda, const float* b,
-                                                                      int64_t ldb, bool accumulate, float* c,
-                                                                      int64_t ldc) {
-  f32_gemm_blocked<4, 4, VecOf<64>::type, 128>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
-}
-
-__attribute__((target("avx512f,fma"))) void f32_gemm_4x64__avx512_l1_bt(int64_t m, int64_t n, int64_t k,
-                                                                         float alpha, const float* a, int64_t lda,
-                                                                         const float* b, int64_t ldb,
-                                                                         bool accumulate, float* c, int64_t ldc) {
-  f32_gemm_blocked<4, 4, VecOf<64>::type, 128, true>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+__attribute__((target("avx512f,fma"))) void f32_gemm_4x64__avx512_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+    const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  f32_gemm_blocked<4, 4, VecOf<64>::type, 768, kPanelsB>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 }  // namespace kiln::cpu

@@ -16,4 +16,9 @@ void f32_gemm_6x8__generic_bt(int64_t m, int64_t n, int64_t k, float alpha, cons
   f32_gemm_blocked<6, 2, VecOf<16>::type, 32 * 1024 / (2 * 16), true>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
+void f32_gemm_6x8__generic_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+    const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  f32_gemm_blocked<6, 2, VecOf<16>::type, 32 * 1024 / (2 * 16), kPanelsB>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+
 }  // namespace kiln::cpu

@@ -20,5 +20,10 @@ void f32_gemm_8x8__neon_bt(int64_t m, int64_t n, int64_t k, float alpha, const f
   f32_gemm_blocked<8, 2, VecOf<16>::type, 1024, true>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
+void f32_gemm_8x8__neon_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+    const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  f32_gemm_blocked<8, 2, VecOf<16>::type, 1024, kPanelsB>(m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
+}
+
 }  // namespace kiln::cpu
 #endif

@@ -122,13 +122,80 @@ KILN_CPU_INLINE void micro_tile(int64_t kc, const float* a, int64_t lda, int64_t
     }
 }
 
+// The template's register tile, as a policy type: a variant may bring its own (written with its ISA's
+// intrinsics, where the compiler's allocation of the vector-extension tile spills: f32-gemm-6x64-avx512.cpp).
+template <int MR, int NV, typename V>
+struct VectorTile {
+  static KILN_CPU_INLINE void run(int64_t kc, const float* a, int64_t lda, int64_t mr, const float* bp, float* c,
+                                  int64_t ldc, int64_t nr, float alpha, bool load_c) {
+    micro_tile<MR, NV, V>(kc, a, lda, mr, bp, c, ldc, nr, alpha, load_c);
+  }
+};
+
+// B's layout (BL): rows, B [k, n] with row stride ldb; transposed, b is Bᵀ, [n, k] with row stride ldb
+// (C = A · bᵀ); panels, B packed once by pack_b_panels (gemm.h's sgemm_pack_b): the panel of columns
+// [j, j + NR) is k rows of NR floats at b + j * k (ldb unused), read in place, nothing packed per call.
+inline constexpr int kRowsB = 0, kTransposedB = 1, kPanelsB = 2;
+
+// B [k, n] (row stride ldb), or Bᵀ [n, k] if `transposed`, as panels of NR columns: panel p is k rows of
+// NR floats at out + p * k * NR, columns past n zero.
+template <int NR>
+KILN_CPU_INLINE void pack_b_panels(int64_t k, int64_t n, const float* b, int64_t ldb, bool transposed, float* out) {
+  for (int64_t j = 0; j < n; j += NR) {
+    const int64_t nr = n - j < NR ? n - j : NR;
+    if (transposed) pack_b_transposed<NR>(b + j * ldb, ldb, k, nr, out + j * k);
+    else pack_b<NR>(b + j, ldb, k, nr, out + j * k);
+  }
+}
+
 // KC: rows of a packed B panel; the default keeps the panel at 32 KiB (L1).
-// BT: b is Bᵀ, [n, k] with row stride ldb (C = A · bᵀ).
-template <int MR, int NV, typename V, int64_t KC = 32 * 1024 / (NV * static_cast<int64_t>(sizeof(V))), bool BT = false>
+template <int MR, int NV, typename V, int64_t KC = 32 * 1024 / (NV * static_cast<int64_t>(sizeof(V))), int BL = kRowsB,
+          typename Tile = VectorTile<MR, NV, V>>
 KILN_CPU_INLINE void f32_gemm_blocked(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                                       const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
   constexpr int VL = static_cast<int>(sizeof(V) / sizeof(float));
   constexpr int NR = NV * VL;
+  constexpr bool BT = BL == kTransposedB;
+  if constexpr (BL == kPanelsB) {
+    // Panels packed once: each panel's K blocks in turn (one contiguous stream of B), every MR-row tile of
+    // A sweeping the block; each tile prefetches its share of the next block (the next K rows, or the next
+    // panel's first ones) into L2.
+    const int64_t tiles = (m + MR - 1) / MR;
+    for (int64_t jr = 0; jr < n; jr += NR) {
+      const int64_t nr = n - jr < NR ? n - jr : NR;
+      for (int64_t pc = 0; pc < k; pc += KC) {
+        const int64_t kc = k - pc < KC ? k - pc : KC;
+        const bool load_c = accumulate || pc > 0;
+        const float* block = b + jr * k + pc * NR;
+        const char* next = reinterpret_cast<const char*>(block + kc * NR);
+        const int64_t next_bytes =
+            (pc + KC < k ? (k - pc - KC < KC ? k - pc - KC : KC) : jr + NR < n ? (k < KC ? k : KC) : 0) * NR *
+            static_cast<int64_t>(sizeof(float));
+        for (int64_t ir = 0; ir < m; ir += MR) {
+          const int64_t t = ir / MR;
+          for (int64_t off = next_bytes * t / tiles / 64 * 64; off < next_bytes * (t + 1) / tiles; off += 64)
+            __builtin_prefetch(next + off, 0, 2);
+          // and the next tile's rows of A for this K block (or the first tile's for the next block): MR short
+          // streams, which the hardware prefetcher does not follow in time when A comes from memory (the LM
+          // head's tied embedding, read in place as A)
+          const int64_t next_ir = ir + MR < m ? ir + MR : 0, next_pc = ir + MR < m ? pc : pc + KC;
+          if (next_pc < k) {
+            const int64_t next_kc = k - next_pc < KC ? k - next_pc : KC;
+            const int64_t rows_next = m - next_ir < MR ? m - next_ir : MR;
+            for (int64_t i = 0; i < rows_next; ++i) {
+              const char* row = reinterpret_cast<const char*>(a + (next_ir + i) * lda + next_pc);
+              const int64_t bytes = next_kc * static_cast<int64_t>(sizeof(float));
+              for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+              __builtin_prefetch(row + bytes - 1, 0, 3);
+            }
+          }
+          const int64_t mr = m - ir < MR ? m - ir : MR;
+          Tile::run(kc, a + ir * lda + pc, lda, mr, block, c + ir * ldc + jr, ldc, nr, alpha, load_c);
+        }
+      }
+    }
+    return;
+  }
   alignas(64) float bp[KC * NR];
   for (int64_t pc = 0; pc < k; pc += KC) {
     const int64_t kc = k - pc < KC ? k - pc : KC;
@@ -170,7 +237,7 @@ KILN_CPU_INLINE void f32_gemm_blocked(int64_t m, int64_t n, int64_t k, float alp
           for (int64_t i = 0; i < next_mr; ++i)
             for (int64_t j = 0; j < nr; j += 16) __builtin_prefetch(c + (ir + MR + i) * ldc + jr + j, 1, 3);
         }
-        micro_tile<MR, NV, V>(kc, a + ir * lda + pc, lda, mr, bp, c + ir * ldc + jr, ldc, nr, alpha, load_c);
+        Tile::run(kc, a + ir * lda + pc, lda, mr, bp, c + ir * ldc + jr, ldc, nr, alpha, load_c);
       }
     }
   }
