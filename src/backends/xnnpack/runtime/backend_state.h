@@ -175,6 +175,7 @@ struct Step {
   float lo = -INFINITY, hi = INFINITY;
   const float* weights = nullptr;                    // fully connected: [k, n] row-major ([n, k] if weights_nk)
   bool weights_nk = false;                           // fully connected, a few rows: W as the file has it, [n, k]
+  bool weights_panels = false;                       // fully connected, many rows: W packed as cpu::sgemm_pack_b's panels
   bool trans_b = false;                              // Bmm: B is [.., n, k] (C = A · Bᵀ), a few rows of A
   // Attention over the live positions (Builder::find_live_attention): the scores product
   // (trans_b) has the additive mask the next rows step adds (`period` rows of n floats); per call
