@@ -67,6 +67,14 @@ def cpu_isa() -> str:
     return f"{model}, {os.cpu_count()} logical CPUs; ISA: {isa}"
 
 
+def kiln_kernels(kiln: str) -> str:
+    """The kernels the kiln binary selects on this CPU (`kiln --version`: ISA level, f32-gemm and qd8-gemm variants)."""
+    try:
+        return subprocess.run([kiln, "--version"], capture_output=True, text=True, timeout=60).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"? ({e})"
+
+
 def run(cmd, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO / "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])), **(env or {}))
@@ -236,7 +244,8 @@ def main() -> None:
     llama_info = next((x[2] for c in cells for x in results[c] if x[2]), None)
     md.append(f"**Date**: {start:%Y-%m-%d %H:%M} UTC. **Machine**: {cpu_isa()}; load average "
               f"{' '.join(f'{x:.2f}' for x in load0)} at the start, {' '.join(f'{x:.2f}' for x in load1)} at the end. "
-              f"**Software**: kiln `{commit}`" + (f"; llama.cpp system info: `{llama_info}`" if llama_info else "") + ".")
+              f"**Software**: kiln `{commit}`, kernels: `{kiln_kernels(args.kiln)}`"
+              + (f"; llama.cpp system info: `{llama_info}`" if llama_info else "") + ".")
     md.append("")
     how = ("one forward call of all of them, the programs take T from 1 to the cache length (--dynamic)"
            if args.dynamic else "one forward call per token, the programs take T = 1")

@@ -72,7 +72,7 @@ bool cpu_has(Isa isa) {
 const F32GemmVariant kF32Gemm[] = {
     KILN_X86_ONLY({"f32_gemm_4x64__avx512", Isa::Avx512, 4, 64, 768, f32_gemm_4x64__avx512, f32_gemm_4x64__avx512_bt, f32_gemm_4x64__avx512_packed})
     KILN_X86_ONLY({"f32_gemm_6x64__avx512", Isa::Avx512, 6, 64, 128, f32_gemm_6x64__avx512,
-                   f32_gemm_6x64__avx512_bt, f32_gemm_6x64__avx512_packed, true})
+                   f32_gemm_6x64__avx512_bt, f32_gemm_6x64__avx512_packed, true, true})
     KILN_X86_ONLY({"f32_gemm_4x24__avx2", Isa::Avx2, 4, 24, 256, f32_gemm_4x24__avx2, f32_gemm_4x24__avx2_bt, f32_gemm_4x24__avx2_packed})
     KILN_ARM64_ONLY({"f32_gemm_8x8__neon", Isa::Neon, 8, 8, 1024, f32_gemm_8x8__neon, f32_gemm_8x8__neon_bt, f32_gemm_8x8__neon_packed})
     {"f32_gemm_6x8__generic", Isa::Generic, 6, 8, 1024, f32_gemm_6x8__generic, f32_gemm_6x8__generic_bt, f32_gemm_6x8__generic_packed},

@@ -59,6 +59,10 @@ struct F32GemmVariant {
   // skipped there by the variant it tunes: such a core consumes a 4 x 64 tile's B faster than L2 delivers
   // it, so its panel must fit L1, and its tile is written with intrinsics (bench/RESULTS.md, issue 42).
   bool two_pipes = false;
+  // Callers with a constant B (linear layers' weights) pack it once for this row (sgemm_pack_b, at load)
+  // rather than per call: measured faster for it (bench/RESULTS.md, issue 42). The rows tuned on AMD keep
+  // the per-call packing they were measured with until measured there.
+  bool pack_once = false;
 };
 
 // The core's full-width (512-bit) FMA pipes, measured once: 2 where 512-bit FMAs run at about twice the

@@ -24,6 +24,7 @@ void sgemm_bt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int6
 // selected variant's panels of sgemm_panel_width() columns, each k rows of that many floats, columns past
 // n zero: sgemm_packed_floats(k, n) floats. From B [k, n] (row stride ldb), or from Bᵀ [n, k] if
 // `transposed`. The products then read B in place, nothing packed per call.
+bool sgemm_pack_once();  // the selected variant's pack_once: callers with a constant B should pack it
 int64_t sgemm_panel_width();
 int64_t sgemm_packed_floats(int64_t k, int64_t n);
 void sgemm_pack_b(int64_t k, int64_t n, const float* b, int64_t ldb, bool transposed, float* packed);

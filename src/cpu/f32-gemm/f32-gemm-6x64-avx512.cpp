@@ -32,7 +32,14 @@ struct TileAvx512 {
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < kc; ++k) {
+    int64_t k = 0;
+    const int64_t k2 = kc & ~int64_t{1};
+    for (;;) {  // two steps a trip (fewer loop instructions among the FMAs), then an odd last one
+      const int64_t steps = k < k2 ? 2 : k < kc ? 1 : 0;
+      if (steps == 0) break;
+#pragma GCC unroll 2
+      for (int64_t u = 0; u < 2; ++u) {
+      if (u == steps) break;
       __m512 b[NV];
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) b[j] = _mm512_loadu_ps(bp + k * NR + j * 16);  // packed panels need not be aligned
@@ -41,6 +48,8 @@ struct TileAvx512 {
         const __m512 av = _mm512_set1_ps(ar[i][k]);
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(av, b[j], acc[i][j]);
+      }
+      ++k;
       }
     }
     // The store, unrolled whole (a loop with a run-time bound would send the accumulators through memory):

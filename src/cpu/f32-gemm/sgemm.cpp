@@ -56,6 +56,8 @@ bool sgemm_bt_with(SgemmIsa isa, int64_t m, int64_t n, int64_t k, float alpha, c
   return run_variant(isa, &F32GemmVariant::gemm_bt, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
 }
 
+bool sgemm_pack_once() { return f32_gemm_config().pack_once; }
+
 int64_t sgemm_panel_width() { return f32_gemm_config().nr; }
 
 int64_t sgemm_packed_floats(int64_t k, int64_t n) {

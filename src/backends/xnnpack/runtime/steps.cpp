@@ -128,6 +128,14 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
 // transpose(bmm(W, transpose(x))): per block of W's rows, one GEMM into a
 // small tile (in the stack) and its transpose into out, so the [N, M]
 // intermediate never exists. `xt` is x transposed, [K, M].
+// out[i, j] = tile[j, i] for i < mb, j < nb (row stride ldo), in 16 x 16 blocks (both sides in cache lines)
+static void transpose_tile(const float* tile, int64_t mb, int64_t nb, float* out, int64_t ldo) {
+  for (int64_t i0 = 0; i0 < mb; i0 += 16)
+    for (int64_t j0 = 0; j0 < nb; j0 += 16)
+      for (int64_t i = i0; i < std::min(mb, i0 + 16); ++i)
+        for (int64_t j = j0; j < std::min(nb, j0 + 16); ++j) out[i * ldo + j] = tile[j * mb + i];
+}
+
 void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out) {
   constexpr int64_t kBlock = 128;
   const int64_t M = s.m, N = s.n, K = s.k;
@@ -141,14 +149,34 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
       if (K > 1024) return;  // checked at init
       for (int64_t m = 0; m < M; ++m)
         for (int64_t p = 0; p < K; ++p) x[m][p] = xt[p * M + m];
-      // blocks of W's rows against every row of x (AVX-512: 16 rows at a time, one transposing reduction
-      // per 16 sums; one dot product and its horizontal sum per output ran at 11 GB/s of W on a Xeon)
-      if (n1 > n0) gemv.dot_block(x[0], 1024, M, w + n0 * K, K, n1 - n0, K, out + n0, N);
+      // Where the GEMM is the two-pipe one (cpu::sgemm_pack_once: measured there, the other cores keep the
+      // loop they were measured with): blocks of W's rows against every row of x (AVX-512: 16 rows at a
+      // time, one transposing reduction per 16 sums; a dot product and its horizontal sum per output ran at
+      // 11 GB/s of W on a Xeon).
+      if (cpu::sgemm_pack_once()) {
+        if (n1 > n0) gemv.dot_block(x[0], 1024, M, w + n0 * K, K, n1 - n0, K, out + n0, N);
+        return;
+      }
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t m = 0; m < M; ++m) out[m * N + n] = gemv.dot(x[m], w + n * K, K);
     });
     return;
   }
-  // xt [K, M] packed once per run as the GEMM's B panels (each of W's row blocks reads them in place; packed
-  // per block they cost a third of the head's time on a Xeon), in this thread's buffer, kept for the next run
+  if (!cpu::sgemm_pack_once()) {  // the GEMM rows tuned on AMD: B (xt) packed per call, as measured there
+    const int64_t blocks = (N + kBlock - 1) / kBlock;
+    ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
+      int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
+      alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
+      for (int64_t m0 = 0; m0 < M; m0 += 256) {
+        int64_t mb = std::min<int64_t>(256, M - m0);
+        cpu::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
+        transpose_tile(tile, mb, nb, out + m0 * N + n0, N);
+      }
+    });
+    return;
+  }
+  // xt [K, M] packed once per run as the GEMM's B panels (each of W's row blocks reads them in place), in
+  // this thread's buffer, kept for the next run
   static thread_local std::vector<float> xt_panels;
   const auto panels_floats = static_cast<size_t>(cpu::sgemm_packed_floats(K, M));
   if (xt_panels.size() < panels_floats) xt_panels.resize(panels_floats);
@@ -165,10 +193,7 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
     for (int64_t m0 = 0; m0 < M; m0 += chunk) {  // chunk: whole panels, at most 256 columns
       int64_t mb = std::min<int64_t>(chunk, M - m0);
       cpu::sgemm_packed(nb, mb, K, 1.0f, w + n0 * K, K, xp + m0 * K, false, tile, mb);
-      for (int64_t i0 = 0; i0 < mb; i0 += 16)  // transposed into out in 16 x 16 blocks (both sides in cache lines)
-        for (int64_t j0 = 0; j0 < nb; j0 += 16)
-          for (int64_t i = i0; i < std::min(mb, i0 + 16); ++i)
-            for (int64_t j = j0; j < std::min(nb, j0 + 16); ++j) out[(m0 + i) * N + n0 + j] = tile[j * mb + i];
+      transpose_tile(tile, mb, nb, out + m0 * N + n0, N);
     }
   });
 }

@@ -179,8 +179,8 @@ static Status step(const StepContext& c, Step& step) {
   // A dynamic delegate keeps W as the file has it for every size (run_fully_connected has a
   // GEMM over [N, K] for many rows), so that no plan holds a second copy of the weights.
   step.weights_nk = c.dynamic ? !kn : step.m < kGemvRows;
-  if (!c.dynamic && step.m >= kGemvRows && step.n >= 4) {
-    // Many rows of a static delegate: W packed once as the GEMM's panels (cpu::sgemm_pack_b: the selected
+  if (!c.dynamic && step.m >= kGemvRows && step.n >= 4 && cpu::sgemm_pack_once()) {
+    // Many rows of a static delegate, where the selected GEMM wants it (cpu::sgemm_pack_once): W packed once as the GEMM's panels (cpu::sgemm_pack_b: the selected
     // variant's column panels, each K rows of contiguous floats), so no product packs B per call; about the
     // transposed copy's memory, and the file's pages released as for it. (Not huge-page weight memory: on
     // a Xeon VM filling it took 1.0-1.2 s for GPT-2 against 0.23 s in 4 KiB pages, for no faster runs.)
