@@ -255,31 +255,47 @@ void qb4w_panel_tiles(const uint8_t* wp, int64_t k, int64_t G, int kt, uint8_t* 
   }
 }
 
-// Rows m0 .. m0 + 15, outputs 16 h .. 16 h + 15 of panel p (its tiles at wt, scales at sc): per
-// group, the sums tile T (tmm0 or tmm1, with activations tmm4 + T and weights tmm6 + T) is
-// zeroed and given the group's products (issue), then stored and added as s_g * sum (drain).
+// Rows m0 .. m0 + 15, outputs 16 h .. 16 h + 15 of panel p (its tiles at wt, scales at sc), group
+// by group: the group's sums tile tmm(T) (T = g % 4, activations tmm(4 + T % 2), weights
+// tmm(6 + T % 2)) is zeroed and given its products (issue), two groups ahead of its store
+// (store), and its stored sums are added into f as s_g * sum two groups after that (add), so
+// the tile unit and the vector unit work on different groups.
 template <int T>
-KILN_CPU_INLINE void qb4w_issue(const int8_t* a0, int64_t stride, const uint8_t* wt, int64_t g, int64_t sub, int kt, int h) {
-  if constexpr (T == 0) _tile_zero(0); else _tile_zero(1);
+KILN_CPU_INLINE void qb4w_issue(const int8_t* a0, int64_t stride, const uint8_t* wt, int64_t g, int64_t sub, int kt,
+                                int h) {
+  if constexpr (T == 0) _tile_zero(0);
+  if constexpr (T == 1) _tile_zero(1);
+  if constexpr (T == 2) _tile_zero(2);
+  if constexpr (T == 3) _tile_zero(3);
   for (int64_t s = 0; s < sub; ++s) {
     const int64_t c = g * sub + s;
     const int8_t* ap = a0 + c * kt;
     const uint8_t* bp = wt + (2 * c + h) * 16 * kt;
-    if constexpr (T == 0) {
+    if constexpr (T % 2 == 0) {
       KILN_TILE_LOAD(4, ap, stride);
       KILN_TILE_LOAD(6, bp, 64);
-      _tile_dpbssd(0, 4, 6);
     } else {
       KILN_TILE_LOAD(5, ap, stride);
       KILN_TILE_LOAD(7, bp, 64);
-      _tile_dpbssd(1, 5, 7);
     }
+    if constexpr (T == 0) _tile_dpbssd(0, 4, 6);
+    if constexpr (T == 1) _tile_dpbssd(1, 5, 7);
+    if constexpr (T == 2) _tile_dpbssd(2, 4, 6);
+    if constexpr (T == 3) _tile_dpbssd(3, 5, 7);
   }
 }
 
 template <int T>
-KILN_CPU_INLINE void qb4w_drain(int32_t* buf, const float* s, __m512 (&f)[16]) {
-  if constexpr (T == 0) _tile_stored(0, buf, 64); else _tile_stored(1, buf, 64);
+KILN_CPU_INLINE void qb4w_store(int32_t* buf) {
+  if constexpr (T == 0) _tile_stored(0, buf, 64);
+  if constexpr (T == 1) _tile_stored(1, buf, 64);
+  if constexpr (T == 2) _tile_stored(2, buf, 64);
+  if constexpr (T == 3) _tile_stored(3, buf, 64);
+}
+
+// f[r] += s_g * sum[r] for the 16 rows (the avx512vnni panels' fmadd, with its sum's
+// dot - 8 * sum q).
+KILN_CPU_INLINE void qb4w_add(const int32_t* buf, const float* s, __m512 (&f)[16]) {
   const __m512 sv = _mm512_load_ps(s);
   #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(buf + 16 * r)), sv, f[r]);
@@ -290,7 +306,7 @@ void qb4w_panel_tile_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wPan
                           float lo, float hi) {
   const int64_t G = w.group, groups = k / G, sub = G / kt;
   const int8_t* a0 = reinterpret_cast<const int8_t*>(a.data + m0 * a.stride);
-  alignas(64) int32_t buf[2][256];
+  alignas(64) int32_t buf[4][256];
   const int64_t j0 = p * kQb4wPanel;
   for (int h = 0; h < 2; ++h) {
     const int64_t left = n - (j0 + 16 * h);
@@ -298,15 +314,21 @@ void qb4w_panel_tile_rows(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wPan
     __m512 f[16];
     #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) f[r] = _mm512_setzero_ps();
+    auto step = [&](auto tile, int64_t g) KILN_CPU_LAMBDA {
+      constexpr int T = decltype(tile)::value;
+      qb4w_store<T>(buf[T]);
+      if (g + 2 < groups) qb4w_issue<(T + 2) % 4>(a0, a.stride, wt, g + 2, sub, kt, h);
+      if (g >= 2) qb4w_add(buf[(T + 2) % 4], sc + 32 * (g - 2) + 16 * h, f);
+    };
     qb4w_issue<0>(a0, a.stride, wt, 0, sub, kt, h);
-    for (int64_t g = 0; g < groups; g += 2) {
-      if (g + 1 < groups) qb4w_issue<1>(a0, a.stride, wt, g + 1, sub, kt, h);
-      qb4w_drain<0>(buf[0], sc + 32 * g + 16 * h, f);
-      if (g + 1 < groups) {
-        if (g + 2 < groups) qb4w_issue<0>(a0, a.stride, wt, g + 2, sub, kt, h);
-        qb4w_drain<1>(buf[1], sc + 32 * (g + 1) + 16 * h, f);
-      }
+    if (groups > 1) qb4w_issue<1>(a0, a.stride, wt, 1, sub, kt, h);
+    for (int64_t g = 0; g < groups; g += 4) {
+      step(std::integral_constant<int, 0>{}, g);
+      if (g + 1 < groups) step(std::integral_constant<int, 1>{}, g + 1);
+      if (g + 2 < groups) step(std::integral_constant<int, 2>{}, g + 2);
+      if (g + 3 < groups) step(std::integral_constant<int, 3>{}, g + 3);
     }
+    for (int64_t g = groups < 2 ? 0 : groups - 2; g < groups; ++g) qb4w_add(buf[g % 4], sc + 32 * g + 16 * h, f);
     // y = s_x * (acc - zp * sums) + bias, clamped, as the avx512vnni panels
     const __mmask16 mask = left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
     const __m512 sums = _mm512_maskz_loadu_ps(mask, w.sums + j0 + 16 * h);
