@@ -11,6 +11,13 @@
 #include <cstring>
 #include <iterator>
 
+#ifdef KILN_CPU_X86
+#include <cpuid.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
 #ifdef KILN_CPU_ARM64
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMD
@@ -25,7 +32,30 @@
 #endif
 
 namespace kiln::cpu {
+
+// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and the kernel's grant of the tile
+// data state to this process: Linux (5.16+) enables AMX per process on request, and a tile
+// instruction before the grant faults. Asked once; a refusal (older kernel, or a sigaltstack too
+// small for the tile state somewhere in the process) leaves the Amx level unsupported.
+bool amx_permitted() {
+#if defined(KILN_CPU_X86) && defined(__linux__)
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    if ((d & (1u << 24)) == 0 || (d & (1u << 25)) == 0) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 namespace {
+
+bool cpu_has_vnni();
 
 // Does this CPU run `isa`? (The build's side is the variant lists below.)
 bool cpu_has(Isa isa) {
@@ -45,6 +75,7 @@ bool cpu_has(Isa isa) {
     case Isa::Avx2: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v3");
     case Isa::Avx512: __builtin_cpu_init(); return __builtin_cpu_supports("x86-64-v4");
 #endif
+    case Isa::Amx: return cpu_has(Isa::Avx512) && cpu_has_vnni() && amx_permitted();
 #endif
 #ifdef KILN_CPU_ARM64
     // the kernel's view of the CPU (what qemu-user's -cpu models too); each level includes the one below
@@ -106,6 +137,7 @@ const F32VBinaryVariant kF32VBinary[] = {
 
 // Each qd8 variant's row is defined in its own file, beside its products (ukernels.h).
 const Qd8GemmVariant* const kQd8Gemm[] = {
+    KILN_X86_ONLY(&qd8_gemm__amx)
     KILN_X86_ONLY(&qd8_gemm__avx512vnni)
     KILN_X86_ONLY(&qd8_gemm__avx512)
     KILN_X86_ONLY(&qd8_gemm__avx2)
@@ -151,8 +183,8 @@ const F32RowsVariant kF32Rows[] = {
 constexpr const char* kIsaChoices = "generic|neon|dotprod|i8mm";
 constexpr Isa kLevels[] = {Isa::I8mm, Isa::Dotprod, Isa::Neon};  // this build's levels above Generic, widest first
 #else
-constexpr const char* kIsaChoices = "generic|avx2|avx512";
-constexpr Isa kLevels[] = {Isa::Avx512, Isa::Avx2};
+constexpr const char* kIsaChoices = "generic|avx2|avx512|amx";
+constexpr Isa kLevels[] = {Isa::Amx, Isa::Avx512, Isa::Avx2};
 #endif
 
 // x86 (1) or Arm (2) for the levels above Generic (0)
@@ -160,7 +192,8 @@ int isa_family(Isa isa) {
   switch (isa) {
     case Isa::Generic: return 0;
     case Isa::Avx2:
-    case Isa::Avx512: return 1;
+    case Isa::Avx512:
+    case Isa::Amx: return 1;
     case Isa::Neon:
     case Isa::Dotprod:
     case Isa::I8mm: return 2;
@@ -218,6 +251,7 @@ const Tables& tables() {
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return "avx512";
+    case Isa::Amx: return "amx";
     case Isa::Avx2: return "avx2";
     case Isa::Neon: return "neon";
     case Isa::Dotprod: return "dotprod";
@@ -228,7 +262,7 @@ const char* isa_name(Isa isa) {
 }
 
 bool parse_isa(const char* name, Isa* isa) {
-  for (Isa i : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm})
+  for (Isa i : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon, Isa::Dotprod, Isa::I8mm})
     if (name != nullptr && std::strcmp(name, isa_name(i)) == 0) {
       *isa = i;
       return true;
@@ -237,7 +271,7 @@ bool parse_isa(const char* name, Isa* isa) {
 }
 
 bool isa_supported(Isa isa) {
-  bool built = false;  // some family has a variant for it (Dotprod and I8mm: only qd8-gemm)
+  bool built = false;  // some family has a variant for it (Amx, Dotprod and I8mm: only qd8-gemm)
   for (const F32GemmVariant& v : kF32Gemm) built = built || v.isa == isa;
   for (const Qd8GemmVariant& v : qd8_gemm_variants()) built = built || v.isa == isa;
   return built && cpu_has(isa);

@@ -83,6 +83,11 @@ KILN_DECLARE_F32_VBINARY(avx512);
 KILN_DECLARE_F32_ROWS(avx512);
 #endif
 
+// The CPU has AMX-TILE and AMX-INT8 and the kernel granted this process the tile state
+// (config.cpp; asks once; false off x86-64 Linux): what the amx variant checks before any tile
+// instruction.
+bool amx_permitted();
+
 // qd8 x qb4w / qc8w products (see kiln/cpu/quant.h): each variant's row of the selection
 // table, defined in its file next to its products (which have internal linkage).
 extern const Qd8GemmVariant qd8_gemm__generic;
@@ -90,6 +95,7 @@ extern const Qd8GemmVariant qd8_gemm__generic;
 extern const Qd8GemmVariant qd8_gemm__avx2;
 extern const Qd8GemmVariant qd8_gemm__avx512;
 extern const Qd8GemmVariant qd8_gemm__avx512vnni;
+extern const Qd8GemmVariant qd8_gemm__amx;
 // AVX-512 activation quantization, Plain or Signed rows (qd8_quantize_rows calls it when the
 // selected qd8 variant is an AVX-512 one): one row of k inputs into dst (row_bytes, zeroed
 // past k), the same results as the generic loop; Signed: q itself and its sums per 32 inputs.

@@ -15,14 +15,14 @@ namespace {
 // This build's ISA levels (lowest first) and the other family's, which it never runs.
 #if defined(__aarch64__)
 const Isa kLevels[] = {Isa::Generic, Isa::Neon, Isa::Dotprod, Isa::I8mm};
-const Isa kOtherFamily[] = {Isa::Avx2, Isa::Avx512};
+const Isa kOtherFamily[] = {Isa::Avx2, Isa::Avx512, Isa::Amx};
 #else
-const Isa kLevels[] = {Isa::Generic, Isa::Avx2, Isa::Avx512};
+const Isa kLevels[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Amx};
 const Isa kOtherFamily[] = {Isa::Neon, Isa::Dotprod, Isa::I8mm};
 #endif
 
 TEST(Config, IsaNamesRoundTrip) {
-  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm}) {
+  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon, Isa::Dotprod, Isa::I8mm}) {
     Isa parsed = Isa::Generic;
     ASSERT_TRUE(parse_isa(isa_name(isa), &parsed)) << isa_name(isa);
     EXPECT_EQ(parsed, isa);
@@ -53,6 +53,12 @@ TEST(Config, ResolveIsaRequest) {
   EXPECT_EQ(resolve_isa("neon-bf16", Isa::Avx2, &warn), Isa::Avx2);  // unknown: the best, with a warning
   EXPECT_TRUE(warn);
   EXPECT_EQ(resolve_isa("avx512", Isa::Avx512, nullptr), Isa::Avx512);
+  EXPECT_EQ(resolve_isa("avx512", Isa::Amx, &warn), Isa::Avx512);  // an AMX machine's VNNI path
+  EXPECT_FALSE(warn);
+  EXPECT_EQ(resolve_isa("amx", Isa::Avx512, &warn), Isa::Avx512);  // no AMX (or no grant): capped
+  EXPECT_TRUE(warn);
+  EXPECT_EQ(resolve_isa("amx", Isa::I8mm, &warn), Isa::I8mm);
+  EXPECT_TRUE(warn);
   // the Arm levels, and the two families never mixed
   EXPECT_EQ(resolve_isa("dotprod", Isa::I8mm, &warn), Isa::Dotprod);
   EXPECT_FALSE(warn);
@@ -107,10 +113,20 @@ TEST(Config, SelectionFollowsEnvironment) {
   EXPECT_EQ(sgemm_isa(), f32_gemm_config().isa);
   EXPECT_STREQ(sgemm_isa_name(sgemm_isa()), isa_name(f32_gemm_config().isa));
 #if !defined(__aarch64__)
-  // on x86-64 every family has a variant per level
-  EXPECT_EQ(f32_gemm_config().isa, want) << f32_gemm_config().name;
-  EXPECT_EQ(f32_rows_config().isa, want) << f32_rows_config().name;
+  // on x86-64 every family has a variant per level up to Avx512 (Amx: only qd8-gemm)
+  const Isa f32_want = want == Isa::Amx ? Isa::Avx512 : want;
+  EXPECT_EQ(f32_gemm_config().isa, f32_want) << f32_gemm_config().name;
+  EXPECT_EQ(f32_rows_config().isa, f32_want) << f32_rows_config().name;
 #endif
+  // qd8-gemm: the widest runnable variant at or below the level (KILN_CPU_ISA=avx512 on an AMX
+  // machine: the avx512vnni one)
+  const char* qd8 = "(none)";
+  for (const Qd8GemmVariant& v : qd8_gemm_variants())
+    if (v.isa <= want && qd8_gemm_runnable(v)) {
+      qd8 = v.name;
+      break;
+    }
+  EXPECT_STREQ(qd8_gemm_config().name, qd8);
 }
 
 template <typename V>
@@ -183,7 +199,7 @@ TEST(Config, VariantTables) {
 
 TEST(Config, SgemmWithRefusesWhatTheCpuLacks) {
   const float a[1] = {2}, b[1] = {3};
-  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Neon, Isa::Dotprod, Isa::I8mm}) {
+  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon, Isa::Dotprod, Isa::I8mm}) {
     bool has_gemm = false;  // Dotprod and I8mm have qd8 variants only
     for (const F32GemmVariant& v : f32_gemm_variants()) has_gemm = has_gemm || v.isa == isa;
     const bool runs = has_gemm && isa_supported(isa);

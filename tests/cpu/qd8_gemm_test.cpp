@@ -10,7 +10,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln::cpu {
@@ -311,6 +314,130 @@ TEST(Qd8Gemm, Qc8wVariantsMatchDequantizedProduct) {
       }
     }
 }
+
+// The many-row variants (qd8_gemm__amx: tiles of 16 rows for 16 rows or more, its avx512vnni
+// code for the rest) give the avx512vnni variant's results bit for bit (exact integer sums, the
+// same fp32 epilogue), over row counts around the tiles (16, 32), k remainders, output counts
+// that cut a block of 32 (or a 32-output panel) and ranges that start past 0. A CPU or kernel
+// without AMX reports the test as skipped (NOT TESTED), never as passed.
+const Qd8GemmVariant* variant_named(const char* name) {
+  for (const Qd8GemmVariant& v : qd8_gemm_variants())
+    if (std::string(v.name) == name) return &v;
+  return nullptr;
+}
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want[i], 4);
+    ASSERT_EQ(a, b) << what << " at " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+class Qd8GemmManyRows : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    v_ = variant_named(GetParam());
+    vnni_ = variant_named("qd8_gemm__avx512vnni");
+    if (v_ == nullptr || vnni_ == nullptr || !qd8_gemm_runnable(*v_))
+      GTEST_SKIP() << GetParam() << " NOT TESTED: this build, CPU or kernel lacks " << (v_ ? isa_name(v_->isa) : "it");
+  }
+  const Qd8GemmVariant* v_ = nullptr;
+  const Qd8GemmVariant* vnni_ = nullptr;
+};
+
+TEST_P(Qd8GemmManyRows, Qc8wSameBitsAsVnni) {
+  std::mt19937 g(21);
+  for (int64_t k : {1, 17, 64, 65, 100, 576, 1000})
+    for (int64_t m : {1, 15, 16, 17, 31, 32, 33, 48, 67})
+      for (int64_t n : {7, 32, 45}) {
+        std::vector<float> x = randn(size_t(m * k), g);
+        if (m > 2) x[size_t(k)] = 50.0f;  // a row with a wide range
+        Aligned ws(qd8_rows_bytes(m, k, Qd8Layout::Plain));
+        Qd8Rows rows;
+        qd8_quantize_rows(x.data(), m, k, k, Qd8Layout::Plain, ws.p, &rows);
+        std::uniform_int_distribution<int> d8(-128, 127);
+        std::vector<int8_t> w(size_t(n * k));
+        for (int8_t& b : w) b = int8_t(d8(g));
+        std::vector<float> scales(static_cast<size_t>(n)), sums(static_cast<size_t>(n)), bias = randn(static_cast<size_t>(n), g);
+        std::uniform_real_distribution<float> ds(0.001f, 0.1f);
+        for (float& s : scales) s = ds(g);
+        qc8w_weight_sums(w.data(), scales.data(), n, k, sums.data());
+        const Qc8wWeights qw{w.data(), scales.data(), sums.data()};
+        const std::string what = std::string(v_->name) + " m " + std::to_string(m) + " k " + std::to_string(k) +
+                                 " n " + std::to_string(n);
+        // ranges as the backend gives them (multiples of 4 from n0 > 0), bias and clamping
+        for (int form = 0; form < 2; ++form) {
+          const float lo = form ? -0.25f : -INFINITY, hi = form ? 0.5f : INFINITY;
+          const float* b = form ? nullptr : bias.data();
+          const int64_t ldy = n + 3;
+          std::vector<float> got(size_t(m * ldy), 7.0f), want(size_t(m * ldy), 7.0f);
+          for (const auto& [a, z] : {std::pair<int64_t, int64_t>{0, 4}, {4, n}}) {
+            v_->qc8w(rows, m, k, qw, a, z, b, got.data(), ldy, lo, hi);
+            vnni_->qc8w(rows, m, k, qw, a, z, b, want.data(), ldy, lo, hi);
+          }
+          ASSERT_NO_FATAL_FAILURE(expect_same_bits(got, want, what + (form ? " clamped, no bias" : "")));
+        }
+      }
+}
+
+TEST_P(Qd8GemmManyRows, Qb4wPanelsSameBitsAsVnni) {
+  std::mt19937 g(23);
+  std::vector<Case> cases;
+  for (int64_t k : {64, 96, 128, 224, 256, 576})  // 1 to 18 groups: every remainder of the 4 tiles of sums
+    for (int64_t group : {32, 64, 128, 256})
+      if (k % group == 0)
+        for (int64_t m : {1, 16, 17, 35})
+          cases.push_back({m, k, m % 2 ? int64_t{70} : int64_t{32}, group});
+  for (int64_t m : {15, 31, 32, 33, 48, 128}) cases.push_back({m, 576, 100, 32});
+  cases.push_back({40, 1536, 96, 32});
+  cases.push_back({24, 1536, 40, 128});
+  for (const Case& c : cases) {
+    std::vector<float> x = randn(size_t(c.m * c.k), g);
+    Aligned ws(qd8_rows_bytes(c.m, c.k, Qd8Layout::Signed));
+    Qd8Rows rows;
+    qd8_quantize_rows(x.data(), c.m, c.k, c.k, Qd8Layout::Signed, ws.p, &rows);
+    Qb4wCase wc = random_qb4w(c, g);
+    const int64_t panels = (c.n + kQb4wPanel - 1) / kQb4wPanel;
+    Aligned packed(qb4w_panels_bytes(c.n, c.k, c.group));
+    qb4w_pack_panels(wc.file.data(), wc.scales.data(), c.n, c.k, c.group, reinterpret_cast<uint8_t*>(packed.p));
+    const Qb4wPanels w{reinterpret_cast<const uint8_t*>(packed.p), wc.sums.data(), c.group};
+    const std::string what = std::string(v_->name) + " m " + std::to_string(c.m) + " k " + std::to_string(c.k) +
+                             " n " + std::to_string(c.n) + " group " + std::to_string(c.group);
+    for (int form = 0; form < 2; ++form) {
+      const float lo = form ? -0.25f : -INFINITY, hi = form ? 0.5f : INFINITY;
+      const float* b = form ? nullptr : wc.bias.data();
+      const int64_t ldy = c.n + 5;
+      std::vector<float> got(size_t(c.m * ldy), 7.0f), want(size_t(c.m * ldy), 7.0f);
+      for (const auto& [p0, p1] : {std::pair<int64_t, int64_t>{0, 1}, {1, panels}}) {
+        v_->qb4w_panels(rows, c.m, c.k, w, c.n, p0, p1, b, got.data(), ldy, lo, hi);
+        vnni_->qb4w_panels(rows, c.m, c.k, w, c.n, p0, p1, b, want.data(), ldy, lo, hi);
+      }
+      ASSERT_NO_FATAL_FAILURE(expect_same_bits(got, want, what + (form ? " clamped, no bias" : "")));
+    }
+  }
+}
+
+TEST_P(Qd8GemmManyRows, Qb4wSameBitsAsVnni) {
+  std::mt19937 g(29);
+  for (const Case& c : {Case{17, 576, 40, 32}, Case{33, 256, 9, 64}}) {
+    std::vector<float> x = randn(size_t(c.m * c.k), g);
+    Aligned ws(qd8_rows_bytes(c.m, c.k, Qd8Layout::Nibbles));
+    Qd8Rows rows;
+    qd8_quantize_rows(x.data(), c.m, c.k, c.k, Qd8Layout::Nibbles, ws.p, &rows);
+    Qb4wCase wc = random_qb4w(c, g);
+    const Qb4wWeights w{wc.file.data(), wc.scales.data(), wc.sums.data(), c.group};
+    std::vector<float> got(size_t(c.m * c.n)), want(size_t(c.m * c.n));
+    v_->qb4w(rows, c.m, c.k, w, 0, c.n, wc.bias.data(), got.data(), c.n, -INFINITY, INFINITY);
+    vnni_->qb4w(rows, c.m, c.k, w, 0, c.n, wc.bias.data(), want.data(), c.n, -INFINITY, INFINITY);
+    ASSERT_NO_FATAL_FAILURE(expect_same_bits(got, want, v_->name));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, Qd8GemmManyRows, ::testing::Values("qd8_gemm__amx"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 TEST(Qd8Gemm, SelectionFollowsTheIsaTable) {
   const Qd8GemmVariant& sel = qd8_gemm_config();

@@ -4,7 +4,7 @@
 // and ISA (src/cpu/<family>/<family>-<tile>-<isa>.cpp). One selection table per
 // family is filled once, at first use, from the CPU's features: the widest ISA
 // the CPU runs, or the one the environment variable KILN_CPU_ISA names
-// (generic | avx2 | avx512 on x86-64, generic | neon | dotprod | i8mm on AArch64;
+// (generic | avx2 | avx512 | amx on x86-64, generic | neon | dotprod | i8mm on AArch64;
 // capped to what the CPU runs, so an AVX-512 machine
 // can measure and test its AVX2 path). An unknown or unsupported value prints
 // one warning line to stderr and the best available ISA is used.
@@ -21,15 +21,19 @@ namespace kiln::cpu {
 //   Generic: the baseline ISA of the build (SSE2 on x86-64, NEON on AArch64)
 //   Avx2:    x86-64-v3 (AVX2, FMA, BMI1/2, F16C, ...)
 //   Avx512:  x86-64-v4 (AVX-512 F, BW, CD, DQ, VL)
+//   Amx:     Avx512 + AVX-512 VNNI + AMX-TILE + AMX-INT8 (Sapphire Rapids and later), and the
+//            kernel's grant of the tile state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM,
+//            XFEATURE_XTILEDATA), asked once per process by the first check): only qd8-gemm
+//            has an Amx variant; the other families run their Avx512 ones at this level
 // and on AArch64 (getauxval(AT_HWCAP / AT_HWCAP2)):
 //   Neon:    Armv8-A Advanced SIMD with FMA (HWCAP_ASIMD; every AArch64 core): kiln's hand-tiled
 //            NEON variants (Generic is the same ISA, compiled from the portable templates)
 //   Dotprod: Neon + SDOT/UDOT (HWCAP_ASIMDDP; Cortex-A76 / Raspberry Pi 5, Armv8.2+)
 //   I8mm:    Dotprod + SMMLA/USDOT (HWCAP2_I8MM; Armv8.6+, e.g. Cortex-X2, Neoverse V1/N2)
 // The two families' levels never mix: a name from the other family is unsupported here.
-enum class Isa : uint8_t { Generic, Avx2, Avx512, Neon, Dotprod, I8mm };
+enum class Isa : uint8_t { Generic, Avx2, Avx512, Amx, Neon, Dotprod, I8mm };
 
-const char* isa_name(Isa isa);               // "generic", "avx2", "avx512", "neon", "dotprod", "i8mm"
+const char* isa_name(Isa isa);               // "generic", "avx2", "avx512", "amx", "neon", "dotprod", "i8mm"
 bool parse_isa(const char* name, Isa* isa);  // false for an unknown name
 bool isa_supported(Isa isa);                 // this build has code for it and this CPU runs it
 Isa best_isa();                              // the widest supported ISA

@@ -95,7 +95,7 @@ void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Lay
   auto* scale = reinterpret_cast<float*>(data + data_bytes);
   auto* zp = reinterpret_cast<int32_t*>(scale + m);
 #ifdef KILN_CPU_X86
-  if (layout != Qd8Layout::Nibbles && qd8_gemm_config().isa == Isa::Avx512) {
+  if (layout != Qd8Layout::Nibbles && (qd8_gemm_config().isa == Isa::Avx512 || qd8_gemm_config().isa == Isa::Amx)) {
     const bool is_signed = layout == Qd8Layout::Signed;
     const int64_t ns = sums_per_row(k, layout);
     int32_t* sums = zp + m;
