@@ -467,6 +467,8 @@ static void row_unary(RowOpKind k, const float* in, float* o, int64_t n) {
 
 // Runs a fused chain: rows split into step.tasks blocks; each row goes through
 // every op with its intermediate rows in the task's scratch (L1/L2-resident).
+constexpr int64_t kRowChunk = 512;  // floats: 2 KiB of each slot
+
 void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) {
   for (size_t m = 0; m < s.in.size(); ++m)  // memory operands and written groups, resolved once per call
     s.slot_ptr[static_cast<size_t>(s.tasks * s.slots) + m] = const_cast<float*>(s.in[m].data(groups, arena, args));
@@ -475,23 +477,32 @@ void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::by
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
   const cpu::F32RowsVariant& rows = cpu::f32_rows_config();
   const cpu::F32VUnaryVariant& vu = cpu::f32_vunary_config();
+  // A chain of elementwise operations only (no row reduction, no softmax, no per-row scalar) runs over each
+  // row in column chunks, all its operations on one chunk before the next: the chunks of its slots stay in
+  // L1 (whole rows of GPT-2's MLP, 12 KiB a slot, did not: its tanh GELU's nine operations ran at a third
+  // of the speed). Every element gets the same operations in the same order either way.
+  bool elementwise = C > kRowChunk;
+  for (const RowOp& op : s.row_ops)
+    elementwise = elementwise && !op.out_scalar && op.kind != RowOpKind::Softmax && op.kind != RowOpKind::RowDot;
+  const int64_t chunk = elementwise ? kRowChunk : C;
   ex.parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
     float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
     float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
     const int64_t r1 = std::min(s.rows, (static_cast<int64_t>(t) + 1) * per);
-    for (int64_t r = static_cast<int64_t>(t) * per; r < r1; ++r) {
+    for (int64_t r = static_cast<int64_t>(t) * per; r < r1; ++r)
+    for (int64_t c0 = 0; c0 < C; c0 += chunk) {  // one chunk: the whole row unless `elementwise`
       for (const RowOp& op : s.row_ops) {
         auto fetch = [&](const RowOperand& x) -> const float* {
           if (x.src == RowOperand::Src::Slot) return sp[x.index];
-          if (x.src == RowOperand::Src::Memory) return base[x.index] + (r % x.period) * (x.scalar ? 1 : C);
+          if (x.src == RowOperand::Src::Memory) return base[x.index] + (r % x.period) * (x.scalar ? 1 : C) + (x.scalar ? 0 : c0);
           return nullptr;
         };
         const float* a = fetch(op.a);
         const float* b = fetch(op.b);
-        float* out = op.write_group >= 0 ? base[op.write_group] + r * (op.out_scalar ? 1 : C)
-                                         : scratch + s.slot_offset[static_cast<size_t>(op.out_slot)];
+        float* out = op.write_group >= 0 ? base[op.write_group] + r * (op.out_scalar ? 1 : C) + (op.out_scalar ? 0 : c0)
+                                         : scratch + s.slot_offset[static_cast<size_t>(op.out_slot)] + (op.out_scalar ? 0 : c0);
         sp[op.out_slot] = out;
-        const int64_t n = op.out_scalar ? 1 : C;
+        const int64_t n = op.out_scalar ? 1 : std::min(chunk, C - c0);
         switch (op.kind) {
           case RowOpKind::Add: case RowOpKind::Sub: case RowOpKind::Mul: case RowOpKind::Div: case RowOpKind::Max:
           case RowOpKind::Min:
