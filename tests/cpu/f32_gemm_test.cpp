@@ -74,6 +74,9 @@ TEST_P(F32Gemm, PackedB) {
             GemmTester().m(m).n(n).k(k).b_pad(k % 2 == 0 ? 0 : 3).c_pad(2).accumulate(acc).alpha(acc ? 0.5f : 1.0f)
                 .transposed_b(from_bt).packed_b(true).test(GetParam());
   GemmTester().m(37).n(200).k(300).float_data(true).packed_b(true).test(GetParam());
+  // a long K: many K blocks over the packed panels
+  for (bool acc : {false, true})
+    GemmTester().m(2 * mr() + 1).n(2 * nr() + 5).k(2 * 2048 + 3).accumulate(acc).packed_b(true).test(GetParam());
 }
 
 TEST_P(F32Gemm, FloatData) {
