@@ -76,7 +76,7 @@ int cpu_fma512_pipes();
 
 std::span<const F32GemmVariant> f32_gemm_variants();  // all built in, widest first, runnable or not
 const F32GemmVariant& f32_gemm_config();              // the selected one
-bool f32_gemm_for_this_cpu(const F32GemmVariant& v);  // false: a row tuned for another vendor's cores (intel)
+bool f32_gemm_for_this_cpu(const F32GemmVariant& v);  // false: a row tuned for other cores (two_pipes)
 
 // ---------------------------------------------------------------- f32-gemv
 
