@@ -133,20 +133,9 @@ struct VectorTile {
 };
 
 // B's layout (BL): rows, B [k, n] with row stride ldb; transposed, b is Bᵀ, [n, k] with row stride ldb
-// (C = A · bᵀ); panels, B packed once by pack_b_panels (gemm.h's sgemm_pack_b): the panel of columns
+// (C = A · bᵀ); panels, B packed once (gemm.h's sgemm_pack_b): the panel of columns
 // [j, j + NR) is k rows of NR floats at b + j * k (ldb unused), read in place, nothing packed per call.
 inline constexpr int kRowsB = 0, kTransposedB = 1, kPanelsB = 2;
-
-// B [k, n] (row stride ldb), or Bᵀ [n, k] if `transposed`, as panels of NR columns: panel p is k rows of
-// NR floats at out + p * k * NR, columns past n zero.
-template <int NR>
-KILN_CPU_INLINE void pack_b_panels(int64_t k, int64_t n, const float* b, int64_t ldb, bool transposed, float* out) {
-  for (int64_t j = 0; j < n; j += NR) {
-    const int64_t nr = n - j < NR ? n - j : NR;
-    if (transposed) pack_b_transposed<NR>(b + j * ldb, ldb, k, nr, out + j * k);
-    else pack_b<NR>(b + j, ldb, k, nr, out + j * k);
-  }
-}
 
 // KC: rows of a packed B panel; the default keeps the panel at 32 KiB (L1).
 template <int MR, int NV, typename V, int64_t KC = 32 * 1024 / (NV * static_cast<int64_t>(sizeof(V))), int BL = kRowsB,

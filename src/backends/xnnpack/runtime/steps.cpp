@@ -484,13 +484,15 @@ void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::by
   bool elementwise = C > kRowChunk;
   for (const RowOp& op : s.row_ops)
     elementwise = elementwise && !op.out_scalar && op.kind != RowOpKind::Softmax && op.kind != RowOpKind::RowDot;
-  const int64_t chunk = elementwise ? kRowChunk : C;
+  // (a row of no columns still runs once: its per-row scalars are written)
+  const int64_t chunk = elementwise ? kRowChunk : std::max<int64_t>(C, 1);
+  const int64_t chunks = std::max<int64_t>(1, (C + chunk - 1) / chunk);
   ex.parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
     float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
     float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
     const int64_t r1 = std::min(s.rows, (static_cast<int64_t>(t) + 1) * per);
-    for (int64_t r = static_cast<int64_t>(t) * per; r < r1; ++r)
-    for (int64_t c0 = 0; c0 < C; c0 += chunk) {  // one chunk: the whole row unless `elementwise`
+    for (int64_t rc = static_cast<int64_t>(t) * per * chunks; rc < r1 * chunks; ++rc) {
+      const int64_t r = rc / chunks, c0 = rc % chunks * chunk;  // one chunk of a row: all of it unless `elementwise`
       for (const RowOp& op : s.row_ops) {
         auto fetch = [&](const RowOperand& x) -> const float* {
           if (x.src == RowOperand::Src::Slot) return sp[x.index];
