@@ -57,7 +57,7 @@ KILN_DECLARE_F32_GEMV(avx512);
 #endif
 
 // f32-vunary: out[i] = f(in[i]) (see kiln/cpu/config.h); f32-vbinary: out[i] = a op b
-// in three forms; f32-rows: row softmax.
+// in three forms; f32-rows: row softmax, 2-D transpose.
 #define KILN_DECLARE_F32_VUNARY_FN(op, isa) void f32_v##op##__##isa(const float* in, float* out, int64_t n);
 #define KILN_DECLARE_F32_VUNARY(isa)                          \
   KILN_F32_VUNARY_OPS(KILN_DECLARE_F32_VUNARY_FN, isa)        \
@@ -69,7 +69,9 @@ KILN_DECLARE_F32_GEMV(avx512);
   void f32_v##op##_sv__##isa(const float* a, const float* b, float* out, int64_t n);
 #define KILN_DECLARE_F32_VBINARY(isa) KILN_F32_VBINARY_OPS(KILN_DECLARE_F32_VBINARY_OP, isa) static_assert(true)
 
-#define KILN_DECLARE_F32_ROWS(isa) void f32_softmax__##isa(const float* in, float* out, int64_t n)
+#define KILN_DECLARE_F32_ROWS(isa)                                   \
+  void f32_softmax__##isa(const float* in, float* out, int64_t n);   \
+  void f32_transpose__##isa(const float* in, int64_t ldi, int64_t rows, int64_t cols, float* out, int64_t ldo)
 
 KILN_DECLARE_F32_VUNARY(generic);
 KILN_DECLARE_F32_VBINARY(generic);

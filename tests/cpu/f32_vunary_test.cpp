@@ -1,5 +1,6 @@
 // Every f32-vunary, f32-vbinary and f32-rows variant against double-precision
 // references and the generic variant (vunary_tester.h).
+#include <bit>
 #include "vunary_tester.h"
 
 namespace kiln::cpu::testing {
@@ -17,6 +18,9 @@ double ref_gelu(double x) { return 0.5 * x * (1.0 + std::erf(x * 0.7071067811865
 double ref_log(double x) { return std::log(x); }
 double ref_sin(double x) { return std::sin(x); }
 double ref_cos(double x) { return std::cos(x); }
+double ref_gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+}
 
 // exp_f / tanh_f: within 2 ulp (math.h); with FMA contraction AVX2/AVX-512 may
 // round differently from the generic variant, by an ulp or two. sigmoid: 1/(1+e)
@@ -36,6 +40,9 @@ const UnaryCase kCases[] = {
     {"log", &F32VUnaryVariant::log, ref_log, 1, 0, 0, 1e-30f, 1e30f},
     {"sin", &F32VUnaryVariant::sin, ref_sin, 1, 0, 0, -100.0f, 100.0f},
     {"cos", &F32VUnaryVariant::cos, ref_cos, 1, 0, 0, -100.0f, 100.0f},
+    // tanh_f's 2 ulp and the float argument's roundings (|arg| up to ~30 at x = 10), then 1 + t cancelling
+    // for x < 0: an absolute bound there, as gelu's
+    {"gelu_tanh", &F32VUnaryVariant::gelu_tanh, ref_gelu_tanh, 8, 2e-6, 8, -10.0f, 10.0f},
 };
 
 class F32VUnary : public ::testing::TestWithParam<F32VUnaryVariant> {
@@ -215,6 +222,29 @@ TEST_P(F32Rows, SoftmaxAgainstDouble) {
   std::vector<float> nan_row = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f}, out(3);
   GetParam().softmax(nan_row.data(), out.data(), 3);
   for (float v : out) EXPECT_TRUE(std::isnan(v));
+}
+
+// The definition, element by element: every shape around the block edges, strides past the width, a
+// border of sentinels around the output that must stay untouched (bit patterns: a copy is exact, NaNs too).
+TEST_P(F32Rows, TransposeIsTheDefinition) {
+  for (int64_t rows : {1, 3, 4, 7, 8, 15, 16, 17, 31, 33, 126, 128})
+    for (int64_t cols : {1, 2, 5, 8, 9, 16, 18, 40, 126, 128}) {
+      SCOPED_TRACE(::testing::Message() << GetParam().name << " transpose " << rows << " x " << cols);
+      const int64_t ldi = cols + 3, ldo = rows + 5;
+      std::vector<float> in = random_values(rows * ldi, -1.0f, 1.0f, static_cast<uint32_t>(rows * 131 + cols));
+      in[0] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> out(static_cast<size_t>((cols + 1) * ldo), 77.0f);
+      GetParam().transpose(in.data(), ldi, rows, cols, out.data(), ldo);
+      for (int64_t j = 0; j <= cols; ++j)
+        for (int64_t i = 0; i < ldo; ++i) {
+          const float got = out[static_cast<size_t>(j * ldo + i)];
+          if (j < cols && i < rows)
+            ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(in[static_cast<size_t>(i * ldi + j)]))
+                << "out[" << j << ", " << i << "]";
+          else
+            ASSERT_EQ(got, 77.0f) << "wrote outside the output at " << j << ", " << i;
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, F32Rows, ::testing::ValuesIn(f32_rows_variants().begin(), f32_rows_variants().end()),

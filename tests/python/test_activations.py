@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close, et_execute, kiln_lower, reference_io
+from conftest import assert_close, et_execute, kiln_lower, reference_io, run_kiln
 from kernel_harness import Double, T
 from test_kernels_math import FLOATS, compare, ids, rand
 from test_models_transformers import et_lower, export_program
@@ -77,6 +77,14 @@ def test_kiln_lowers_activations(activations, tmp_path):
     # erf and log_softmax have no XNNPACK node (nor does ExecuTorch delegate them); everything else is delegated.
     assert set(d["fallback_ops"]) == {"aten.erf.default", "aten._log_softmax.default"}, d
     assert d["fallback_ops"]["aten.erf.default"] == 1 and d["fallback_ops"]["aten._log_softmax.default"] == 1, d
+
+
+def test_tanh_gelu_runs_as_one_operation(activations):
+    """kiln's lowering of gelu(approximate='tanh') (eight XNNPACK nodes) runs as one row operation in kiln's
+    engine (its outputs: test_kiln_lowers_activations, against eager)."""
+    pte = kiln_lower(activations, "xnnpack")
+    labels = json.loads(run_kiln("bench", pte, "--iters", "1", "--profile", "--json").stdout)["profile"]
+    assert any("fused rows:" in k and " gelu_tanh" in k for k in labels), list(labels)
 
 
 @pytest.mark.parametrize("backend", ["portable", "xnnpack"])

@@ -123,7 +123,7 @@ using F32VClampFn = void (*)(const float* in, float* out, int64_t n, float lo, f
 #define KILN_F32_VUNARY_OPS(X, ...)                                                                         \
   X(exp, __VA_ARGS__) X(tanh, __VA_ARGS__) X(sigmoid, __VA_ARGS__) X(sqrt, __VA_ARGS__) X(rsqrt, __VA_ARGS__) \
   X(square, __VA_ARGS__) X(neg, __VA_ARGS__) X(abs, __VA_ARGS__) X(gelu, __VA_ARGS__) X(log, __VA_ARGS__)    \
-  X(sin, __VA_ARGS__) X(cos, __VA_ARGS__)
+  X(sin, __VA_ARGS__) X(cos, __VA_ARGS__) X(gelu_tanh, __VA_ARGS__)
 
 #define KILN_F32_VUNARY_FIELD(op, ...) F32VUnaryFn op;
 struct F32VUnaryVariant {
@@ -171,12 +171,15 @@ const F32VBinaryVariant& f32_vbinary_config();              // the selected one
 // softmax of one row: out = e^(in - max) / sum (exp as math.h's exp_f; the sum in
 // a fixed order: 16 partial sums, then the tail). out may be in.
 using F32SoftmaxFn = void (*)(const float* in, float* out, int64_t n);
+// out[j * ldo + i] = in[i * ldi + j] for i < rows, j < cols (in and out do not overlap)
+using F32TransposeFn = void (*)(const float* in, int64_t ldi, int64_t rows, int64_t cols, float* out, int64_t ldo);
 
 struct F32RowsVariant {
   const char* name;  // e.g. "f32_rows__avx512"
   Isa isa;
   int lanes;
   F32SoftmaxFn softmax;
+  F32TransposeFn transpose;
 };
 
 std::span<const F32RowsVariant> f32_rows_variants();  // all built in, widest first, runnable or not

@@ -7,6 +7,9 @@
 // exp, tanh, sigmoid: ../vmath.h (math.h's polynomials, FMA where the ISA has
 // it); sqrt, rsqrt (1 / sqrt), square, neg, abs, clamp: exact IEEE operations;
 // gelu (erf form), log, sin, cos: libm per lane (the same on every ISA).
+// gelu_tanh: (x / 2) (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), the tanh form (GPT-2's, Gemma's) as
+// PyTorch writes it, in one pass with tanh_v (the XNNPACK backend runs the nine-operation chain
+// transformers' models export as this one operation).
 #pragma once
 
 #include "../vmath.h"
@@ -92,6 +95,14 @@ struct F32VUnary {
   }
   static KILN_CPU_INLINE void cos(const float* in, float* out, int64_t n) {
     f32_vunary_map<W>(in, out, n, [](V& r, const V& x) KILN_CPU_LAMBDA { lanes_v<W, cos_f>(r, x); });
+  }
+  static KILN_CPU_INLINE void gelu_tanh(const float* in, float* out, int64_t n) {
+    f32_vunary_map<W>(in, out, n, [](V& r, const V& x) KILN_CPU_LAMBDA {
+      const V inner = (x + x * x * x * 0.044715f) * 0.7978845608028654f;
+      V t;
+      tanh_v<W>(t, inner);
+      r = x * 0.5f * (t + 1.0f);
+    });
   }
   // min(max(x, lo), hi) as std::min/std::max: NaN stays NaN
   static KILN_CPU_INLINE void clamp(const float* in, float* out, int64_t n, float lo, float hi) {

@@ -122,12 +122,15 @@ enum class UnaryOp : uint8_t { Tanh, Rsqrt, Gelu, Exp, Log, Sin, Cos, Copy };
 // chain (a slot) or bytes in memory, whose rows repeat with period P (numpy
 // broadcasting of a trailing block), or a per-row scalar.
 enum class RowOpKind : uint8_t { Add, Sub, Mul, Div, Max, Min, Square, Sqrt, Rsqrt, Neg, Abs, Sigmoid, Tanh, Exp, Gelu,
-                                 Copy, Softmax, RowDot, None };  // None: not a row op
+                                 Copy, Softmax, RowDot, GeluTanh, None };  // None: not a row op
+                                 // GeluTanh: no node's; the chain's tanh-GELU operations, found in it (fuse_rows.cpp)
 struct RowOperand {
   enum class Src : uint8_t { None, Slot, Memory } src = Src::None;
   int32_t index = -1;    // slot, or storage group
   int64_t period = 1;    // memory: rows repeat every `period` rows
   bool scalar = false;   // one float per row (else C)
+  bool constant = false; // memory: a one-element constant of the program, `value`
+  float value = 0.0f;
 };
 struct RowOp {
   RowOpKind kind = RowOpKind::Copy;

@@ -128,12 +128,9 @@ void run_bmm(const Exec& ex, const Step& s, const float* a, const float* b, floa
 // transpose(bmm(W, transpose(x))): per block of W's rows, one GEMM into a
 // small tile (in the stack) and its transpose into out, so the [N, M]
 // intermediate never exists. `xt` is x transposed, [K, M].
-// out[i, j] = tile[j, i] for i < mb, j < nb (row stride ldo), in 16 x 16 blocks (both sides in cache lines)
+// out[i, j] = tile[j, i] for i < mb, j < nb (row stride ldo): f32-rows' block transpose (in registers)
 static void transpose_tile(const float* tile, int64_t mb, int64_t nb, float* out, int64_t ldo) {
-  for (int64_t i0 = 0; i0 < mb; i0 += 16)
-    for (int64_t j0 = 0; j0 < nb; j0 += 16)
-      for (int64_t i = i0; i < std::min(mb, i0 + 16); ++i)
-        for (int64_t j = j0; j < std::min(nb, j0 + 16); ++j) out[i * ldo + j] = tile[j * mb + i];
+  cpu::f32_rows_config().transpose(tile, mb, nb, mb, out, ldo);
 }
 
 void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out) {
@@ -460,6 +457,7 @@ static void row_unary(RowOpKind k, const float* in, float* o, int64_t n) {
     case RowOpKind::Tanh: vu.tanh(in, o, n); break;
     case RowOpKind::Exp: vu.exp(in, o, n); break;
     case RowOpKind::Gelu: vu.gelu(in, o, n); break;
+    case RowOpKind::GeluTanh: vu.gelu_tanh(in, o, n); break;
     case RowOpKind::Copy: if (o != in) std::memcpy(o, in, static_cast<size_t>(n) * sizeof(float)); break;
     default: break;
   }
