@@ -124,7 +124,7 @@ def make_artifacts(work: Path, kiln: Path, max_seq: int, dynamic: bool = False) 
 def cell_cmd(side: str, path: Path, kiln: Path, t: int, p: int, n: int, reps: int):
     if side == "bandwidth":  # the roofline's probe, a cell of its own: the host's bandwidth drifts during a run
         return [Path(kiln).parent / "kiln_bandwidth.bin", "--threads", t, "--reps", 3]
-    if side == "kiln":
+    if side in ("kiln", "kiln VNNI"):
         return [kiln, "bench-llm", path, "-p", p, "-n", n, "--threads", t, "--reps", reps, "--json"]
     if side == "ET runner":
         return [PY, HERE / "et_runner_llm.py", path, "--tokenizer", Path(path).parent / "tokenizer.json",
@@ -150,7 +150,7 @@ def main() -> None:
                     "ExecuTorch's programs then take the whole prompt in one call (prefill) and one token per "
                     "decode call")
     ap.add_argument("--only", default=None, help="run only these sides (comma-separated: kiln, ExecuTorch, "
-                    "'ET runner', llama.cpp), e.g. to rerun one side's cells after a fix")
+                    "'ET runner', llama.cpp, 'kiln VNNI' where the CPU has AMX), e.g. to rerun one side's cells after a fix")
     ap.add_argument("--model", choices=["smollm2", "llama1b", "e2b"], default="smollm2",
                     help="smollm2 (default): the table above; llama1b: Llama 3.2 1B's shape with seeded bf16 weights, "
                     "kiln 8da4w (best ISA and KILN_CPU_ISA=avx2) against llama.cpp Q4_0 and Q4_K_M on the same weights "
@@ -190,6 +190,11 @@ def main() -> None:
                   ("fp32", "llama.cpp", "gguf_f32", t), ("8da4w / Q4_1", "kiln", "kiln_8da4w", t),
                   ("8da4w / Q4_1", "ExecuTorch", "et_8da4w", t), ("8da4w / Q4_1", "ET runner", "et_8da4w", t),
                   ("8da4w / Q4_1", "llama.cpp", "gguf_q4_1", t)]
+    # Where kiln's int8 products run on AMX tiles, the same file again with KILN_CPU_ISA=avx512 (the VNNI
+    # variant on the same machine): issue 42's AMX-over-VNNI column.
+    amx = "qd8_gemm__amx" in kiln_kernels(args.kiln)
+    if amx:
+        cells += [("8da4w / Q4_1", "kiln VNNI", "kiln_8da4w", t) for t in threads]
     if args.only:
         keep = {x.strip() for x in args.only.split(",")} | {"bandwidth"}
         cells = [c for c in cells if c[1] in keep]
@@ -204,7 +209,8 @@ def main() -> None:
                 continue
             prec, side, key, t = c
             log(f"round {r + 1}/{args.rounds}: {side} {prec} {t} thread(s)")
-            proc = run(cell_cmd(side, files.get(key, ""), kiln, t, args.p, args.n, args.reps))
+            proc = run(cell_cmd(side, files.get(key, ""), kiln, t, args.p, args.n, args.reps),
+                       env={"KILN_CPU_ISA": "avx512"} if side == "kiln VNNI" else None)
             if proc.returncode != 0:
                 errors[c] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]
                 log(f"  failed: {errors[c]}")
@@ -288,6 +294,18 @@ def main() -> None:
                 md.append(f"| {prec} | {t} | {test} | {fmt(k)} | {fmt(e)} | {fmt(er)} | {fmt(l)} | {ratio(k, l)} | "
                           f"{ratio(k, e)} | {ratio(k, er)} | {roof(k, prec, t) if decode else ''} | "
                           f"{roof(e, prec, t) if decode else ''} |")
+    if amx:
+        md.append("")
+        md.append("kiln's int8 products on AMX tiles (`qd8_gemm__amx`, this machine's default) against the same file "
+                  "with `KILN_CPU_ISA=avx512` (`qd8_gemm__avx512vnni`) in the same rounds:")
+        md.append("")
+        md.append("| weights | threads | test | kiln, AMX | kiln, AVX-512 VNNI | AMX / VNNI |")
+        md.append("|---|---:|---|---:|---:|---:|")
+        for t in threads:
+            for i, test in [(0, f"prefill {args.p}"), (1, f"decode {args.n}")]:
+                a = med(("8da4w / Q4_1", "kiln", "kiln_8da4w", t), i)
+                v = med(("8da4w / Q4_1", "kiln VNNI", "kiln_8da4w", t), i)
+                md.append(f"| 8da4w | {t} | {test} | {fmt(a)} | {fmt(v)} | {ratio(a, v)} |")
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
                                     for k, v in files.items()) + ". 8da4w: kiln's int8-activation × int4-weight "

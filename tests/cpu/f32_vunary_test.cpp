@@ -213,7 +213,8 @@ TEST_P(F32Rows, SoftmaxAgainstDouble) {
         const double want = std::exp(double{in[i]} - mx) / sum;
         // in - max rounds in float (to 2^-24 relative), which e^ turns into |in - max| 2^-24 relative
         const double rel = std::isinf(in[i]) ? 0.0 : 1e-6 + std::fabs(double{in[i]} - mx) * 0x1p-24;  // -inf: exactly 0
-        ASSERT_LE(std::fabs(out[i] - want), rel * want + 1e-38) << i << ": " << out[i] << " vs " << want;
+        // (+ FLT_MIN: exponentials below it are 0, see f32-rows.h)
+        ASSERT_LE(std::fabs(out[i] - want), rel * want + 0x1p-126) << i << ": " << out[i] << " vs " << want;
         ASSERT_LE(std::fabs(out[i] - g[i]), 1e-6 * g[i] + 1e-38) << i << " vs generic";
         ASSERT_EQ(ulp_distance(y[i], out[i]), 0) << "in place, " << i;
       }
@@ -222,6 +223,30 @@ TEST_P(F32Rows, SoftmaxAgainstDouble) {
   std::vector<float> nan_row = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f}, out(3);
   GetParam().softmax(nan_row.data(), out.data(), 3);
   for (float v : out) EXPECT_TRUE(std::isnan(v));
+}
+
+// A causal mask as transformers writes it (finfo.min added to the scores): the masked positions are exactly 0,
+// the rest as the double reference; exponentials in the subnormal range (x - max in (-104, -87.3)) are 0 too.
+TEST_P(F32Rows, SoftmaxOfAMaskedRow) {
+  for (int64_t n : {7, 16, 128, 300}) {
+    SCOPED_TRACE(::testing::Message() << GetParam().name << " masked softmax n=" << n);
+    std::vector<float> in = random_values(n, -3.0f, 3.0f, static_cast<uint32_t>(n));
+    for (int64_t i = n / 2; i < n; ++i) in[static_cast<size_t>(i)] = i % 3 == 0 ? -3.4028235e38f : i % 3 == 1 ? -95.0f : -88.0f;
+    std::vector<float> out(in.size());
+    GetParam().softmax(in.data(), out.data(), n);
+    double mx = -INFINITY, sum = 0;
+    for (float v : in) mx = std::max(mx, double{v});
+    for (float v : in) sum += std::exp(double{v} - mx);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = std::exp(double{in[static_cast<size_t>(i)]} - mx) / sum;
+      if (i >= n / 2) {
+        ASSERT_EQ(out[static_cast<size_t>(i)], 0.0f) << i << ": e^(" << in[static_cast<size_t>(i)] << " - max) is below FLT_MIN";
+        ASSERT_LT(want, 0x1p-126) << i;
+      } else {
+        ASSERT_LE(std::fabs(out[static_cast<size_t>(i)] - want), 2e-6 * want) << i;
+      }
+    }
+  }
 }
 
 // The definition, element by element: every shape around the block edges, strides past the width, a

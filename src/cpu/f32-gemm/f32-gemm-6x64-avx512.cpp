@@ -20,10 +20,14 @@ namespace {
 template <int MR, int NV>
 struct TileAvx512 {
   static constexpr int NR = NV * 16;
+  static constexpr bool kInterleavedPrefetch = true;
   // A function of its own (not inlined: the template that calls it is built for the baseline ISA until it is
-  // inlined into the variant); one call per 6 x 64 x KC block of products.
+  // inlined into the variant); one call per 6 x 64 x KC block of products. `pf`: lines to prefetch into L2,
+  // one a trip of the k loop while they last, the rest after it.
   __attribute__((target("avx512f,fma"), noinline)) static void run(int64_t kc, const float* a, int64_t lda, int64_t mr, const float* bp, float* c,
-                                  int64_t ldc, int64_t nr, float alpha, bool load_c) {
+                                  int64_t ldc, int64_t nr, float alpha, bool load_c, const PrefetchLines* pf = nullptr) {
+    int p2 = 0;
+    const int n2 = pf ? pf->n2 : 0;
     const float* ar[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) ar[i] = a + (i < mr ? i : mr - 1) * lda;  // rows past mr repeat the last one
@@ -37,6 +41,7 @@ struct TileAvx512 {
     for (;;) {  // two steps a trip (fewer loop instructions among the FMAs), then an odd last one
       const int64_t steps = k < k2 ? 2 : k < kc ? 1 : 0;
       if (steps == 0) break;
+      if (p2 < n2) __builtin_prefetch(pf->l2[p2++], 0, 2);
 #pragma GCC unroll 2
       for (int64_t u = 0; u < 2; ++u) {
       if (u == steps) break;
@@ -52,6 +57,7 @@ struct TileAvx512 {
       ++k;
       }
     }
+    for (; p2 < n2; ++p2) __builtin_prefetch(pf->l2[p2], 0, 2);
     // The store, unrolled whole (a loop with a run-time bound would send the accumulators through memory):
     // columns under a mask where nr < NR, rows past mr skipped; alpha * acc + C in one rounding, as the
     // template's tile compiles (GCC contracts it).

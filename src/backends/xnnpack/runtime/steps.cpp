@@ -159,15 +159,21 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
     });
     return;
   }
+  // Tasks of consecutive blocks: each task's transposed stores share cache lines with another task's only at
+  // its two ends (one block per task, the two threads wrote neighbouring blocks' edges into the same lines of
+  // every output row at once).
+  auto tasks_of = [&](int64_t blocks) { return std::max<int64_t>(1, std::min(blocks, kTasksPerThread * ex.threads)); };
   if (!cpu::sgemm_pack_once()) {  // the GEMM rows tuned on AMD: B (xt) packed per call, as measured there
-    const int64_t blocks = (N + kBlock - 1) / kBlock;
-    ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
-      int64_t n0 = static_cast<int64_t>(t) * kBlock, nb = std::min(kBlock, N - n0);
+    const int64_t blocks = (N + kBlock - 1) / kBlock, tasks = tasks_of(blocks), per = (blocks + tasks - 1) / tasks;
+    ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
       alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
-      for (int64_t m0 = 0; m0 < M; m0 += 256) {
-        int64_t mb = std::min<int64_t>(256, M - m0);
-        cpu::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
-        transpose_tile(tile, mb, nb, out + m0 * N + n0, N);
+      for (int64_t b = static_cast<int64_t>(t) * per; b < std::min(blocks, (static_cast<int64_t>(t) + 1) * per); ++b) {
+        const int64_t n0 = b * kBlock, nb = std::min(kBlock, N - n0);
+        for (int64_t m0 = 0; m0 < M; m0 += 256) {
+          int64_t mb = std::min<int64_t>(256, M - m0);
+          cpu::sgemm(nb, mb, K, 1.0f, w + n0 * K, K, xt + m0, M, false, tile, mb);
+          transpose_tile(tile, mb, nb, out + m0 * N + n0, N);
+        }
       }
     });
     return;
@@ -182,15 +188,17 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
   // W's rows in blocks of whole register tiles (the last tile of a 128-row block of 6-row tiles was a third full)
   const int64_t mr = cpu::f32_gemm_config().mr, rows = std::max<int64_t>(mr, kBlock / mr * mr);
   const int64_t width = cpu::sgemm_panel_width(), chunk = std::max<int64_t>(width, 256 / width * width);
-  const int64_t blocks = (N + rows - 1) / rows;
-  ex.parallel_for(static_cast<size_t>(blocks), [&](size_t t) {
-    int64_t n0 = static_cast<int64_t>(t) * rows, nb = std::min(rows, N - n0);
-    // tile[nb, M] = W[n0:n0+nb, :] · xt; M is small here (the sequence), checked at init
+  const int64_t blocks = (N + rows - 1) / rows, tasks = tasks_of(blocks), per = (blocks + tasks - 1) / tasks;
+  ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
     alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
-    for (int64_t m0 = 0; m0 < M; m0 += chunk) {  // chunk: whole panels, at most 256 columns
-      int64_t mb = std::min<int64_t>(chunk, M - m0);
-      cpu::sgemm_packed(nb, mb, K, 1.0f, w + n0 * K, K, xp + m0 * K, false, tile, mb);
-      transpose_tile(tile, mb, nb, out + m0 * N + n0, N);
+    for (int64_t b = static_cast<int64_t>(t) * per; b < std::min(blocks, (static_cast<int64_t>(t) + 1) * per); ++b) {
+      // tile[nb, M] = W[n0:n0+nb, :] · xt; M is small here (the sequence), checked at init
+      const int64_t n0 = b * rows, nb = std::min(rows, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += chunk) {  // chunk: whole panels, at most 256 columns
+        int64_t mb = std::min<int64_t>(chunk, M - m0);
+        cpu::sgemm_packed(nb, mb, K, 1.0f, w + n0 * K, K, xp + m0 * K, false, tile, mb);
+        transpose_tile(tile, mb, nb, out + m0 * N + n0, N);
+      }
     }
   });
 }
@@ -343,6 +351,10 @@ void run_transpose(const Exec& ex, const Step& s, const float* in, float* out) {
         rem /= od[static_cast<size_t>(i)];
       }
       float* dst = out + o * R * C;
+      if (sr == 1) {  // out[i, j] = in[j * sc + i]: a 2-D transpose of rows r0.. (f32-rows' block transpose)
+        cpu::f32_rows_config().transpose(in + base + r0, sc, C, std::min(B, R - r0), dst + r0 * C, C);
+        return;
+      }
       for (int64_t c0 = 0; c0 < C; c0 += B)
         for (int64_t i = r0; i < std::min(R, r0 + B); ++i)
           for (int64_t j = c0; j < std::min(C, c0 + B); ++j) dst[i * C + j] = in[base + i * sr + j * sc];
@@ -494,7 +506,11 @@ void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::by
       for (const RowOp& op : s.row_ops) {
         auto fetch = [&](const RowOperand& x) -> const float* {
           if (x.src == RowOperand::Src::Slot) return sp[x.index];
-          if (x.src == RowOperand::Src::Memory) return base[x.index] + (r % x.period) * (x.scalar ? 1 : C) + (x.scalar ? 0 : c0);
+          if (x.src == RowOperand::Src::Memory) {
+            // (no division where the rows do not repeat, or all repeat one: a constant, a bias)
+            const int64_t rr = x.period == 1 ? 0 : x.period >= s.rows ? r : r % x.period;
+            return base[x.index] + rr * (x.scalar ? 1 : C) + (x.scalar ? 0 : c0);
+          }
           return nullptr;
         };
         const float* a = fetch(op.a);
