@@ -8,7 +8,7 @@
 // it); sqrt, rsqrt (1 / sqrt), square, neg, abs, clamp: exact IEEE operations;
 // gelu (erf form), log, sin, cos: libm per lane (the same on every ISA).
 // gelu_tanh: (x / 2) (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), the tanh form (GPT-2's, Gemma's) as
-// PyTorch writes it, in one pass with tanh_v (the XNNPACK backend runs the nine-operation chain
+// PyTorch writes it, in one pass as x / (1 + e^(-2u)) (the XNNPACK backend runs the nine-operation chain
 // transformers' models export as this one operation).
 #pragma once
 
@@ -96,12 +96,15 @@ struct F32VUnary {
   static KILN_CPU_INLINE void cos(const float* in, float* out, int64_t n) {
     f32_vunary_map<W>(in, out, n, [](V& r, const V& x) KILN_CPU_LAMBDA { lanes_v<W, cos_f>(r, x); });
   }
+  // (x / 2)(1 + tanh(u)) = x / (1 + e^(-2u)): one exponential and one division, no cancellation for x < 0
+  // (1 + tanh(u) is 0 in float from u < -9, where this keeps the tiny values), and e^(-2u) is at most
+  // exp_v's e^89, so x / (1 + e) stays normal (|x| > 10 there)
   static KILN_CPU_INLINE void gelu_tanh(const float* in, float* out, int64_t n) {
     f32_vunary_map<W>(in, out, n, [](V& r, const V& x) KILN_CPU_LAMBDA {
-      const V inner = (x + x * x * x * 0.044715f) * 0.7978845608028654f;
-      V t;
-      tanh_v<W>(t, inner);
-      r = x * 0.5f * (t + 1.0f);
+      const V u2 = (x + x * x * x * 0.044715f) * (-2.0f * 0.7978845608028654f);
+      V e;
+      exp_v<W>(e, u2);
+      r = x / (1.0f + e);
     });
   }
   // min(max(x, lo), hi) as std::min/std::max: NaN stays NaN
