@@ -174,9 +174,9 @@ bool cpu_has_vnni() {
 }
 
 const F32RowsVariant kF32Rows[] = {
-    KILN_X86_ONLY({"f32_rows__avx512", Isa::Avx512, 16, f32_softmax__avx512, f32_transpose__avx512})
-    KILN_X86_ONLY({"f32_rows__avx2", Isa::Avx2, 8, f32_softmax__avx2, f32_transpose__avx2})
-    {"f32_rows__generic", Isa::Generic, 4, f32_softmax__generic, f32_transpose__generic},
+    KILN_X86_ONLY({"f32_rows__avx512", Isa::Avx512, 16, f32_softmax__avx512, f32_softmax_scaled__avx512, f32_transpose__avx512})
+    KILN_X86_ONLY({"f32_rows__avx2", Isa::Avx2, 8, f32_softmax__avx2, f32_softmax_scaled__avx2, f32_transpose__avx2})
+    {"f32_rows__generic", Isa::Generic, 4, f32_softmax__generic, f32_softmax_scaled__generic, f32_transpose__generic},
 };
 
 #ifdef KILN_CPU_ARM64

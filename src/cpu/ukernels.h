@@ -71,6 +71,7 @@ KILN_DECLARE_F32_GEMV(avx512);
 
 #define KILN_DECLARE_F32_ROWS(isa)                                   \
   void f32_softmax__##isa(const float* in, float* out, int64_t n);   \
+  void f32_softmax_scaled__##isa(const float* in, float scale, const float* add, float* out, int64_t n); \
   void f32_transpose__##isa(const float* in, int64_t ldi, int64_t rows, int64_t cols, float* out, int64_t ldo)
 
 KILN_DECLARE_F32_VUNARY(generic);

@@ -225,6 +225,36 @@ TEST_P(F32Rows, SoftmaxAgainstDouble) {
   for (float v : out) EXPECT_TRUE(std::isnan(v));
 }
 
+// softmax(in * scale + add) against the double reference of the same float scores (each of in * scale and
+// + add rounded, or one FMA: the scores' rounding, |score| 2^-23, is what e^ turns into a relative error).
+TEST_P(F32Rows, ScaledSoftmaxAgainstDouble) {
+  for (int64_t n : {1, 5, 16, 17, 33, 128, 300})
+    for (bool with_add : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << GetParam().name << " scaled softmax n=" << n << " add " << with_add);
+      std::vector<float> in = random_values(n, -20.0f, 20.0f, static_cast<uint32_t>(3 * n));
+      std::vector<float> add = random_values(n, -5.0f, 5.0f, static_cast<uint32_t>(5 * n));
+      if (n > 2) add[static_cast<size_t>(n - 1)] = -3.4028235e38f;  // a masked position
+      const float scale = 0.125f;
+      std::vector<float> out(in.size() + 1, 77.0f), y = in;
+      GetParam().softmax_scaled(in.data(), scale, with_add ? add.data() : nullptr, out.data(), n);
+      GetParam().softmax_scaled(y.data(), scale, with_add ? add.data() : nullptr, y.data(), n);  // in place
+      EXPECT_EQ(out[in.size()], 77.0f) << "wrote past the end";
+      std::vector<double> t(in.size());
+      double mx = -INFINITY, sum = 0;
+      for (size_t i = 0; i < in.size(); ++i) {
+        t[i] = double{in[i]} * scale + (with_add ? double{add[i]} : 0.0);
+        mx = std::max(mx, t[i]);
+      }
+      for (double v : t) sum += std::exp(v - mx);
+      for (size_t i = 0; i < in.size(); ++i) {
+        const double want = std::exp(t[i] - mx) / sum;
+        const double rel = 2e-6 + (std::fabs(t[i]) + std::fabs(mx)) * 0x1p-23;
+        ASSERT_LE(std::fabs(out[i] - want), rel * want + 0x1p-126) << i << ": " << out[i] << " vs " << want;
+        ASSERT_EQ(ulp_distance(y[i], out[i]), 0) << "in place, " << i;
+      }
+    }
+}
+
 // A causal mask as transformers writes it (finfo.min added to the scores): the masked positions are exactly 0,
 // the rest as the double reference; exponentials in the subnormal range (x - max in (-104, -87.3)) are 0 too.
 TEST_P(F32Rows, SoftmaxOfAMaskedRow) {

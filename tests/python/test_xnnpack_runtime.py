@@ -112,6 +112,9 @@ def test_bench_reports_the_backends_steps(tiny_gpt2, engine):
         # transformers' tanh GELU (nine operations in the graph) runs as one: the chain's own tanh is gone
         assert any(k.startswith("XnnpackBackend: kiln fused rows: gelu_tanh") for k in labels), labels
         assert not any(" tanh" in k for k in labels), labels
+        # and attention's scaling, mask and softmax as one (GPT-2's outputs against eager: the tests above)
+        assert any(k.startswith("XnnpackBackend: kiln fused rows: scaled_softmax") for k in labels), labels
+        assert not any(" softmax" in k for k in labels), labels
     assert all(v["ms_per_run"] >= 0 and v["calls"] >= 1 for v in j["profile"].values())
 
 

@@ -171,6 +171,8 @@ const F32VBinaryVariant& f32_vbinary_config();              // the selected one
 // softmax of one row: out = e^(in - max) / sum (exp as math.h's exp_f; the sum in
 // a fixed order: 16 partial sums, then the tail). out may be in.
 using F32SoftmaxFn = void (*)(const float* in, float* out, int64_t n);
+// softmax(in * scale + add) of one row (add: n floats, or null); out may be in, not add
+using F32SoftmaxScaledFn = void (*)(const float* in, float scale, const float* add, float* out, int64_t n);
 // out[j * ldo + i] = in[i * ldi + j] for i < rows, j < cols (in and out do not overlap)
 using F32TransposeFn = void (*)(const float* in, int64_t ldi, int64_t rows, int64_t cols, float* out, int64_t ldo);
 
@@ -179,6 +181,7 @@ struct F32RowsVariant {
   Isa isa;
   int lanes;
   F32SoftmaxFn softmax;
+  F32SoftmaxScaledFn softmax_scaled;
   F32TransposeFn transpose;
 };
 

@@ -40,25 +40,13 @@ KILN_CPU_INLINE void exp_normal_v(typename VF<W>::f& r, const typename VF<W>::f&
   select_v<W>(r, x < lo, zero, e);
 }
 
+// softmax's passes after the maximum `mx` of in[0:n]
 template <int W>
-KILN_CPU_INLINE void f32_softmax(const float* in, float* out, int64_t n) {
+KILN_CPU_INLINE void softmax_after_max(const float* in, float* out, int64_t n, float mx) {
   static_assert(16 % W == 0, "16-value blocks of W lanes");
   constexpr int kV = 16 / W;
   using V = typename VF<W>::f;
   const int64_t nb = n & ~int64_t{15};
-  const V ninf = V{} - __builtin_inff();
-  V m[kV];
-  for (int j = 0; j < kV; ++j) m[j] = ninf;
-  for (int64_t i = 0; i < nb; i += 16)
-    for (int j = 0; j < kV; ++j) {
-      V x;
-      load_v<W>(x, in + i + j * W);
-      select_v<W>(m[j], x > m[j], x, m[j]);
-    }
-  float mx = -__builtin_inff();
-  for (int j = 0; j < kV; ++j)
-    for (int l = 0; l < W; ++l) mx = m[j][l] > mx ? m[j][l] : mx;
-  for (int64_t i = nb; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
   V vmx;
   splat_v<W>(vmx, mx);
   V acc[kV];
@@ -95,6 +83,65 @@ KILN_CPU_INLINE void f32_softmax(const float* in, float* out, int64_t n) {
     load_part<W>(x, out + i, n - i, 0.0f);
     store_part<W>(out + i, x * inv, n - i);
   }
+}
+
+// The maximum of W-lane blocks then the tail (NaN ignored), then the rest.
+template <int W>
+KILN_CPU_INLINE void f32_softmax(const float* in, float* out, int64_t n) {
+  constexpr int kV = 16 / W;
+  using V = typename VF<W>::f;
+  const int64_t nb = n & ~int64_t{15};
+  const V ninf = V{} - __builtin_inff();
+  V m[kV];
+  for (int j = 0; j < kV; ++j) m[j] = ninf;
+  for (int64_t i = 0; i < nb; i += 16)
+    for (int j = 0; j < kV; ++j) {
+      V x;
+      load_v<W>(x, in + i + j * W);
+      select_v<W>(m[j], x > m[j], x, m[j]);
+    }
+  float mx = -__builtin_inff();
+  for (int j = 0; j < kV; ++j)
+    for (int l = 0; l < W; ++l) mx = m[j][l] > mx ? m[j][l] : mx;
+  for (int64_t i = nb; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
+  softmax_after_max<W>(in, out, n, mx);
+}
+
+// softmax(in * scale + add) (add: a row of n, or null), the scores in out on the way: attention's scaling,
+// mask and softmax in one step (three passes over the row instead of five; the graph's multiply and add
+// are each rounded here as there, as the compiler contracts them: FMA where the ISA has it).
+template <int W>
+KILN_CPU_INLINE void f32_softmax_scaled(const float* in, float scale, const float* add, float* out, int64_t n) {
+  constexpr int kV = 16 / W;
+  using V = typename VF<W>::f;
+  const int64_t nb = n & ~int64_t{15};
+  const V ninf = V{} - __builtin_inff();
+  V vs;
+  splat_v<W>(vs, scale);
+  V m[kV];
+  for (int j = 0; j < kV; ++j) m[j] = ninf;
+  for (int64_t i = 0; i < nb; i += 16)
+    for (int j = 0; j < kV; ++j) {
+      V x;
+      load_v<W>(x, in + i + j * W);
+      x = x * vs;
+      if (add != nullptr) {
+        V a;
+        load_v<W>(a, add + i + j * W);
+        x = x + a;
+      }
+      store_v<W>(out + i + j * W, x);
+      select_v<W>(m[j], x > m[j], x, m[j]);
+    }
+  float mx = -__builtin_inff();
+  for (int j = 0; j < kV; ++j)
+    for (int l = 0; l < W; ++l) mx = m[j][l] > mx ? m[j][l] : mx;
+  for (int64_t i = nb; i < n; ++i) {
+    const float x = add != nullptr ? in[i] * scale + add[i] : in[i] * scale;
+    out[i] = x;
+    mx = x > mx ? x : mx;
+  }
+  softmax_after_max<W>(out, out, n, mx);
 }
 
 // One round of the block transpose: for each pair of rows (r, r + S) with r & S == 0, the lanes with
@@ -153,6 +200,9 @@ KILN_CPU_INLINE void f32_transpose(const float* in, int64_t ldi, int64_t rows, i
 
 #define KILN_DEFINE_F32_ROWS(isa, W, attr)                                                                 \
   attr void f32_softmax__##isa(const float* in, float* out, int64_t n) { f32_softmax<W>(in, out, n); }      \
+  attr void f32_softmax_scaled__##isa(const float* in, float scale, const float* add, float* out, int64_t n) { \
+    f32_softmax_scaled<W>(in, scale, add, out, n);                                                         \
+  }                                                                                                        \
   attr void f32_transpose__##isa(const float* in, int64_t ldi, int64_t rows, int64_t cols, float* out,      \
                                  int64_t ldo) {                                                            \
     f32_transpose<W>(in, ldi, rows, cols, out, ldo);                                                       \

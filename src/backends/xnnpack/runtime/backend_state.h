@@ -122,8 +122,9 @@ enum class UnaryOp : uint8_t { Tanh, Rsqrt, Gelu, Exp, Log, Sin, Cos, Copy };
 // chain (a slot) or bytes in memory, whose rows repeat with period P (numpy
 // broadcasting of a trailing block), or a per-row scalar.
 enum class RowOpKind : uint8_t { Add, Sub, Mul, Div, Max, Min, Square, Sqrt, Rsqrt, Neg, Abs, Sigmoid, Tanh, Exp, Gelu,
-                                 Copy, Softmax, RowDot, GeluTanh, None };  // None: not a row op
-                                 // GeluTanh: no node's; the chain's tanh-GELU operations, found in it (fuse_rows.cpp)
+                                 Copy, Softmax, RowDot, GeluTanh, ScaledSoftmax, None };  // None: not a row op
+                                 // GeluTanh, ScaledSoftmax: no node's; operations of the chain found in it
+                                 // (fuse_rows.cpp). ScaledSoftmax: softmax(a * bias + b), b a row or none
 struct RowOperand {
   enum class Src : uint8_t { None, Slot, Memory } src = Src::None;
   int32_t index = -1;    // slot, or storage group

@@ -60,6 +60,10 @@ bool read_elsewhere(const State& st, int32_t group, size_t reader, size_t writer
 // fuse_live_attention.cpp
 void find_live_attention(State& st);
 
+// fuse_rows.cpp: attention's scaling by a constant, additive mask and softmax in each rows step as one
+// operation (after find_live_attention, which reads the three); the step's label follows.
+void fuse_scaled_softmax(State& st);
+
 class Builder {
  public:
   // file: where named constants come from; null for payloads that carry their constants inline

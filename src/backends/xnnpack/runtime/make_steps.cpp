@@ -200,6 +200,7 @@ Status Builder::make_steps(State& st) {
   KILN_TRY(fuse_lm_head(st));
   fuse_transposed_bmm(st);
   find_live_attention(st);
+  fuse_scaled_softmax(st);
   plan_debug_outputs(st);
   return Status::Ok;
 }

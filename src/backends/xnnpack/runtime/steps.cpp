@@ -493,7 +493,8 @@ void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::by
   // of the speed). Every element gets the same operations in the same order either way.
   bool elementwise = C > kRowChunk;
   for (const RowOp& op : s.row_ops)
-    elementwise = elementwise && !op.out_scalar && op.kind != RowOpKind::Softmax && op.kind != RowOpKind::RowDot;
+    elementwise = elementwise && !op.out_scalar && op.kind != RowOpKind::Softmax &&
+                  op.kind != RowOpKind::ScaledSoftmax && op.kind != RowOpKind::RowDot;
   // (a row of no columns still runs once: its per-row scalars are written)
   const int64_t chunk = elementwise ? kRowChunk : std::max<int64_t>(C, 1);
   const int64_t chunks = std::max<int64_t>(1, (C + chunk - 1) / chunk);
@@ -525,6 +526,7 @@ void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::by
             row_binary(op.kind, a, op.a.scalar && !op.out_scalar, b, op.b.scalar && !op.out_scalar, out, n);
             break;
           case RowOpKind::Softmax: rows.softmax(a, out, n); break;
+          case RowOpKind::ScaledSoftmax: rows.softmax_scaled(a, op.bias, b, out, n); break;
           case RowOpKind::RowDot: out[0] = gemv.dot(a, op.w, C) + op.bias; break;
           default: row_unary(op.kind, a, out, n); break;
         }
