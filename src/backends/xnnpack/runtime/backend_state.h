@@ -331,7 +331,7 @@ void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out);
 void run_transpose(const Exec& ex, const Step& s, const float* in, float* out);
-void run_slice(const Step& s, const float* in, float* out);
+void run_slice(const Exec& ex, const Step& s, const float* in, float* out);
 void run_unary(const Exec& ex, const Step& s, const float* in, float* out);
 void run_concat(const Step& s, std::span<const float* const> ins, float* out);
 void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args);

@@ -198,7 +198,7 @@ Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error) {
         break;
       }
       case StepKind::Transpose: run_transpose(st.exec, step, in(0), out); break;
-      case StepKind::Slice: run_slice(step, in(0), out); break;
+      case StepKind::Slice: run_slice(st.exec, step, in(0), out); break;
       case StepKind::Unary: case StepKind::Copy: case StepKind::Clamp: run_unary(st.exec, step, in(0), out); break;
       case StepKind::Concat: {
         std::array<const float*, 5> ins{};

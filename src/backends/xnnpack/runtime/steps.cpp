@@ -379,22 +379,26 @@ void run_transpose(const Exec& ex, const Step& s, const float* in, float* out) {
   });
 }
 
-void run_slice(const Step& s, const float* in, float* out) {
-  // rows of the innermost dim, each a contiguous run
+void run_slice(const Exec& ex, const Step& s, const float* in, float* out) {
+  // rows of the innermost dim, each a contiguous run; in pieces over the pool (GPT-2's q/k/v splits copy 128
+  // rows of 768 floats each)
   const uint32_t r = s.rank;
   const std::array<int64_t, kMaxRank> in_stride = row_major_strides(s.in_dims, r);
   const int64_t row = s.out_dims[r - 1];
   int64_t rows = 1;
   for (uint32_t i = 0; i + 1 < r; ++i) rows *= s.out_dims[i];
-  for (int64_t q = 0; q < rows; ++q) {
-    int64_t base = s.offsets[r - 1], rem = q;
-    for (int i = static_cast<int>(r) - 2; i >= 0; --i) {
-      const auto d = static_cast<size_t>(i);
-      base += (rem % s.out_dims[d] + s.offsets[d]) * in_stride[d];
-      rem /= s.out_dims[d];
+  const int64_t parts = elementwise_pieces(rows, 4 * ex.threads, rows * row), per = (rows + parts - 1) / parts;
+  ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+    for (int64_t q = static_cast<int64_t>(t) * per; q < std::min(rows, (static_cast<int64_t>(t) + 1) * per); ++q) {
+      int64_t base = s.offsets[r - 1], rem = q;
+      for (int i = static_cast<int>(r) - 2; i >= 0; --i) {
+        const auto d = static_cast<size_t>(i);
+        base += (rem % s.out_dims[d] + s.offsets[d]) * in_stride[d];
+        rem /= s.out_dims[d];
+      }
+      std::memcpy(out + q * row, in + base, static_cast<size_t>(row) * sizeof(float));
     }
-    std::memcpy(out + q * row, in + base, static_cast<size_t>(row) * sizeof(float));
-  }
+  });
 }
 
 void run_unary(const Exec& ex, const Step& s, const float* in, float* out) {
