@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -226,11 +227,13 @@ int run_lower(const LowerOptions& given) {
     std::string upgraded;
     for (const auto& L : a.layers)
       if (L.int8) upgraded += fmt::format("{}{}", int8++ ? ", " : "", L.layer);
+    const bool data_aware = std::any_of(a.layers.begin(), a.layers.end(), [](const auto& L) { return L.data_aware; });
     fmt::print("  auto: {} of {} linear layers 8da8w, the others 8da4w; estimated {:.2f} MB within --max-size {:.2f} "
-               "MB (all 8da4w {:.2f} MB, all 8da8w {:.2f} MB){}{}\n",
+               "MB (all 8da4w {:.2f} MB, all 8da8w {:.2f} MB; proxy weighted by {}){}{}\n",
                int8, a.layers.size(), static_cast<double>(a.estimate) / 1e6,
                static_cast<double>(r.max_size_bytes) / 1e6, static_cast<double>(a.min_bytes) / 1e6,
-               static_cast<double>(a.max_bytes) / 1e6, int8 ? ": " : "", upgraded);
+               static_cast<double>(a.max_bytes) / 1e6,
+               data_aware ? "the calibration's input moments" : "the norms' gamma^2", int8 ? ": " : "", upgraded);
   }
   if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size, r.untied_weights);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
@@ -274,9 +277,10 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "4[:GROUP] (int4, groups of 32 columns by default) or 8[:GROUP] (int8, one scale per row by "
                   "default): embedding tables as ExecuTorch's quantized embedding lookups");
   cmd->add_option("--quantize-head", opts->quantize_head,
-                  "4 or 8, with --quantize 8da4w (xnnpack): the LM head (the output projection, tied to the token "
+                  "4 or 8, with --quantize 8da4w or auto (xnnpack): the LM head (the output projection, tied to the token "
                   "table or not) as 8da4w like the other layers (4, the default) or 8da8w, int8 weights per channel "
-                  "(8: about 1 byte per weight instead of 0.56; llama.cpp's Q4_0 keeps its head at 8 bits too)");
+                  "(8: about 1 byte per weight instead of 0.56; llama.cpp's Q4_0 keeps its head at 8 bits too; with auto, the head "
+                  "is 8da8w whatever the plan, which fills the rest of the budget)");
   cmd->add_option("--quantize-skip", opts->quantize_skip,
                   "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
                   "matches (e.g. lm_head)");
@@ -299,7 +303,8 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
                   "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups); any GPTQ "
                   "method with +refit (e.g. awq+gptq-act+refit): GPTQ's int4 group scales then re-fitted to its "
-                  "objective");
+                  "objective. --quantize auto takes any of them: AWQ's scales, then the plan (on the text's input "
+                  "moments), then GPTQ to each layer's chosen form");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

@@ -150,7 +150,9 @@ std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program,
 }
 
 AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
-                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
+                              const std::map<graph::ValueId, std::vector<double>>& input_moments,
+                              const std::set<graph::ValueId>& forced_int8) {
   const graph::Graph& g = program.graph;
   const std::vector<Site> sites = linear_sites(program, keep_fp32);
   std::set<graph::ValueId> seen;
@@ -170,7 +172,11 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     L.name = cd.name.empty() ? g.value(s.weight).name : cd.name;
     L.layer = s.product->module_path.empty() ? s.product->name : s.product->module_path;
     std::vector<double> c(static_cast<size_t>(L.k), 1.0);
-    if (auto gamma = input_gamma(program, s.input, L.k)) {
+    if (const auto m = input_moments.find(s.weight);
+        m != input_moments.end() && static_cast<int64_t>(m->second.size()) == L.k) {
+      c = m->second;  // the calibration's E[x_i^2]: the proxy is the layer's relative output error (diagonal H)
+      L.data_aware = true;
+    } else if (auto gamma = input_gamma(program, s.input, L.k)) {
       const std::vector<std::byte> raw = program.constant_bytes(*gamma);
       const auto* gv = reinterpret_cast<const float*>(raw.data());
       for (int64_t i = 0; i < L.k; ++i) c[static_cast<size_t>(i)] = static_cast<double>(gv[i]) * gv[i];
@@ -202,6 +208,7 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     } else {
       L.bytes4 = L.bytes8, L.err4 = L.err8, L.int8 = true;
     }
+    if (forced_int8.contains(s.weight)) L.int8 = L.forced_int8 = true;
     plan.layers.push_back(std::move(L));
   }
 
@@ -228,9 +235,9 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
   plan.min_bytes = total;
   check(max_bytes >= plan.min_bytes,
         "--max-size {:.2f} MB: the smallest file --quantize auto can write is {:.2f} MB (every linear layer 8da4w:{}"
-        "{}); give at least that",
+        "{}{}); give at least that",
         static_cast<double>(max_bytes) / 1e6, static_cast<double>(plan.min_bytes) / 1e6, q4.group,
-        program.constants.empty() ? "" : ", the other constants as they are");
+        forced_int8.empty() ? "" : " but the head 8da8w", program.constants.empty() ? "" : ", the other constants as they are");
   // greedy: the best error reduction per extra byte first, while the budget allows
   std::vector<size_t> order;
   for (size_t i = 0; i < plan.layers.size(); ++i)
