@@ -10,7 +10,6 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -227,13 +226,11 @@ int run_lower(const LowerOptions& given) {
     std::string upgraded;
     for (const auto& L : a.layers)
       if (L.int8) upgraded += fmt::format("{}{}", int8++ ? ", " : "", L.layer);
-    const bool data_aware = std::any_of(a.layers.begin(), a.layers.end(), [](const auto& L) { return L.data_aware; });
     fmt::print("  auto: {} of {} linear layers 8da8w, the others 8da4w; estimated {:.2f} MB within --max-size {:.2f} "
-               "MB (all 8da4w {:.2f} MB, all 8da8w {:.2f} MB; proxy weighted by {}){}{}\n",
+               "MB (all 8da4w {:.2f} MB, all 8da8w {:.2f} MB){}{}\n",
                int8, a.layers.size(), static_cast<double>(a.estimate) / 1e6,
                static_cast<double>(r.max_size_bytes) / 1e6, static_cast<double>(a.min_bytes) / 1e6,
-               static_cast<double>(a.max_bytes) / 1e6,
-               data_aware ? "the calibration's input moments" : "the norms' gamma^2", int8 ? ": " : "", upgraded);
+               static_cast<double>(a.max_bytes) / 1e6, int8 ? ": " : "", upgraded);
   }
   if (r.delegation) print_delegation(*r.delegation, report, spec, r.pte_path, r.pte_size, r.untied_weights);
   fmt::print("  lowered in {:.2f} s; metadata {}\n", r.seconds.total, r.metadata_path);
@@ -303,8 +300,8 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
                   "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups); any GPTQ "
                   "method with +refit (e.g. awq+gptq-act+refit): GPTQ's int4 group scales then re-fitted to its "
-                  "objective. --quantize auto takes any of them: AWQ's scales, then the plan (on the text's input "
-                  "moments), then GPTQ to each layer's chosen form");
+                  "objective. --quantize auto takes any of them: AWQ's scales, then the plan, then GPTQ to each "
+                  "layer's chosen form");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

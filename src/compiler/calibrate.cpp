@@ -807,22 +807,15 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     }
   }
   if (plan) {
-    // --quantize auto: AWQ's scales into the program now (the plan measures the weights it will store), the mean
-    // x'^2 per input column (x' = x / s) of each weight's input, then the plan's schemes for GPTQ
+    // --quantize auto: AWQ's scales into the program now (the plan measures the weights it will store), then the
+    // plan's schemes for GPTQ (a plan on the text's own input moments, mean x'^2 per column, was measured worse
+    // than the norms' gamma^2 on SmolLM2: bench/RESULTS.md)
     for (auto& [w, f] : current)
       if (rescaled.contains(w)) {
         const Site& st = *site_of_weight.at(w);
         set_floats(edge, w, st.form == Site::Form::Transposed ? transpose(f, st.n, st.k) : f);
       }
-    std::map<ValueId, std::vector<double>> moments;
-    for (const Group& gr : groups) {
-      if (gr.rows == 0) continue;
-      std::vector<double> m(static_cast<size_t>(gr.k));
-      for (size_t c = 0; c < m.size(); ++c)
-        m[c] = gr.sq_sum[c] / static_cast<double>(gr.rows) / (static_cast<double>(gr.s[c]) * gr.s[c]);
-      for (size_t si : gr.sites) moments[sites[si].weight] = m;
-    }
-    per_weight = plan(edge, moments);
+    per_weight = plan(edge);
   }
   if (gptq) {
     // per input: H = X'^T X' / tokens with x' = x / s (the AWQ scales folded above), damped 1% of its mean

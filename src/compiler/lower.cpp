@@ -94,7 +94,6 @@ std::string metadata(const LowerResult& r) {
                         {"k", L.k},                  {"scheme", L.int8 ? "8da8w" : "8da4w"},
                         {"err_int4", L.err4},        {"err_int8", L.err8},   {"bytes_int4", L.bytes4},
                         {"bytes_int8", L.bytes8},    {"int4_possible", L.int4_possible},
-                        {"proxy_weights", L.data_aware ? "calibration" : L.norm.empty() ? "none" : "gamma^2"},
                         {"forced_int8", L.forced_int8}});
     meta["quantize_auto"] = {{"max_size_bytes", r.max_size_bytes}, {"estimate_bytes", a.estimate},
                              {"all_int4_bytes", a.min_bytes},      {"all_int8_bytes", a.max_bytes},
@@ -221,8 +220,8 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   check(!quant_auto || o.max_size_bytes > 0,
         "--quantize auto needs --max-size MB (the file's size budget, in megabytes)");
   check(quant_auto || o.max_size_bytes == 0, "--max-size applies to --quantize auto only");
-  // --quantize auto with --calibrate: AWQ's channel scales (folded), then the plan on the calibration's input
-  // moments (int4 or int8 per layer), then GPTQ (where the method has it) to each layer's chosen form
+  // --quantize auto with --calibrate: AWQ's channel scales (folded), then the plan (int4 or int8 per layer), then
+  // GPTQ (where the method has it) to each layer's chosen form
   check(o.quantize_head == 4 || o.quantize_head == 8, "--quantize-head {}: --quantize-head takes 4 or 8", o.quantize_head);
   check(o.quantize_head == 4 || (xnnpack && quant.kind == backends::xnnpack::QuantScheme::Kind::Int4Groups),
         "--quantize-head 8 needs --quantize 8da4w[:G] with --backend xnnpack (given: --quantize {}{})",
@@ -449,17 +448,14 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
           q8.kind = backends::xnnpack::QuantScheme::Kind::Int8Channels;
           payload_options.per_weight[r.head_8bit->weight] = q8;
         }
-        // --quantize auto: the plan (with --calibrate, on the calibration's input moments, after AWQ's scales and
-        // before GPTQ); --quantize-head 8 makes the head int8 outside the knapsack
+        // --quantize auto: the plan (with --calibrate, after AWQ's scales and before GPTQ); --quantize-head 8 makes the head int8 outside the knapsack
         std::set<graph::ValueId> forced_int8;
         if (r.head_8bit) forced_int8.insert(r.head_8bit->weight);
-        auto make_plan = [&](passes::EdgeProgram& e, const std::map<graph::ValueId, std::vector<double>>& moments) {
-          progress(fmt::format("--quantize auto: measuring each linear layer's int4 and int8 error{}, budget {:.2f} MB",
-                               moments.empty() ? "" : " (weighted by the calibration's input moments)",
+        auto make_plan = [&](passes::EdgeProgram& e) {
+          progress(fmt::format("--quantize auto: measuring each linear layer's int4 and int8 error, budget {:.2f} MB",
                                static_cast<double>(o.max_size_bytes) / 1e6));
           r.max_size_bytes = o.max_size_bytes;
-          r.auto_plan = backends::xnnpack::plan_mixed_precision(e, o.max_size_bytes, quant, keep_fp32, moments,
-                                                                forced_int8);
+          r.auto_plan = backends::xnnpack::plan_mixed_precision(e, o.max_size_bytes, quant, keep_fp32, forced_int8);
           return r.auto_plan->schemes;
         };
         if (!o.calibrate.empty() || o.calibrate_self > 0) {
@@ -469,7 +465,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
           r.calibration->precomputed.clear();
         }
         if (quant_auto) {
-          if (!r.auto_plan) make_plan(edge, {});
+          if (!r.auto_plan) make_plan(edge);
           payload_options.per_weight = r.auto_plan->schemes;
         }
       }

@@ -225,8 +225,8 @@ def test_calibrated_auto_cuts_the_error_within_the_budget(tiny, tmp_path):
 
 
 def test_calibrated_auto_with_gptq(tiny, tmp_path):
-    """--quantize auto --calibrate --calibrate-method awq+gptq: AWQ's scales, then the plan on the text's input
-    moments (every layer's proxy weighted by them), then GPTQ to each layer's chosen form. The plan is made before
+    """--quantize auto --calibrate --calibrate-method awq+gptq: AWQ's scales, then the plan, then GPTQ to each
+    layer's chosen form. The plan is made before
     GPTQ, so it is awq's plan at the same budget; GPTQ quantizes every layer (int4 and int8); the file fits, holds
     the forms the metadata reports, ExecuTorch's runtime and kiln's agree on it, and its logits are closer to fp32
     eager than the uncalibrated auto file's."""
@@ -244,8 +244,6 @@ def test_calibrated_auto_with_gptq(tiny, tmp_path):
                   "awq+gptq", quantize="auto")
     c, a = meta["calibration"], meta["quantize_auto"]
     assert c["method"] == "awq+gptq" and c["gptq_layers"] == len(a["layers"]) == 4, c
-    assert all(L["proxy_weights"] == "calibration" for L in a["layers"]), a["layers"]
-    assert all(L["proxy_weights"] != "calibration" for L in plain["quantize_auto"]["layers"])
     assert [L["scheme"] for L in a["layers"]] == [L["scheme"] for L in awq["quantize_auto"]["layers"]]
     assert 0 < a["int8_layers"] < 4, a  # a mix
     assert pte.stat().st_size <= budget and a["estimate_bytes"] <= budget

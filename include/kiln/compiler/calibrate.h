@@ -72,11 +72,10 @@ std::string_view calibration_method_name(CalibrationMethod m);
 // error, their weights are still rescaled so the product is unchanged); `max_positions` the KV cache's length
 // (texts are cut into windows of that many tokens, each from position 0). Throws kiln::Error with one line on
 // bad input (an unreadable text, no tokenizer, a program that is not forward(tokens, input_pos)).
-// --quantize auto: called once AWQ's scales are folded into `edge` (before GPTQ), with each linear weight's mean
-// x^2 per input column over the text (in the folded basis); returns the scheme per weight (int4 or int8), which
-// GPTQ and the result's precomputed weights then use
-using CalibrationPlanner = std::function<std::map<graph::ValueId, backends::xnnpack::QuantScheme>(
-    passes::EdgeProgram&, const std::map<graph::ValueId, std::vector<double>>&)>;
+// --quantize auto: called once AWQ's scales are folded into `edge` (before GPTQ); returns the scheme per weight
+// (int4 or int8), which GPTQ and the result's precomputed weights then use
+using CalibrationPlanner =
+    std::function<std::map<graph::ValueId, backends::xnnpack::QuantScheme>(passes::EdgeProgram&)>;
 CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& text_path,
                                 const std::string& tokenizer_path, int64_t max_positions,
                                 const backends::xnnpack::QuantScheme& scheme,

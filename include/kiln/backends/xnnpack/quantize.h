@@ -214,7 +214,6 @@ struct AutoLayer {
   bool int4_possible = true;
   bool int8 = false;      // the choice
   bool forced_int8 = false;  // int8 by the caller (--quantize-head 8), outside the knapsack
-  bool data_aware = false;   // the proxy's weights are the calibration's mean x^2 per input (not gamma^2)
 };
 struct AutoPlan {
   std::vector<AutoLayer> layers;  // in graph order
@@ -226,13 +225,9 @@ struct AutoPlan {
   std::map<graph::ValueId, QuantScheme> schemes;  // per weight, for PayloadOptions::per_weight
 };
 // Throws kiln::Error (one line naming the minimum) when even the all-int4 estimate exceeds `max_bytes`.
-// `input_moments` (from --calibrate, optional): per weight, the mean x^2 of each input column over the calibration
-// text, in the weight's current basis (after AWQ's folded scales); where given, the proxy weights c_i are these
-// (the relative output error E||(W - Q(W)) x||^2 / E||W x||^2 with H's diagonal) instead of gamma^2.
 // `forced_int8`: weights that are int8 whatever the knapsack says (their bytes are counted first).
 AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
                               const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
-                              const std::map<graph::ValueId, std::vector<double>>& input_moments = {},
                               const std::set<graph::ValueId>& forced_int8 = {});
 
 // kiln lower --quantize 8da4w --quantize-head 8: the output projection (the LM head, tied or not), the last linear

@@ -151,7 +151,6 @@ std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program,
 
 AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
                               const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
-                              const std::map<graph::ValueId, std::vector<double>>& input_moments,
                               const std::set<graph::ValueId>& forced_int8) {
   const graph::Graph& g = program.graph;
   const std::vector<Site> sites = linear_sites(program, keep_fp32);
@@ -172,11 +171,7 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     L.name = cd.name.empty() ? g.value(s.weight).name : cd.name;
     L.layer = s.product->module_path.empty() ? s.product->name : s.product->module_path;
     std::vector<double> c(static_cast<size_t>(L.k), 1.0);
-    if (const auto m = input_moments.find(s.weight);
-        m != input_moments.end() && static_cast<int64_t>(m->second.size()) == L.k) {
-      c = m->second;  // the calibration's E[x_i^2]: the proxy is the layer's relative output error (diagonal H)
-      L.data_aware = true;
-    } else if (auto gamma = input_gamma(program, s.input, L.k)) {
+    if (auto gamma = input_gamma(program, s.input, L.k)) {
       const std::vector<std::byte> raw = program.constant_bytes(*gamma);
       const auto* gv = reinterpret_cast<const float*>(raw.data());
       for (int64_t i = 0; i < L.k; ++i) c[static_cast<size_t>(i)] = static_cast<double>(gv[i]) * gv[i];
