@@ -296,7 +296,7 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "samples itself (from its BOS token, temperature 1, top 40; a fixed seed) instead of a text")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--calibrate-method", opts->calibrate_method,
-                  "with --calibrate: awq+gptq (the default; --quantize auto: awq): AWQ's scales, then GPTQ; awq "
+                  "with --calibrate: awq+gptq (the default): AWQ's scales, then GPTQ; awq "
                   "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
                   "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups); any GPTQ "
                   "method with +refit (e.g. awq+gptq-act+refit): GPTQ's int4 group scales then re-fitted to its "

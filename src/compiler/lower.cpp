@@ -183,8 +183,9 @@ compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::Mode
       max_positions = std::get<int64_t>(cm.values[0]);
   std::string why;
   const auto method = compiler::parse_calibration_method(
-      // the default: awq+gptq (SmolLM2: perplexity 1.46x fp32 against awq's 1.63x; bench/RESULTS.md); auto: awq
-      !o.calibrate_method.empty() ? o.calibrate_method : o.quantize == "auto" ? "awq" : "awq+gptq", &why);
+      // the default: awq+gptq (SmolLM2: perplexity 1.46x fp32 against awq's 1.63x; auto at 130 MB 1.16x against
+      // awq's 1.20x, KL 0.215 against 0.258; bench/RESULTS.md)
+      !o.calibrate_method.empty() ? o.calibrate_method : "awq+gptq", &why);
   check(method.has_value(), "{}", why);
   return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method,
                                  o.calibrate_self, o.quantize == "auto", per_weight, plan);

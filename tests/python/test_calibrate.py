@@ -213,7 +213,7 @@ def test_calibrated_auto_cuts_the_error_within_the_budget(tiny, tmp_path):
     mb = f"{budget / 1e6:.6f}"
     plain = _lower(out, tmp_path / "plain.pte", "--max-size", mb, quantize="auto")
     cal = _lower(out, tmp_path / "cal.pte", "--max-size", mb, "--calibrate", out / "calibration.txt",
-                 quantize="auto")
+                 "--calibrate-method", "awq", quantize="auto")
     c = cal["calibration"]
     assert c["inputs_scaled"] >= 2 and c["int4_groups"] == 0 and c["method"] == "awq", c
     for name in ("plain", "cal"):
@@ -225,7 +225,7 @@ def test_calibrated_auto_cuts_the_error_within_the_budget(tiny, tmp_path):
 
 
 def test_calibrated_auto_with_gptq(tiny, tmp_path):
-    """--quantize auto --calibrate --calibrate-method awq+gptq: AWQ's scales, then the plan, then GPTQ to each
+    """--quantize auto --calibrate (the default method, awq+gptq): AWQ's scales, then the plan, then GPTQ to each
     layer's chosen form. The plan is made before
     GPTQ, so it is awq's plan at the same budget; GPTQ quantizes every layer (int4 and int8); the file fits, holds
     the forms the metadata reports, ExecuTorch's runtime and kiln's agree on it, and its logits are closer to fp32
@@ -238,10 +238,9 @@ def test_calibrated_auto_with_gptq(tiny, tmp_path):
     mb = f"{budget / 1e6:.6f}"
     plain = _lower(out, tmp_path / "plain.pte", "--max-size", mb, quantize="auto")
     awq = _lower(out, tmp_path / "awq.pte", "--max-size", mb, "--calibrate", out / "calibration.txt",
-                 quantize="auto")
-    pte = tmp_path / "gptq.pte"
-    meta = _lower(out, pte, "--max-size", mb, "--calibrate", out / "calibration.txt", "--calibrate-method",
-                  "awq+gptq", quantize="auto")
+                 "--calibrate-method", "awq", quantize="auto")
+    pte = tmp_path / "gptq.pte"  # the default method: awq+gptq
+    meta = _lower(out, pte, "--max-size", mb, "--calibrate", out / "calibration.txt", quantize="auto")
     c, a = meta["calibration"], meta["quantize_auto"]
     assert c["method"] == "awq+gptq" and c["gptq_layers"] == len(a["layers"]) == 4, c
     assert [L["scheme"] for L in a["layers"]] == [L["scheme"] for L in awq["quantize_auto"]["layers"]]
