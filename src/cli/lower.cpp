@@ -274,10 +274,11 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "4[:GROUP] (int4, groups of 32 columns by default) or 8[:GROUP] (int8, one scale per row by "
                   "default): embedding tables as ExecuTorch's quantized embedding lookups");
   cmd->add_option("--quantize-head", opts->quantize_head,
-                  "4 or 8, with --quantize 8da4w or auto (xnnpack): the LM head (the output projection, tied to the token "
-                  "table or not) as 8da4w like the other layers (4, the default) or 8da8w, int8 weights per channel "
-                  "(8: about 1 byte per weight instead of 0.56; llama.cpp's Q4_0 keeps its head at 8 bits too; with auto, the head "
-                  "is 8da8w whatever the plan, which fills the rest of the budget)");
+                  "4 or 8, with --quantize 8da4w or auto (xnnpack): the LM head (the output projection, tied to the "
+                  "token table or not) as 8da4w like the other layers (4, the default) or 8da8w, int8 weights per "
+                  "channel "
+                  "(8: about 1 byte per weight instead of 0.56; llama.cpp's Q4_0 keeps its head at 8 bits too; with "
+                  "auto, the head is 8da8w whatever the plan, which fills the rest of the budget)");
   cmd->add_option("--quantize-skip", opts->quantize_skip,
                   "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
                   "matches (e.g. lm_head)");

@@ -449,7 +449,8 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
           q8.kind = backends::xnnpack::QuantScheme::Kind::Int8Channels;
           payload_options.per_weight[r.head_8bit->weight] = q8;
         }
-        // --quantize auto: the plan (with --calibrate, after AWQ's scales and before GPTQ); --quantize-head 8 makes the head int8 outside the knapsack
+        // --quantize auto: the plan (with --calibrate, after AWQ's scales and before GPTQ); --quantize-head 8 makes
+        // the head int8 outside the knapsack
         std::set<graph::ValueId> forced_int8;
         if (r.head_8bit) forced_int8.insert(r.head_8bit->weight);
         auto make_plan = [&](passes::EdgeProgram& e) {
@@ -461,7 +462,8 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
         };
         if (!o.calibrate.empty() || o.calibrate_self > 0) {
           r.calibration = calibrate(edge, spec, o, quant, keep_fp32, payload_options.per_weight,
-                                    quant_auto ? compiler::CalibrationPlanner(make_plan) : compiler::CalibrationPlanner{});
+                                    quant_auto ? compiler::CalibrationPlanner(make_plan)
+                                               : compiler::CalibrationPlanner{});
           payload_options.precomputed = std::move(r.calibration->precomputed);
           r.calibration->precomputed.clear();
         }

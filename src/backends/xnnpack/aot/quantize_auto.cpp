@@ -232,7 +232,8 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
         "--max-size {:.2f} MB: the smallest file --quantize auto can write is {:.2f} MB (every linear layer 8da4w:{}"
         "{}{}); give at least that",
         static_cast<double>(max_bytes) / 1e6, static_cast<double>(plan.min_bytes) / 1e6, q4.group,
-        forced_int8.empty() ? "" : " but the head 8da8w", program.constants.empty() ? "" : ", the other constants as they are");
+        forced_int8.empty() ? "" : " but the head 8da8w",
+        program.constants.empty() ? "" : ", the other constants as they are");
   // greedy: the best error reduction per extra byte first, while the budget allows
   std::vector<size_t> order;
   for (size_t i = 0; i < plan.layers.size(); ++i)
