@@ -168,6 +168,11 @@ def test_auto_with_head8_keeps_the_head_qc8w_within_the_budget(tmp_path):
     _lower(out, tmp_path / "probe.pte", *common, "--max-size", "10")
     probe = json.loads((tmp_path / "probe.json").read_text())["quantize_auto"]
     budget = probe["all_int4_bytes"]  # the head int8, every other layer int4
+    # below it: one error line naming that minimum
+    bad = _lower(out, tmp_path / "bad.pte", *common, "--max-size", f"{(budget - 2000) / 1e6:.6f}", check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("kiln: error: ") and bad.stderr.count("\n") == 1, bad.stderr
+    assert f"is {budget / 1e6:.2f} MB" in bad.stderr and "but the head 8da8w" in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad.pte").exists()
     pte = tmp_path / "a.pte"
     _lower(out, pte, *common, "--max-size", f"{budget / 1e6:.6f}")
     meta = json.loads(pte.with_suffix(".json").read_text())
