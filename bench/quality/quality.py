@@ -44,6 +44,9 @@ same numbers as one token per call, measured: bench/RESULTS.md).
                          (the LM head 8da8w) with --quantize-embedding 8 / 4 / none (fp32 lookup), -cal: --calibrate
                          (awq+gptq; -act: awq+gptq-act; -refit: the method with +refit, GPTQ's scales re-fitted);
                          dynamic export
+  kiln-auto-{130,105}-emb4-awq-gptq[-act], kiln-auto-130-emb4-awq[-gptq[-act]]-head8  auto, the int4 lookup,
+                         --calibrate-method awq+gptq[-act] (the plan after AWQ's scales, then GPTQ to each layer's
+                         form); -head8: --quantize-head 8 (the head int8 whatever the plan); -refit: the method +refit
   kiln-auto-150          kiln lower --quantize auto --max-size 150: 8da4w or 8da8w per linear layer by its
   kiln-auto-130          data-free sensitivity (int4 vs int8 error weighted by the preceding norm's gamma^2), the
                          layers with the most error cut per extra byte int8, within 150 / 130 MB; the embedding
@@ -141,16 +144,45 @@ KILN_FLAGS = {
     "kiln-auto-130": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8"],
     # auto with --calibrate: AWQ's channel scales folded first, then the plan (int4 or int8 per layer)
     "kiln-auto-130-long-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8", "--calibrate",
-                               "{calibration_long}"],
+                               "{calibration_long}", "--calibrate-method", "awq"],
     "kiln-auto-130-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "8", "--calibrate",
-                          "{calibration}"],
+                          "{calibration}", "--calibrate-method", "awq"],
     # the int4 lookup (groups of 32) frees ~14 MB of the budget for int8 linear layers
     "kiln-auto-130-emb4": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4"],
     # at llama.cpp Q4_K_M's size (104.9 MB on SmolLM2)
     "kiln-auto-105-emb4-awq": ["--quantize", "auto", "--max-size", "104.9", "--quantize-embedding", "4",
-                               "--calibrate", "{calibration}"],
+                               "--calibrate", "{calibration}", "--calibrate-method", "awq"],
     "kiln-auto-130-emb4-awq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4", "--calibrate",
-                               "{calibration}"],
+                               "{calibration}", "--calibrate-method", "awq"],
+    # auto with awq+gptq: the plan made after AWQ's scales, then GPTQ to each layer's chosen form (int4 or int8);
+    # -head8: --quantize-head 8, the head int8 outside the knapsack; -refit: awq+gptq+refit
+    "kiln-auto-130-emb4-awq-gptq": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                    "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq"],
+    "kiln-auto-130-emb4-awq-gptq-head8": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                          "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq",
+                                          "--quantize-head", "8"],
+    "kiln-auto-130-emb4-awq-gptq-act": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                        "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq-act"],
+    "kiln-auto-130-emb4-awq-gptq-act-head8": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                              "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq-act",
+                                              "--quantize-head", "8"],
+    "kiln-auto-130-emb4-awq-head8": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                     "--calibrate", "{calibration}", "--quantize-head", "8", "--calibrate-method", "awq"],
+    "kiln-auto-130-emb4-awq-gptq-refit": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                          "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq+refit"],
+    "kiln-auto-130-emb4-awq-gptq-act-refit": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                              "--calibrate", "{calibration}", "--calibrate-method",
+                                              "awq+gptq-act+refit"],
+    "kiln-auto-130-emb4-awq-gptq-act-refit-head8": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding",
+                                                    "4", "--calibrate", "{calibration}", "--calibrate-method",
+                                                    "awq+gptq-act+refit", "--quantize-head", "8"],
+    "kiln-auto-105-emb4-awq-gptq-act-refit": ["--quantize", "auto", "--max-size", "104.9", "--quantize-embedding", "4",
+                                              "--calibrate", "{calibration}", "--calibrate-method",
+                                              "awq+gptq-act+refit"],
+    "kiln-auto-105-emb4-awq-gptq": ["--quantize", "auto", "--max-size", "104.9", "--quantize-embedding", "4",
+                                    "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq"],
+    "kiln-auto-105-emb4-awq-gptq-act": ["--quantize", "auto", "--max-size", "104.9", "--quantize-embedding", "4",
+                                        "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq-act"],
     # --quantize-head 8: the LM head (the tied token table's product) 8da8w, the blocks 8da4w, the lookup int8 / int4
     # (llama.cpp Q4_0's split: its token_embd, lookup and head, is Q8_0)
     "kiln-8da4w-head8-emb8": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "8"],

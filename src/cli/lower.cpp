@@ -274,9 +274,11 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "4[:GROUP] (int4, groups of 32 columns by default) or 8[:GROUP] (int8, one scale per row by "
                   "default): embedding tables as ExecuTorch's quantized embedding lookups");
   cmd->add_option("--quantize-head", opts->quantize_head,
-                  "4 or 8, with --quantize 8da4w (xnnpack): the LM head (the output projection, tied to the token "
-                  "table or not) as 8da4w like the other layers (4, the default) or 8da8w, int8 weights per channel "
-                  "(8: about 1 byte per weight instead of 0.56; llama.cpp's Q4_0 keeps its head at 8 bits too)");
+                  "4 or 8, with --quantize 8da4w or auto (xnnpack): the LM head (the output projection, tied to the "
+                  "token table or not) as 8da4w like the other layers (4, the default) or 8da8w, int8 weights per "
+                  "channel "
+                  "(8: about 1 byte per weight instead of 0.56; llama.cpp's Q4_0 keeps its head at 8 bits too; with "
+                  "auto, the head is 8da8w whatever the plan, which fills the rest of the budget)");
   cmd->add_option("--quantize-skip", opts->quantize_skip,
                   "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
                   "matches (e.g. lm_head)");
@@ -295,11 +297,12 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "samples itself (from its BOS token, temperature 1, top 40; a fixed seed) instead of a text")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--calibrate-method", opts->calibrate_method,
-                  "with --calibrate: awq+gptq (the default; --quantize auto: awq): AWQ's scales, then GPTQ; awq "
+                  "with --calibrate: awq+gptq (the default): AWQ's scales, then GPTQ; awq "
                   "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
                   "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups); any GPTQ "
                   "method with +refit (e.g. awq+gptq-act+refit): GPTQ's int4 group scales then re-fitted to its "
-                  "objective");
+                  "objective. --quantize auto takes any of them: AWQ's scales, then the plan, then GPTQ to each "
+                  "layer's chosen form");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,
                 "do not write the debug map X.debug.json beside X.pte (debug handles -> .pt2 nodes, source lines, "

@@ -526,9 +526,12 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
                                 const std::function<void(std::string_view)>& progress, CalibrationMethod method,
                                 int64_t self_tokens, bool scales_only,
-                                const std::map<ValueId, QuantScheme>& per_weight) {
+                                const std::map<ValueId, QuantScheme>& per_weight_given,
+                                const CalibrationPlanner& plan) {
   CalibrationResult result;
-  // the scheme each layer is stored in (--quantize-head 8: the head's 8da8w; PayloadOptions::per_weight)
+  // the scheme each layer is stored in (--quantize-head 8: the head's 8da8w; PayloadOptions::per_weight; with
+  // --quantize auto, the plan's choices once `plan` has run)
+  std::map<ValueId, QuantScheme> per_weight = per_weight_given;
   auto scheme_of = [&](ValueId w) -> const QuantScheme& {
     const auto it = per_weight.find(w);
     return it != per_weight.end() ? it->second : scheme;
@@ -541,7 +544,7 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                          method == M::AwqGptqActRefit;
   const bool refit = method == M::GptqRefit || method == M::AwqGptqRefit || method == M::GptqActRefit ||
                      method == M::AwqGptqActRefit;
-  check(!scales_only || method == CalibrationMethod::Awq, "internal: calibration scales only with awq");
+  check(!scales_only || method == CalibrationMethod::Awq || plan, "internal: calibration scales only with awq");
   check(scheme.kind == QuantScheme::Kind::Int4Groups || scheme.kind == QuantScheme::Kind::Int8Channels,
         "--calibrate needs --quantize 8da4w or 8da8w");
   std::vector<int32_t> ids;
@@ -802,6 +805,17 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
         }
       }
     }
+  }
+  if (plan) {
+    // --quantize auto: AWQ's scales into the program now (the plan measures the weights it will store), then the
+    // plan's schemes for GPTQ (a plan on the text's own input moments, mean x'^2 per column, was measured worse
+    // than the norms' gamma^2 on SmolLM2: bench/RESULTS.md)
+    for (auto& [w, f] : current)
+      if (rescaled.contains(w)) {
+        const Site& st = *site_of_weight.at(w);
+        set_floats(edge, w, st.form == Site::Form::Transposed ? transpose(f, st.n, st.k) : f);
+      }
+    per_weight = plan(edge);
   }
   if (gptq) {
     // per input: H = X'^T X' / tokens with x' = x / s (the AWQ scales folded above), damped 1% of its mean

@@ -93,7 +93,8 @@ std::string metadata(const LowerResult& r) {
       layers.push_back({{"layer", L.layer}, {"weight", L.name},          {"norm", L.norm},       {"n", L.n},
                         {"k", L.k},                  {"scheme", L.int8 ? "8da8w" : "8da4w"},
                         {"err_int4", L.err4},        {"err_int8", L.err8},   {"bytes_int4", L.bytes4},
-                        {"bytes_int8", L.bytes8},    {"int4_possible", L.int4_possible}});
+                        {"bytes_int8", L.bytes8},    {"int4_possible", L.int4_possible},
+                        {"forced_int8", L.forced_int8}});
     meta["quantize_auto"] = {{"max_size_bytes", r.max_size_bytes}, {"estimate_bytes", a.estimate},
                              {"all_int4_bytes", a.min_bytes},      {"all_int8_bytes", a.max_bytes},
                              {"other_bytes", a.other_bytes},       {"proxy_error", a.error},
@@ -169,7 +170,8 @@ namespace {
 compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::ModelSpec& spec, const LowerOptions& o,
                                       const backends::xnnpack::QuantScheme& quant,
                                       const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
-                                      const std::map<graph::ValueId, backends::xnnpack::QuantScheme>& per_weight) {
+                                      const std::map<graph::ValueId, backends::xnnpack::QuantScheme>& per_weight,
+                                      const compiler::CalibrationPlanner& plan) {
   std::string tokenizer;
   std::error_code ec;
   for (const fs::path& d : {fs::path(spec.directory), fs::path(spec.directory) / "tokenizer"})
@@ -181,11 +183,12 @@ compiler::CalibrationResult calibrate(passes::EdgeProgram& edge, const pt2::Mode
       max_positions = std::get<int64_t>(cm.values[0]);
   std::string why;
   const auto method = compiler::parse_calibration_method(
-      // the default: awq+gptq (SmolLM2: perplexity 1.46x fp32 against awq's 1.63x; bench/RESULTS.md); auto: awq
-      !o.calibrate_method.empty() ? o.calibrate_method : o.quantize == "auto" ? "awq" : "awq+gptq", &why);
+      // the default: awq+gptq (SmolLM2: perplexity 1.46x fp32 against awq's 1.63x; auto at 130 MB 1.16x against
+      // awq's 1.20x, KL 0.215 against 0.258; bench/RESULTS.md)
+      !o.calibrate_method.empty() ? o.calibrate_method : "awq+gptq", &why);
   check(method.has_value(), "{}", why);
   return compiler::calibrate_awq(edge, o.calibrate, tokenizer, max_positions, quant, keep_fp32, o.progress, *method,
-                                 o.calibrate_self, o.quantize == "auto", per_weight);
+                                 o.calibrate_self, o.quantize == "auto", per_weight, plan);
 }
 
 }  // namespace
@@ -218,11 +221,10 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   check(!quant_auto || o.max_size_bytes > 0,
         "--quantize auto needs --max-size MB (the file's size budget, in megabytes)");
   check(quant_auto || o.max_size_bytes == 0, "--max-size applies to --quantize auto only");
-  // --quantize auto with --calibrate: AWQ's channel scales (folded, every layer then int4 or int8 by the plan)
-  check(!quant_auto || o.calibrate.empty() || o.calibrate_method.empty() || o.calibrate_method == "awq",
-        "--calibrate-method {}: --quantize auto takes --calibrate-method awq only", o.calibrate_method);
+  // --quantize auto with --calibrate: AWQ's channel scales (folded), then the plan (int4 or int8 per layer), then
+  // GPTQ (where the method has it) to each layer's chosen form
   check(o.quantize_head == 4 || o.quantize_head == 8, "--quantize-head {}: --quantize-head takes 4 or 8", o.quantize_head);
-  check(o.quantize_head == 4 || (xnnpack && quant.kind == backends::xnnpack::QuantScheme::Kind::Int4Groups && !quant_auto),
+  check(o.quantize_head == 4 || (xnnpack && quant.kind == backends::xnnpack::QuantScheme::Kind::Int4Groups),
         "--quantize-head 8 needs --quantize 8da4w[:G] with --backend xnnpack (given: --quantize {}{})",
         o.quantize.empty() ? "none" : o.quantize, xnnpack ? "" : ", --backend portable");
   if (!o.quantize_scales.empty()) {
@@ -447,16 +449,26 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
           q8.kind = backends::xnnpack::QuantScheme::Kind::Int8Channels;
           payload_options.per_weight[r.head_8bit->weight] = q8;
         }
+        // --quantize auto: the plan (with --calibrate, after AWQ's scales and before GPTQ); --quantize-head 8 makes
+        // the head int8 outside the knapsack
+        std::set<graph::ValueId> forced_int8;
+        if (r.head_8bit) forced_int8.insert(r.head_8bit->weight);
+        auto make_plan = [&](passes::EdgeProgram& e) {
+          progress(fmt::format("--quantize auto: measuring each linear layer's int4 and int8 error, budget {:.2f} MB",
+                               static_cast<double>(o.max_size_bytes) / 1e6));
+          r.max_size_bytes = o.max_size_bytes;
+          r.auto_plan = backends::xnnpack::plan_mixed_precision(e, o.max_size_bytes, quant, keep_fp32, forced_int8);
+          return r.auto_plan->schemes;
+        };
         if (!o.calibrate.empty() || o.calibrate_self > 0) {
-          r.calibration = calibrate(edge, spec, o, quant, keep_fp32, payload_options.per_weight);
+          r.calibration = calibrate(edge, spec, o, quant, keep_fp32, payload_options.per_weight,
+                                    quant_auto ? compiler::CalibrationPlanner(make_plan)
+                                               : compiler::CalibrationPlanner{});
           payload_options.precomputed = std::move(r.calibration->precomputed);
           r.calibration->precomputed.clear();
         }
         if (quant_auto) {
-          progress(fmt::format("--quantize auto: measuring each linear layer's int4 and int8 error, budget {:.2f} MB",
-                               static_cast<double>(o.max_size_bytes) / 1e6));
-          r.max_size_bytes = o.max_size_bytes;
-          r.auto_plan = backends::xnnpack::plan_mixed_precision(edge, o.max_size_bytes, quant, keep_fp32);
+          if (!r.auto_plan) make_plan(edge);
           payload_options.per_weight = r.auto_plan->schemes;
         }
       }

@@ -8,6 +8,7 @@ with outliers, as trained LLMs have): the error calibration must cut there is th
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -212,7 +213,7 @@ def test_calibrated_auto_cuts_the_error_within_the_budget(tiny, tmp_path):
     mb = f"{budget / 1e6:.6f}"
     plain = _lower(out, tmp_path / "plain.pte", "--max-size", mb, quantize="auto")
     cal = _lower(out, tmp_path / "cal.pte", "--max-size", mb, "--calibrate", out / "calibration.txt",
-                 quantize="auto")
+                 "--calibrate-method", "awq", quantize="auto")
     c = cal["calibration"]
     assert c["inputs_scaled"] >= 2 and c["int4_groups"] == 0 and c["method"] == "awq", c
     for name in ("plain", "cal"):
@@ -223,11 +224,34 @@ def test_calibrated_auto_cuts_the_error_within_the_budget(tiny, tmp_path):
     assert e_cal < 0.8 * e_plain, (e_cal, e_plain)
 
 
-def test_calibrated_auto_refuses_gptq(tiny, tmp_path):
-    out, _, _ = tiny
-    pte = tmp_path / "bad.pte"
-    proc = run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--quantize", "auto",
-                    "--max-size", "1", "--calibrate", out / "calibration.txt", "--calibrate-method", "gptq",
-                    "--out", pte, "-q", check=False)
-    assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: ") and "awq only" in proc.stderr, proc.stderr
-    assert proc.stderr.count("\n") == 1 and not pte.exists(), proc.stderr
+def test_calibrated_auto_with_gptq(tiny, tmp_path):
+    """--quantize auto --calibrate (the default method, awq+gptq): AWQ's scales, then the plan, then GPTQ to each
+    layer's chosen form. The plan is made before
+    GPTQ, so it is awq's plan at the same budget; GPTQ quantizes every layer (int4 and int8); the file fits, holds
+    the forms the metadata reports, ExecuTorch's runtime and kiln's agree on it, and its logits are closer to fp32
+    eager than the uncalibrated auto file's."""
+    from test_quantize_auto import _filters
+
+    out, windows, refs = tiny
+    probe = _lower(out, tmp_path / "probe.pte", "--max-size", "10", quantize="auto")["quantize_auto"]
+    budget = probe["all_int4_bytes"] + (probe["all_int8_bytes"] - probe["all_int4_bytes"]) // 3
+    mb = f"{budget / 1e6:.6f}"
+    plain = _lower(out, tmp_path / "plain.pte", "--max-size", mb, quantize="auto")
+    awq = _lower(out, tmp_path / "awq.pte", "--max-size", mb, "--calibrate", out / "calibration.txt",
+                 "--calibrate-method", "awq", quantize="auto")
+    pte = tmp_path / "gptq.pte"  # the default method: awq+gptq
+    meta = _lower(out, pte, "--max-size", mb, "--calibrate", out / "calibration.txt", quantize="auto")
+    c, a = meta["calibration"], meta["quantize_auto"]
+    assert c["method"] == "awq+gptq" and c["gptq_layers"] == len(a["layers"]) == 4, c
+    assert [L["scheme"] for L in a["layers"]] == [L["scheme"] for L in awq["quantize_auto"]["layers"]]
+    assert 0 < a["int8_layers"] < 4, a  # a mix
+    assert pte.stat().st_size <= budget and a["estimate_bytes"] <= budget
+    want = Counter((L["n"], L["k"], "xnn_datatype_qcint8" if L["scheme"] == "8da8w" else "xnn_datatype_qbint4")
+                   for L in a["layers"])
+    assert _filters(pte, tmp_path / "p") == want, a["layers"]
+    for w in windows[:2]:
+        et = et_execute(pte, [w, np.arange(T)])[0]
+        assert_close(kiln_run(pte, [w, np.arange(T)], tmp_path)[0], et, "auto awq+gptq: kiln's vs ExecuTorch's runtime")
+    e_plain, e_awq, e_gptq = (_error(tmp_path / f"{n}.pte", windows, refs) for n in ("plain", "awq", "gptq"))
+    print(f"auto at {mb} MB: logits mse {e_gptq:.4g} awq+gptq, {e_awq:.4g} awq, {e_plain:.4g} uncalibrated")
+    assert e_gptq < 0.8 * e_plain, (e_gptq, e_plain)

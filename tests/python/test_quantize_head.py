@@ -1,4 +1,4 @@
-"""kiln lower --quantize 8da4w --quantize-head 8 (compiler/lower.cpp, backends/xnnpack/quantize.h: find_output_head):
+"""kiln lower --quantize 8da4w (or auto) --quantize-head 8 (compiler/lower.cpp, backends/xnnpack/quantize.h: find_output_head):
 the LM head (the output projection, tied to the token table or not) stored 8da8w (qc8w, int8 per channel) through
 the payload's per-weight schemes (--quantize auto's path), every other linear layer 8da4w (qb4w).
 
@@ -158,11 +158,49 @@ def test_calibrated_head_is_qc8w(tmp_path):
     assert np.mean(e[8]) < np.mean(e[4]), e
 
 
+def test_auto_with_head8_keeps_the_head_qc8w_within_the_budget(tmp_path):
+    """--quantize auto --quantize-head 8: the head 8da8w whatever the plan (outside the knapsack, its bytes counted
+    first). At the smallest budget the plan then allows, the other layers are int4; the file fits, the metadata and
+    the payloads agree, and the head's logits are torchao's 8da8w in ExecuTorch's runtime and kiln's."""
+    out = tmp_path / "m"
+    model, windows = _setup(out, tied=True)
+    common = ["--quantize", "auto", "--quantize-scales", "minmax", "--quantize-head", "8"]
+    _lower(out, tmp_path / "probe.pte", *common, "--max-size", "10")
+    probe = json.loads((tmp_path / "probe.json").read_text())["quantize_auto"]
+    budget = probe["all_int4_bytes"]  # the head int8, every other layer int4
+    # below it: one error line naming that minimum
+    bad = _lower(out, tmp_path / "bad.pte", *common, "--max-size", f"{(budget - 2000) / 1e6:.6f}", check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("kiln: error: ") and bad.stderr.count("\n") == 1, bad.stderr
+    assert f"is {budget / 1e6:.2f} MB" in bad.stderr and "but the head 8da8w" in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad.pte").exists()
+    pte = tmp_path / "a.pte"
+    _lower(out, pte, *common, "--max-size", f"{budget / 1e6:.6f}")
+    meta = json.loads(pte.with_suffix(".json").read_text())
+    a = meta["quantize_auto"]
+    assert pte.stat().st_size <= budget and a["estimate_bytes"] <= budget, (pte.stat().st_size, a)
+    forced = [L for L in a["layers"] if L["forced_int8"]]
+    assert len(forced) == 1 and forced[0]["layer"] == "head" and forced[0]["scheme"] == "8da8w", a["layers"]
+    assert a["int8_layers"] == 1 and meta["quantize_head"]["layer"] == "head", a
+    assert _filters(pte, tmp_path / "p") == Counter({(H, D, QB4): 2, (D, H, QB4): 1, (V, D, QC8): 1})
+    # without the flag, the same budget buys other layers (the plan's own choice; the head is the largest layer)
+    _lower(out, tmp_path / "free.pte", "--quantize", "auto", "--quantize-scales", "minmax", "--max-size",
+           f"{budget / 1e6:.6f}")
+    free = json.loads((tmp_path / "free.json").read_text())["quantize_auto"]
+    assert not any(L["forced_int8"] for L in free["layers"]) and free["all_int4_bytes"] < budget, free
+    qhead8 = _torchao_head(model, 8)
+    for w in windows[:2]:
+        inputs = [w, np.arange(T)]
+        tap, logits = et_execute(pte, inputs)
+        check_stage(qhead8[0], tap.reshape(T, D), qhead8, logits.reshape(T, V),
+                    "auto --quantize-head 8: ExecuTorch's runtime's head vs torchao 8da8w")
+        ktap, klogits = kiln_run(pte, inputs, tmp_path)
+        assert_close(klogits, logits, "auto --quantize-head 8: kiln's runtime vs ExecuTorch's runtime")
+
+
 @pytest.mark.parametrize("args,message", [
     (["--quantize-head", "8"], "--quantize-head 8 needs --quantize 8da4w"),
     (["--quantize", "8da8w", "--quantize-head", "8"], "--quantize-head 8 needs --quantize 8da4w"),
     (["--quantize", "int8w", "--quantize-head", "8"], "--quantize-head 8 needs --quantize 8da4w"),
-    (["--quantize", "auto", "--max-size", "10", "--quantize-head", "8"], "--quantize-head 8 needs --quantize 8da4w"),
     (["--quantize", "8da4w", "--quantize-head", "6"], "--quantize-head takes 4 or 8"),
     (["--quantize", "8da4w", "--quantize-head", "8", "--quantize-skip", "^head$"], "keeps the head 'head' fp32"),
 ])

@@ -72,6 +72,10 @@ std::string_view calibration_method_name(CalibrationMethod m);
 // error, their weights are still rescaled so the product is unchanged); `max_positions` the KV cache's length
 // (texts are cut into windows of that many tokens, each from position 0). Throws kiln::Error with one line on
 // bad input (an unreadable text, no tokenizer, a program that is not forward(tokens, input_pos)).
+// --quantize auto: called once AWQ's scales are folded into `edge` (before GPTQ); returns the scheme per weight
+// (int4 or int8), which GPTQ and the result's precomputed weights then use
+using CalibrationPlanner =
+    std::function<std::map<graph::ValueId, backends::xnnpack::QuantScheme>(passes::EdgeProgram&)>;
 CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& text_path,
                                 const std::string& tokenizer_path, int64_t max_positions,
                                 const backends::xnnpack::QuantScheme& scheme,
@@ -79,10 +83,12 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const std::function<void(std::string_view)>& progress,
                                 CalibrationMethod method = CalibrationMethod::Awq, int64_t self_tokens = 0,
                                 bool scales_only = false,
-                                const std::map<graph::ValueId, backends::xnnpack::QuantScheme>& per_weight = {});
+                                const std::map<graph::ValueId, backends::xnnpack::QuantScheme>& per_weight = {},
+                                const CalibrationPlanner& plan = {});
 // (self_tokens > 0: data-free self-calibration, --calibrate-self N: the text is N tokens the fp32 program samples
 // itself, windows of max_positions from the BOS token; text_path is not read)
 // (scales_only: AWQ's channel scales only, no output-aware int4 groups: --quantize auto, which picks int4 or int8
-// per layer after calibration, so no weight may be rounded to an int4 grid here; method must be Awq)
+// per layer after calibration, so no weight may be rounded to an int4 grid here; with GPTQ, `plan` gives the
+// schemes GPTQ quantizes to)
 
 }  // namespace kiln::compiler

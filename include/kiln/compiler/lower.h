@@ -74,7 +74,7 @@ struct LowerOptions {
   // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
   std::string calibrate;
   // With `calibrate`: "awq", "gptq" or "awq+gptq" (compiler/calibrate.h: CalibrationMethod). Empty: awq+gptq
-  // (with --quantize auto: awq).
+  // (--quantize auto too: the plan after AWQ's scales, GPTQ to each layer's chosen form).
   std::string calibrate_method;
   // Data-free self-calibration (--calibrate-self N): instead of a text, N tokens the fp32 program samples itself
   // (compiler/calibrate.h). 0: none.

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -212,6 +213,7 @@ struct AutoLayer {
   int64_t bytes4 = 0, bytes8 = 0;   // data + scales of each form
   bool int4_possible = true;
   bool int8 = false;      // the choice
+  bool forced_int8 = false;  // int8 by the caller (--quantize-head 8), outside the knapsack
 };
 struct AutoPlan {
   std::vector<AutoLayer> layers;  // in graph order
@@ -223,8 +225,10 @@ struct AutoPlan {
   std::map<graph::ValueId, QuantScheme> schemes;  // per weight, for PayloadOptions::per_weight
 };
 // Throws kiln::Error (one line naming the minimum) when even the all-int4 estimate exceeds `max_bytes`.
+// `forced_int8`: weights that are int8 whatever the knapsack says (their bytes are counted first).
 AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
-                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32);
+                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
+                              const std::set<graph::ValueId>& forced_int8 = {});
 
 // kiln lower --quantize 8da4w --quantize-head 8: the output projection (the LM head, tied or not), the last linear
 // layer in graph order (the layers plan_mixed_precision finds; after untie_quantized_linear_weights, the tied head's

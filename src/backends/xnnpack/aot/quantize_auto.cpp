@@ -150,7 +150,8 @@ std::optional<HeadLayer> find_output_head(const passes::EdgeProgram& program,
 }
 
 AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_bytes, const QuantScheme& base,
-                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32) {
+                              const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
+                              const std::set<graph::ValueId>& forced_int8) {
   const graph::Graph& g = program.graph;
   const std::vector<Site> sites = linear_sites(program, keep_fp32);
   std::set<graph::ValueId> seen;
@@ -202,6 +203,7 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     } else {
       L.bytes4 = L.bytes8, L.err4 = L.err8, L.int8 = true;
     }
+    if (forced_int8.contains(s.weight)) L.int8 = L.forced_int8 = true;
     plan.layers.push_back(std::move(L));
   }
 
@@ -228,8 +230,9 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
   plan.min_bytes = total;
   check(max_bytes >= plan.min_bytes,
         "--max-size {:.2f} MB: the smallest file --quantize auto can write is {:.2f} MB (every linear layer 8da4w:{}"
-        "{}); give at least that",
+        "{}{}); give at least that",
         static_cast<double>(max_bytes) / 1e6, static_cast<double>(plan.min_bytes) / 1e6, q4.group,
+        forced_int8.empty() ? "" : " but the head 8da8w",
         program.constants.empty() ? "" : ", the other constants as they are");
   // greedy: the best error reduction per extra byte first, while the budget allows
   std::vector<size_t> order;
