@@ -552,6 +552,10 @@ def test_smollm2_per_op_runs_in_executorch_with_its_partition_table(smollm2, tmp
     assert got == want, f"ExecuTorch runtime on --per-op: {tok.decode(got)!r} != {tok.decode(want)!r}"
 
 
+# KILN_FULL_TESTS=1 only: 160 s in CI, nearly all of it ExecuTorch lowering the 30-layer model. CI keeps kiln's
+# runtime on ExecuTorch's own lowering of an LLM with its caches (test_gemma4.py::
+# test_kiln_runtime_runs_executorchs_lowering) and of GPT-2 small (test_xnnpack_runtime.py, producer executorch).
+@pytest.mark.skipif(not os.environ.get("KILN_FULL_TESTS"), reason="KILN_FULL_TESTS=1 runs it (160 s)")
 def test_kiln_runtime_runs_executorchs_own_smollm2_pte(smollm2, tmp_path):
     """SmolLM2 exported ExecuTorch's way (transformers' ExecuTorch integration, convert_and_export_with_cache:
     a StaticCache, forward(input_ids, cache_position)) and lowered by ExecuTorch with its XnnpackPartitioner:

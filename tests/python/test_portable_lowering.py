@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import zipfile
 
 import pytest
@@ -55,10 +56,11 @@ def test_tiny_models_run_in_executorch_and_match_eager(tiny_model):
         assert_close(o, r, f"{spec_of(tiny_model)['name']} ({spec_of(tiny_model)['ir']})")
 
 
-# One IR flavor: ExecuTorch's portable kernels take ~75 s over GPT-2 small's 32 GFLOP. The core-ATen flavor's
-# lowering of GPT-2 small is run in ExecuTorch by test_xnnpack_lowering (XNNPACK) and in kiln's runtime by
-# test_runtime; the tiny models run portable in ExecuTorch in both flavors above.
-@pytest.mark.parametrize("gpt2_small", ["default"], indirect=True)
+# One IR flavor in CI (KILN_FULL_TESTS=1: both): ExecuTorch's portable kernels take ~75 s over GPT-2 small's
+# 32 GFLOP. The core-ATen flavor's lowering of GPT-2 small is run in ExecuTorch by test_xnnpack_lowering (XNNPACK)
+# and in kiln's runtime by test_runtime; the tiny models run portable in ExecuTorch in both flavors above.
+@pytest.mark.parametrize("gpt2_small", ["default", "core_aten"] if os.environ.get("KILN_FULL_TESTS") else ["default"],
+                         indirect=True)
 def test_gpt2_small_runs_in_executorch_and_matches_eager(gpt2_small):
     pte = kiln_lower(gpt2_small)
     ins, refs = reference_io(gpt2_small)

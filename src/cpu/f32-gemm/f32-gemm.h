@@ -122,19 +122,20 @@ KILN_CPU_INLINE void micro_tile(int64_t kc, const float* a, int64_t lda, int64_t
     }
 }
 
-// The template's register tile, as a policy type: a variant may bring its own (written with its ISA's
-// intrinsics, where the compiler's allocation of the vector-extension tile spills: f32-gemm-6x64-avx512.cpp).
 // Lines a tile may prefetch into L2 while it runs (Tile::kInterleavedPrefetch): its share of the next B block,
 // where B streams from memory (more than 1 MiB: a linear layer's weights). Issued one a trip among the tile's
-// FMAs: as a burst before the tile they stalled on full fill buffers (a Xeon, GPT-2's linear layers 3-6% slower
-// in all). A B that stays in L2 (the LM head's packed activations) and the next tile's rows of A keep the burst,
-// which measured faster there (the LM head, A from memory: 4 ms of 85 with both spread).
+// FMAs: as a burst before the tile they stalled on full fill buffers (a Xeon: GPT-2's linear layers ~2% slower in
+// the model, 3-10% per shape in a standalone loop). A B that stays in L2 (the LM head's packed activations) and
+// the next tile's rows of A keep the burst, which measured faster there (the LM head, A from memory: 4 ms of 85
+// with both spread).
 struct PrefetchLines {
   static constexpr int kMax = 128;
   const char* l2[kMax];
   int n2 = 0;
 };
 
+// The template's register tile, as a policy type: a variant may bring its own (written with its ISA's
+// intrinsics, where the compiler's allocation of the vector-extension tile spills: f32-gemm-6x64-avx512.cpp).
 template <int MR, int NV, typename V>
 struct VectorTile {
   static constexpr bool kInterleavedPrefetch = false;
