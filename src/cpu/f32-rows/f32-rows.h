@@ -85,33 +85,12 @@ KILN_CPU_INLINE void softmax_after_max(const float* in, float* out, int64_t n, f
   }
 }
 
-// The maximum of W-lane blocks then the tail (NaN ignored), then the rest.
-template <int W>
-KILN_CPU_INLINE void f32_softmax(const float* in, float* out, int64_t n) {
-  constexpr int kV = 16 / W;
-  using V = typename VF<W>::f;
-  const int64_t nb = n & ~int64_t{15};
-  const V ninf = V{} - __builtin_inff();
-  V m[kV];
-  for (int j = 0; j < kV; ++j) m[j] = ninf;
-  for (int64_t i = 0; i < nb; i += 16)
-    for (int j = 0; j < kV; ++j) {
-      V x;
-      load_v<W>(x, in + i + j * W);
-      select_v<W>(m[j], x > m[j], x, m[j]);
-    }
-  float mx = -__builtin_inff();
-  for (int j = 0; j < kV; ++j)
-    for (int l = 0; l < W; ++l) mx = m[j][l] > mx ? m[j][l] : mx;
-  for (int64_t i = nb; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
-  softmax_after_max<W>(in, out, n, mx);
-}
-
-// softmax(in * scale + add) (add: a row of n, or null), the scores in out on the way: attention's scaling,
-// mask and softmax in one step (three passes over the row instead of five; the graph's multiply and add
-// are each rounded here as there, as the compiler contracts them: FMA where the ISA has it).
-template <int W>
-KILN_CPU_INLINE void f32_softmax_scaled(const float* in, float scale, const float* add, float* out, int64_t n) {
+// The row's maximum (W-lane blocks, then the tail; NaN ignored), then softmax_after_max. kScaled: the scores are
+// in * scale + add (add: a row of n, or null), written to out on the way: attention's scaling, mask and softmax
+// in one step (three passes over the row instead of five; the graph's multiply and add are each rounded here
+// as there, as the compiler contracts them: FMA where the ISA has it).
+template <int W, bool kScaled>
+KILN_CPU_INLINE void softmax_rows(const float* in, float scale, const float* add, float* out, int64_t n) {
   constexpr int kV = 16 / W;
   using V = typename VF<W>::f;
   const int64_t nb = n & ~int64_t{15};
@@ -124,24 +103,39 @@ KILN_CPU_INLINE void f32_softmax_scaled(const float* in, float scale, const floa
     for (int j = 0; j < kV; ++j) {
       V x;
       load_v<W>(x, in + i + j * W);
-      x = x * vs;
-      if (add != nullptr) {
-        V a;
-        load_v<W>(a, add + i + j * W);
-        x = x + a;
+      if constexpr (kScaled) {
+        x = x * vs;
+        if (add != nullptr) {
+          V a;
+          load_v<W>(a, add + i + j * W);
+          x = x + a;
+        }
+        store_v<W>(out + i + j * W, x);
       }
-      store_v<W>(out + i + j * W, x);
       select_v<W>(m[j], x > m[j], x, m[j]);
     }
   float mx = -__builtin_inff();
   for (int j = 0; j < kV; ++j)
     for (int l = 0; l < W; ++l) mx = m[j][l] > mx ? m[j][l] : mx;
   for (int64_t i = nb; i < n; ++i) {
-    const float x = add != nullptr ? in[i] * scale + add[i] : in[i] * scale;
-    out[i] = x;
+    float x = in[i];
+    if constexpr (kScaled) {
+      x = add != nullptr ? x * scale + add[i] : x * scale;
+      out[i] = x;
+    }
     mx = x > mx ? x : mx;
   }
-  softmax_after_max<W>(out, out, n, mx);
+  softmax_after_max<W>(kScaled ? out : in, out, n, mx);
+}
+
+template <int W>
+KILN_CPU_INLINE void f32_softmax(const float* in, float* out, int64_t n) {
+  softmax_rows<W, false>(in, 1.0f, nullptr, out, n);
+}
+
+template <int W>
+KILN_CPU_INLINE void f32_softmax_scaled(const float* in, float scale, const float* add, float* out, int64_t n) {
+  softmax_rows<W, true>(in, scale, add, out, n);
 }
 
 // One round of the block transpose: for each pair of rows (r, r + S) with r & S == 0, the lanes with
