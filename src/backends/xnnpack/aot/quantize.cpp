@@ -469,6 +469,10 @@ StreamingQuantizer::StreamingQuantizer(int64_t n, int64_t k, const QuantScheme& 
   Impl& s = *impl_;
   s.n = n, s.k = k, s.scheme = scheme;
   s.block_rows = std::max<int64_t>(1, std::min(block_rows, n));
+  // A weight smaller than one block would be quantized on the caller's thread alone (most of an LLM's linears are
+  // 1-4 MB): split it into at least two blocks per thread when there is enough work for the threads
+  if (const int64_t t = lower_threads(); t > 1 && n * k >= (int64_t{1} << 18))
+    s.block_rows = std::min(s.block_rows, std::max<int64_t>(1, (n + 2 * t - 1) / (2 * t)));
   s.q = allocate_quantized(n, k, scheme);
   const int64_t blocks = (n + s.block_rows - 1) / s.block_rows;
   const int64_t workers = std::min(lower_threads(), blocks) > 1 ? std::min(lower_threads(), blocks) : 0;
