@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <malloc.h>
+#include <future>
 #include <optional>
 #include <regex>
 
@@ -565,6 +566,21 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   // before it takes the final name. kiln's XNNPACK backend is registered
   // here if the caller has not done it (registering it again would reset the
   // caller's settings).
+  r.pte_sha256 = pte_file.sha256();  // (closes the file: the hash is of what was written)
+  // The debug map (JSON of the edge graph, ~0.2 s for an LLM) is built on a thread of its own while the file is
+  // verified: neither changes what the other reads (the map reads the edge graph, the delegation and the report;
+  // verification the written file, and it sets only r.verified and r.unverified_backends)
+  const std::string map_path = fs::path(out).replace_extension(".debug.json").string();
+  std::future<std::pair<std::string, double>> map_json;
+  if (o.debug_map) {
+    DebugMapInput dm{&edge, delegation ? &*delegation : nullptr, &r.report, fs::path(out).filename().string(),
+                     spec.exported_program, std::string(backend), r.pte_sha256};
+    map_json = std::async(std::launch::async, [dm] {
+      const auto t_map = Clock::now();
+      std::string json = debug_map_json(dm);
+      return std::make_pair(std::move(json), seconds_since(t_map));
+    });
+  }
   if (o.verify) {
     if (xnnpack && rt::find_backend("XnnpackBackend") == nullptr) backends::xnnpack::register_runtime_backend();
     verify(program, pte_file.path(), out, r, progress);
@@ -576,21 +592,18 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
          static_cast<double>(o.max_size_bytes) / 1e6, static_cast<double>(r.pte_size) / 1e6,
          static_cast<double>(r.auto_plan->estimate) / 1e6,
          static_cast<double>(r.pte_size - static_cast<uint64_t>(o.max_size_bytes)) / 1e6);
-  r.pte_sha256 = pte_file.sha256();
   const double total = seconds_since(t0);
   r.seconds = {t_read, t_edge - t_read, t_partition - t_edge, t_emit - t_partition, t_write - t_emit, total};
 
   std::optional<StagedFile> map_file;
-  const std::string map_path = fs::path(out).replace_extension(".debug.json").string();
   if (o.debug_map) {  // X.pte -> X.debug.json
     const auto t_map = Clock::now();
     r.debug_map_path = map_path;
-    DebugMapInput dm{&edge, delegation ? &*delegation : nullptr, &r.report, fs::path(out).filename().string(),
-                     spec.exported_program, std::string(backend), r.pte_sha256};
+    auto [json, build_seconds] = map_json.get();
     map_file.emplace(map_path);
-    map_file->write(debug_map_json(dm));
+    map_file->write(json);
     map_file->close();
-    r.seconds.debug_map = seconds_since(t_map);
+    r.seconds.debug_map = build_seconds + seconds_since(t_map);  // building it (beside verification) and writing it
   }
   std::optional<StagedFile> etrecord_file;
   if (!o.etrecord.empty()) {  // ExecuTorch's devtools format, published with the set
