@@ -283,7 +283,8 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "with --quantize: keep linear layers fp32 whose module path, node or weight name this regex "
                   "matches (e.g. lm_head)");
   cmd->add_option("--dtype", opts->dtype,
-                  "fp32 or bf16: what a bfloat16 / float16 program's unquantized values are stored and computed as. "
+                  "fp32 or bf16: what a bfloat16 / float16 program's (its parameters or inputs 16-bit; a float32 program "
+                  "keeps its own 16-bit casts) unquantized values are stored and computed as. "
                   "fp32 (the default for xnnpack) widens them exactly (XNNPACK regions are float32; --quantize then "
                   "quantizes from the 16-bit weights); bf16 keeps a bfloat16 program as it is (portable backend: "
                   "kiln's and ExecuTorch's portable kernels run it). Default for portable: the program's own type "

@@ -290,12 +290,15 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
   pt2::ExportedProgram ep = pt2::read_pt2(spec.exported_program);
   check(o.dtype.empty() || o.dtype == "fp32" || o.dtype == "bf16", "--dtype {}: kiln stores fp32 or bf16", o.dtype);
   {
-    // the program's 16-bit float type, if it has one (widen_to_float refuses a mix of two)
+    // the program's 16-bit float type, if it is a 16-bit program: one whose inputs (parameters, buffers or user
+    // inputs) are bfloat16 / float16 (widen_to_float refuses a mix of two). A float32 program that casts to 16 bits
+    // inside (x.half() * 2, then .float()) is not one: widening would drop the roundings eager does there, so
+    // it keeps its casts, and its 16-bit nodes run on the portable path
     std::optional<ScalarType> narrow;
     auto see = [&](ScalarType t) {
       if ((t == ScalarType::BFloat16 || t == ScalarType::Half) && !narrow) narrow = t;
     };
-    for (const auto& v : ep.graph.values) see(v.meta.dtype);
+    for (graph::ValueId v : ep.graph.inputs) see(ep.graph.value(v).meta.dtype);
     for (const auto& c : ep.constants) see(c.meta.dtype);
     if (narrow) r.program_dtype = r.stored_dtype = std::string(dtype_name(*narrow));
     // quantized products take float32 activations on either backend

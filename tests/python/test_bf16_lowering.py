@@ -216,3 +216,37 @@ def test_what_cannot_be_done_is_one_error(bf16_llama, case, tmp_path):
     if case.startswith("no") or case == "all_skipped":
         assert "nothing in" in lines[0] and "was quantized" in lines[0], lines[0]
     assert not list(tmp_path.glob("x*")), "no partial output"
+
+
+@pytest.mark.parametrize("cast", ["half", "bfloat16"])
+def test_float32_program_with_a_16_bit_step_keeps_its_rounding_on_xnnpack(cast, tmp_path):
+    """A float32 program that computes one step in 16 bits ((x.half() * 3).float() + 1) is not a 16-bit program:
+    `--backend xnnpack` once widened it (its default --dtype fp32), which dropped the rounding eager does in the cast
+    (op_db's `bfloat16` sample: max |diff| 0.0216; `half`: a float32 output where eager gives float16). Its 16-bit
+    step must give eager's numbers in kiln's runtime and ExecuTorch's (the rest delegated as before)."""
+    import torch
+
+    from conftest import et_execute, kiln_lower
+    from test_quantized_runtime import _export_spec
+
+    dtype = getattr(torch, cast)
+
+    class Mixed(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu((x.to(dtype) * 3.0).float() + 1.0)
+
+    x = torch.randn(8, 64) * 5
+    spec = _export_spec(Mixed(), x, tmp_path / "mixed", name="mixed")
+    ref = Mixed()(x).numpy()
+    # the rounding matters at DESIGN's fp32 tolerance (1e-4 max|ref|): without it the program misses eager
+    unrounded = torch.relu(x * 3.0 + 1.0).numpy()
+    assert np.abs(unrounded - ref).max() > 1e-4 * np.abs(ref).max()
+    pte = kiln_lower(spec, "xnnpack")
+    meta = json.loads(pte.with_suffix(".json").read_text())
+    assert meta["dtype"]["widened"] is False, meta["dtype"]
+    run_kiln("run", pte, "--input", tmp_path / "mixed" / "in.npy", "--output", tmp_path / "y.npy")
+    got = np.load(tmp_path / "y.npy")
+    assert got.dtype == np.float32 and np.array_equal(got, ref), float(np.abs(got - ref).max())
+    (et,) = et_execute(pte, [x.numpy()])
+    assert np.array_equal(et, ref), float(np.abs(et - ref).max())
+
