@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <memory>
 #include <numeric>
 #include <set>
 
@@ -312,7 +313,9 @@ class Partitioner {
 
 ContentDigest content_digest(const passes::EdgeProgram& program, graph::ValueId v) {
   const passes::ConstantData& c = program.constants.at(v);
-  XXH3_state_t* state = XXH3_createState();
+  // owned: a constant's bytes can fail to stream (a damaged archive, a bad KILN_LOWER_THREADS in a widening)
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> owner(XXH3_createState(), XXH3_freeState);
+  XXH3_state_t* state = owner.get();
   check(state != nullptr, "out of memory hashing constant '{}'", program.graph.value(v).name);
   uint64_t size = 0;
   auto sink = [&](std::span<const std::byte> s) {
@@ -327,7 +330,6 @@ ContentDigest content_digest(const passes::EdgeProgram& program, graph::ValueId 
   else if (c.bytes) sink(*c.bytes);
   else program.exported->stream_constant(*c.source, sink);
   XXH128_hash_t h = XXH3_128bits_digest(state);
-  XXH3_freeState(state);
   check(size == expected, "constant '{}' streamed {} bytes, expected {}", program.graph.value(v).name, size, expected);
   return {h.high64, h.low64};
 }
