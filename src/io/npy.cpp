@@ -20,6 +20,7 @@ const std::pair<const char*, ScalarType> kDescr[] = {
     {"<i8", ScalarType::Long},  {"<i4", ScalarType::Int},    {"<i2", ScalarType::Short},
     {"|i1", ScalarType::Char},  {"|u1", ScalarType::Byte},   {"|b1", ScalarType::Bool},
     {"<u2", ScalarType::UInt16}, {"<u4", ScalarType::UInt32}, {"<u8", ScalarType::UInt64},
+    {"<c8", ScalarType::ComplexFloat}, {"<c16", ScalarType::ComplexDouble},
 };
 
 // The value of 'key': in the header dict, as the raw text up to the next top-level ',' or '}'.
@@ -80,7 +81,8 @@ NpyArray read_npy(const std::string& path) {
       a.dtype = t;
       found = true;
     }
-  check(found, "{}: dtype '{}' is not supported (kiln reads little-endian bool, int, uint and float arrays)", path, descr);
+  check(found, "{}: dtype '{}' is not supported (kiln reads little-endian bool, int, uint, float and complex arrays)",
+        path, descr);
   check(dict_value(header, "fortran_order", path) == "False", "{}: Fortran-order arrays are not supported", path);
   // shape: a tuple of non-negative integers, "()" for a scalar; element count and byte size in checked arithmetic
   std::string shape = dict_value(header, "shape", path);

@@ -146,7 +146,10 @@ ScalarType scalar_type_of(const nb::dlpack::dtype& d) {
   if (code == C::Int && d.bits == 8) return ScalarType::Char;
   if (code == C::UInt && d.bits == 8) return ScalarType::Byte;
   if (code == C::Bool && d.bits == 8) return ScalarType::Bool;
-  kiln::fail("an input of dtype code {} with {} bits: kiln takes float, int, uint8 and bool tensors", d.code, d.bits);
+  if (code == C::Complex && d.bits == 64) return ScalarType::ComplexFloat;
+  if (code == C::Complex && d.bits == 128) return ScalarType::ComplexDouble;
+  kiln::fail("an input of dtype code {} with {} bits: kiln takes float, int, uint8, bool and complex tensors", d.code,
+             d.bits);
 }
 
 nb::dlpack::dtype dlpack_of(ScalarType t) {
@@ -169,7 +172,9 @@ nb::dlpack::dtype dlpack_of(ScalarType t) {
     case ScalarType::Char: return make(C::Int, 8);
     case ScalarType::Byte: return make(C::UInt, 8);
     case ScalarType::Bool: return make(C::Bool, 8);
-    default: kiln::fail("an output of dtype {}: the Python package returns float, int, uint8 and bool tensors",
+    case ScalarType::ComplexFloat: return make(C::Complex, 64);
+    case ScalarType::ComplexDouble: return make(C::Complex, 128);
+    default: kiln::fail("an output of dtype {}: the Python package returns float, int, uint8, bool and complex tensors",
                         kiln::dtype_name(t));
   }
 }

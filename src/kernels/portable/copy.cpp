@@ -3,7 +3,8 @@
 // empty (a shape, no contents).
 //
 // Inputs and outs are contiguous; a same-dtype copy moves bytes, a conversion
-// goes through util/strided_copy.h's row converters.
+// goes through util/strided_copy.h's row converters. These copies (not the dim-order empty) also take
+// complex64 / complex128 tensors, the only kernels that do: a program may convert to complex and return it.
 #include "util/register.h"
 #include "util/shape_checks.h"
 
@@ -100,12 +101,12 @@ void empty_dim_order_out(KernelContext& ctx, IntArrayRef size, std::optional<Int
 
 }  // namespace
 
-KILN_KERNEL(alias_copy_out, alias_copy_out);
-KILN_KERNEL(clone_out, clone_out);
-KILN_KERNEL(to_copy_out, to_copy_out);
-KILN_KERNEL(dim_order_clone_dim_order_out, clone_dim_order_out);
-KILN_KERNEL(dim_order_to_dim_order_copy_out, to_dim_order_copy_out);
-KILN_KERNEL(copy_out, copy_out);
+KILN_KERNEL_COMPLEX(alias_copy_out, alias_copy_out);
+KILN_KERNEL_COMPLEX(clone_out, clone_out);
+KILN_KERNEL_COMPLEX(to_copy_out, to_copy_out);
+KILN_KERNEL_COMPLEX(dim_order_clone_dim_order_out, clone_dim_order_out);
+KILN_KERNEL_COMPLEX(dim_order_to_dim_order_copy_out, to_dim_order_copy_out);
+KILN_KERNEL_COMPLEX(copy_out, copy_out);
 KILN_KERNEL(dim_order_empty_dim_order_out, empty_dim_order_out);
 
 }  // namespace kiln::rt::kernels

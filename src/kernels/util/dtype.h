@@ -177,6 +177,12 @@ inline bool is_integral(ScalarType dt, bool include_bool) {
 }
 inline bool is_supported_dtype(ScalarType dt) { return in_set(dt, kAllTypes); }
 
+// complex64 / complex128: storage only (pairs of float / double), for the kernels that opt in (register.h's
+// KILN_KERNEL_COMPLEX) and the conversions of util/strided_copy.h.
+inline bool is_complex_dtype(ScalarType dt) {
+  return dt == ScalarType::ComplexFloat || dt == ScalarType::ComplexDouble;
+}
+
 inline const char* dtype_str(ScalarType dt) { return dtype_name(dt).data(); }  // names are literals
 
 }  // namespace kiln::rt::kernels

@@ -63,6 +63,7 @@ struct Where {
   const char* op;
   size_t index;
   std::string_view name;
+  bool complex_ok = false;  // the kernel takes complex64/complex128 tensors (KILN_KERNEL_COMPLEX)
 };
 
 inline bool fail_arg(KernelContext& ctx, const Where& w, const char* what) {
@@ -80,7 +81,7 @@ inline bool check_tensor(KernelContext& ctx, const Where& w, const Tensor* t) {
     ctx.fail(Status::InvalidArgument, "%s: argument %zu has invalid rank %d", w.op, w.index, t->dim);
     return false;
   }
-  if (!is_supported_dtype(t->dtype)) {
+  if (!is_supported_dtype(t->dtype) && !(w.complex_ok && is_complex_dtype(t->dtype))) {
     ctx.fail(Status::NotSupported, "%s: argument %zu has unsupported dtype %s", w.op, w.index, dtype_str(t->dtype));
     return false;
   }
@@ -317,7 +318,7 @@ struct Signature<void (*)(KernelContext&, P...)> {
   static constexpr int count = static_cast<int>(sizeof...(P));
 };
 
-template <ops::OpId Id, auto Fn, typename... P>
+template <ops::OpId Id, auto Fn, bool ComplexOk, typename... P>
 void call(KernelContext& ctx, std::span<EValue*> args, void (*)(KernelContext&, P...)) {
   const ops::Schema& schema = ops::op_schema(Id);
   const char* op = ops::op_name(Id).data();  // NUL-terminated
@@ -332,22 +333,22 @@ void call(KernelContext& ctx, std::span<EValue*> args, void (*)(KernelContext&, 
     }
   std::tuple<typename ArgOf<P>::Storage...> st;
   const bool ok = [&]<size_t... I>(std::index_sequence<I...>) {
-    return (ArgOf<P>::load(ctx, Where{op, I, schema.args[I].name}, args[I], std::get<I>(st)) && ...);
+    return (ArgOf<P>::load(ctx, Where{op, I, schema.args[I].name, ComplexOk}, args[I], std::get<I>(st)) && ...);
   }(std::index_sequence_for<P...>{});
   if (!ok) return;
   [&]<size_t... I>(std::index_sequence<I...>) { Fn(ctx, ArgOf<P>::pass(std::get<I>(st))...); }(
       std::index_sequence_for<P...>{});
 }
 
-template <ops::OpId Id, auto Fn>
+template <ops::OpId Id, auto Fn, bool ComplexOk = false>
 void boxed(KernelContext& ctx, std::span<EValue*> args) {
-  call<Id, Fn>(ctx, args, Fn);
+  call<Id, Fn, ComplexOk>(ctx, args, Fn);
 }
 
-template <ops::OpId Id, auto Fn>
+template <ops::OpId Id, auto Fn, bool ComplexOk = false>
 constexpr KernelEntry typed_entry() {
   using S = Signature<decltype(Fn)>;
-  return KernelEntry{static_cast<uint16_t>(Id), &boxed<Id, Fn>, S::codes, S::count};
+  return KernelEntry{static_cast<uint16_t>(Id), &boxed<Id, Fn, ComplexOk>, S::codes, S::count};
 }
 
 }  // namespace boxing
@@ -358,4 +359,11 @@ constexpr KernelEntry typed_entry() {
   extern const ::kiln::rt::KernelEntry kiln_kernel_##id;     \
   const ::kiln::rt::KernelEntry kiln_kernel_##id =           \
       ::kiln::rt::kernels::boxing::typed_entry<::kiln::ops::OpId::id, &fn>()
+
+// A kernel whose tensors may also be complex64/complex128 (the copies and conversions: kiln computes nothing
+// in complex; a program that converts to complex and returns it runs). Every other kernel refuses them.
+#define KILN_KERNEL_COMPLEX(id, fn)                          \
+  extern const ::kiln::rt::KernelEntry kiln_kernel_##id;     \
+  const ::kiln::rt::KernelEntry kiln_kernel_##id =           \
+      ::kiln::rt::kernels::boxing::typed_entry<::kiln::ops::OpId::id, &fn, true>()
 

@@ -40,9 +40,77 @@ void convert_row(char* dst, const char* src, int64_t n, int64_t dst_step, int64_
   }
 }
 
-// nullptr if either dtype is not computable.
+// complex64 / complex128 elements: a pair of float / double. kiln computes nothing in complex; only the
+// conversions below (the copies that opt in with KILN_KERNEL_COMPLEX) read or write them, as torch converts:
+// a real value becomes (value, 0); a complex value becomes its real part (torch drops the imaginary part, with
+// a warning), or for bool "either part is not zero"; complex to complex converts each part.
+template <typename C>
+struct ComplexPair {
+  C re, im;
+};
+template <typename T>
+inline constexpr bool is_complex_pair_v = false;
+template <typename C>
+inline constexpr bool is_complex_pair_v<ComplexPair<C>> = true;
+
+template <typename D, typename S>
+inline D convert_complex(S s) {
+  if constexpr (is_complex_pair_v<D> && is_complex_pair_v<S>) {
+    using C = decltype(D::re);
+    return D{static_cast<C>(s.re), static_cast<C>(s.im)};
+  } else if constexpr (is_complex_pair_v<D>) {
+    using C = decltype(D::re);
+    return D{convert<C>(s), C(0)};
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return s.re != 0 || s.im != 0;
+  } else {
+    return convert<D>(s.re);
+  }
+}
+
+template <typename D, typename S>
+void convert_complex_row(char* dst, const char* src, int64_t n, int64_t dst_step, int64_t src_step) {
+  for (int64_t i = 0; i < n; ++i) {
+    S s;
+    std::memcpy(&s, src + i * src_step, sizeof(S));
+    const D d = convert_complex<D>(s);
+    std::memcpy(dst + i * dst_step, &d, sizeof(D));
+  }
+}
+
+// f(TypeTag<ComplexPair<C>>{}) for complex64 / complex128; false for any other dtype.
+template <typename F>
+inline bool dispatch_complex(ScalarType dt, F&& f) {
+  if (dt == ScalarType::ComplexFloat) {
+    f(TypeTag<ComplexPair<float>>{});
+    return true;
+  }
+  if (dt == ScalarType::ComplexDouble) {
+    f(TypeTag<ComplexPair<double>>{});
+    return true;
+  }
+  return false;
+}
+
+// f(TypeTag<T>{}) for any computable dtype or complex64 / complex128.
+template <typename F>
+inline bool dispatch_with_complex(ScalarType dt, F&& f) {
+  return dispatch_complex(dt, f) || dispatch(dt, f);
+}
+
+// nullptr if either dtype is not computable (complex converts to and from every computable dtype).
 inline ConvertRowFn convert_row_fn(ScalarType dst, ScalarType src) {
   ConvertRowFn fn = nullptr;
+  if (is_complex_dtype(dst) || is_complex_dtype(src)) {
+    dispatch_with_complex(dst, [&](auto dt) {
+      dispatch_with_complex(src, [&](auto st) {
+        using D = typename decltype(dt)::type;
+        using S = typename decltype(st)::type;
+        if constexpr (is_complex_pair_v<D> || is_complex_pair_v<S>) fn = &convert_complex_row<D, S>;
+      });
+    });
+    return fn;
+  }
   dispatch(dst, [&](auto dt) {
     dispatch(src, [&](auto st) { fn = &convert_row<typename decltype(dt)::type, typename decltype(st)::type>; });
   });
