@@ -2,6 +2,10 @@
 
 #include "kiln/core/error.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zip.h>
 
 #include <algorithm>
@@ -98,6 +102,7 @@ Pt2Archive::Pt2Archive(const std::string& path) : path_(path) {
              path, total_cap, kMaxCompressionRatio, archive_size, kTotalSlackBytes >> 20);
       entries_.push_back(name);
     }
+    map_stored_entries(archive_size);
   } catch (...) {
     zip_discard(zip_);
     zip_ = nullptr;
@@ -106,6 +111,7 @@ Pt2Archive::Pt2Archive(const std::string& path) : path_(path) {
 }
 
 Pt2Archive::~Pt2Archive() {
+  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_size_);
   if (zip_ != nullptr) zip_discard(zip_);
 }
 
@@ -129,6 +135,16 @@ void Pt2Archive::stream(const std::string& entry, uint64_t offset, uint64_t leng
   check(offset <= size && length <= size - offset,
         "{}: archive entry '{}' holds {} bytes, but {} bytes from offset {} were requested", path_, entry, size,
         length, offset);
+  if (const NestedMember* at = mapped(entry)) {  // in place, in chunks of 1 MiB as below (sinks size buffers by them)
+    const std::byte* p = map_ + at->offset + offset;
+    for (uint64_t left = length; left > 0;) {
+      const auto n = static_cast<size_t>(std::min<uint64_t>(left, uint64_t{1} << 20));
+      sink(std::span<const std::byte>(p, n));
+      p += n;
+      left -= n;
+    }
+    return;
+  }
   // Stored (uncompressed) entries, which is how torch writes weights, are read
   // raw: same bytes, without libzip's per-read CRC bookkeeping.
   zip_stat_t st;
@@ -167,6 +183,13 @@ void Pt2Archive::stream(const std::string& entry, uint64_t offset, uint64_t leng
 }
 
 void Pt2Archive::read(const std::string& entry, uint64_t offset, std::span<std::byte> out) const {
+  if (const NestedMember* at = mapped(entry)) {
+    check(offset <= at->size && out.size() <= at->size - offset,
+          "{}: archive entry '{}' holds {} bytes, but {} bytes from offset {} were requested", path_, entry, at->size,
+          out.size(), offset);
+    if (!out.empty()) std::memcpy(out.data(), map_ + at->offset + offset, out.size());
+    return;
+  }
   size_t pos = 0;
   stream(entry, offset, out.size(), [&](std::span<const std::byte> chunk) {
     std::copy(chunk.begin(), chunk.end(), out.begin() + static_cast<std::ptrdiff_t>(pos));
@@ -180,24 +203,22 @@ std::string Pt2Archive::read_text(const std::string& entry) const {
   return text;
 }
 
-// The zip directory read by hand: libzip opens a nested zip but does not say where a member's bytes
-// start, and the point is to read them in place (no copy of a large weight). What is read is the end
-// record (zip64 too), the central directory and each member's local header, as torch.save writes them.
-std::map<std::string, Pt2Archive::NestedMember> Pt2Archive::nested_members(const std::string& entry) const {
-  const uint64_t size = entry_size(entry);
-  auto bad = [&](const std::string& why) -> void { fail("{}: archive entry '{}' is not a readable zip: {}", path_, entry, why); };
+namespace {
+
+// The zip directory read by hand, over `size` bytes that `bytes_at(offset, n)` returns (bounds-checked by the
+// caller): the end record (zip64 too), the central directory and each member's local header, as torch.save and
+// torch.export.save write them. Every member's name -> where its data starts and how many bytes it holds. A
+// compressed member fails when `compressed_ok` is false and is left out otherwise. `bad(why)` throws.
+template <typename BytesAt, typename Bad>
+std::map<std::string, Pt2Archive::NestedMember> read_zip_directory(uint64_t size, BytesAt&& bytes_at, Bad&& bad,
+                                                                   bool compressed_ok) {
   auto le = [](const std::byte* p, int n) {
     uint64_t v = 0;
     for (int j = 0; j < n; ++j) v |= static_cast<uint64_t>(p[j]) << (8 * j);
     return v;
   };
-  auto bytes_at = [&](uint64_t offset, uint64_t n) {
-    if (offset > size || n > size - offset) bad("a record points past its end");
-    std::vector<std::byte> b(static_cast<size_t>(n));
-    read(entry, offset, b);
-    return b;
-  };
   // End of central directory: 22 bytes plus a comment of up to 64 KiB, at the end.
+  if (size < 22) bad("no end-of-directory record");
   const uint64_t tail_len = std::min<uint64_t>(size, 22 + 65535 + 20);
   const std::vector<std::byte> tail = bytes_at(size - tail_len, tail_len);
   int64_t eocd = -1;
@@ -216,7 +237,7 @@ std::map<std::string, Pt2Archive::NestedMember> Pt2Archive::nested_members(const
     count = le(z.data() + 32, 8), cd_size = le(z.data() + 40, 8), cd_offset = le(z.data() + 48, 8);
   }
   const std::vector<std::byte> cd = bytes_at(cd_offset, cd_size);
-  std::map<std::string, NestedMember> out;
+  std::map<std::string, Pt2Archive::NestedMember> out;
   size_t p = 0;
   for (uint64_t m = 0; m < count; ++m) {
     if (p + 46 > cd.size() || le(cd.data() + p, 4) != 0x02014b50) bad("bad central directory");
@@ -237,16 +258,85 @@ std::map<std::string, Pt2Archive::NestedMember> Pt2Archive::nested_members(const
       }
       x += 4 + len;
     }
-    if (method != 0) bad(fmt::format("member '{}' is compressed (method {})", name, method));
+    p += 46 + name_len + extra_len + comment_len;
+    if (method != 0) {
+      if (compressed_ok) continue;
+      bad(fmt::format("member '{}' is compressed (method {})", name, method));
+    }
     if (comp != raw) bad(fmt::format("member '{}' has two sizes", name));
     const std::vector<std::byte> lh = bytes_at(local, 30);
     if (le(lh.data(), 4) != 0x04034b50) bad(fmt::format("member '{}' has no local header", name));
     const uint64_t data = local + 30 + le(lh.data() + 26, 2) + le(lh.data() + 28, 2);
     if (data > size || raw > size - data) bad(fmt::format("member '{}' runs past the end", name));
-    if (!out.emplace(name, NestedMember{data, raw}).second) bad(fmt::format("two members named '{}'", name));
-    p += 46 + name_len + extra_len + comment_len;
+    if (!out.emplace(name, Pt2Archive::NestedMember{data, raw}).second) bad(fmt::format("two members named '{}'", name));
   }
   return out;
+}
+
+struct NotMapped {};  // the hand-read directory disagrees with libzip or is not readable: read through libzip
+
+}  // namespace
+
+// Maps the file and finds each stored entry's bytes in it. Anything unexpected (a failed mmap, a directory
+// this reader does not take, a member whose size, name or method differs from what libzip reports) leaves
+// the archive unmapped, read through libzip as before: libzip stays the judge of what the archive is.
+// A file truncated by another process while it is mapped would fault on access (SIGBUS), as any reader
+// that maps its input; kiln does not write its inputs.
+void Pt2Archive::map_stored_entries(uint64_t archive_size) {
+  if (archive_size == 0 || archive_size > static_cast<uint64_t>(SIZE_MAX)) return;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat sb {};
+  void* m = MAP_FAILED;
+  if (::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && static_cast<uint64_t>(sb.st_size) == archive_size)
+    m = ::mmap(nullptr, static_cast<size_t>(archive_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return;
+  const auto* base = static_cast<const std::byte*>(m);
+  try {
+    auto bytes_at = [&](uint64_t offset, uint64_t n) {
+      if (offset > archive_size || n > archive_size - offset) throw NotMapped{};
+      return std::vector<std::byte>(base + offset, base + offset + n);
+    };
+    auto bad = [](const std::string&) { throw NotMapped{}; };
+    std::map<std::string, NestedMember> found = read_zip_directory(archive_size, bytes_at, bad, true);
+    for (const std::string& name : entries_) {
+      zip_stat_t st;
+      zip_stat_init(&st);
+      if (zip_stat(zip_, name.c_str(), ZIP_FL_ENC_RAW, &st) != 0 || !(st.valid & ZIP_STAT_COMP_METHOD) ||
+          st.comp_method != ZIP_CM_STORE ||
+          ((st.valid & ZIP_STAT_ENCRYPTION_METHOD) && st.encryption_method != ZIP_EM_NONE))
+        continue;
+      auto it = found.find(name);
+      if (it == found.end() || it->second.size != st.size) throw NotMapped{};
+      stored_.emplace(name, it->second);
+    }
+  } catch (const NotMapped&) {
+    stored_.clear();
+    ::munmap(m, static_cast<size_t>(archive_size));
+    return;
+  }
+  map_ = base;
+  map_size_ = static_cast<size_t>(archive_size);
+}
+
+const Pt2Archive::NestedMember* Pt2Archive::mapped(const std::string& entry) const {
+  if (map_ == nullptr) return nullptr;
+  auto it = stored_.find(entry);
+  return it == stored_.end() ? nullptr : &it->second;
+}
+
+// A zip stored inside an entry: the same reader over the entry's bytes; every member must be stored.
+std::map<std::string, Pt2Archive::NestedMember> Pt2Archive::nested_members(const std::string& entry) const {
+  const uint64_t size = entry_size(entry);
+  auto bad = [&](const std::string& why) -> void { fail("{}: archive entry '{}' is not a readable zip: {}", path_, entry, why); };
+  auto bytes_at = [&](uint64_t offset, uint64_t n) {
+    if (offset > size || n > size - offset) bad("a record points past its end");
+    std::vector<std::byte> b(static_cast<size_t>(n));
+    read(entry, offset, b);
+    return b;
+  };
+  return read_zip_directory(size, bytes_at, bad, false);
 }
 
 }  // namespace kiln::pt2

@@ -189,6 +189,27 @@ def test_deflated_archive_lowers_and_runs(model, tmp_path):
     np.testing.assert_allclose(logits_of(tmp_path / "m.pte", model, tmp_path), model["expected"], rtol=1e-4, atol=1e-4)
 
 
+def test_mapped_and_libzip_reads_give_the_same_program(model, tmp_path):
+    """kiln reads stored entries from a mapping of the file (its own reading of the zip directory) and compressed
+    ones through libzip: torch's archive as written, a copy with every entry deflated (libzip only) and a zip64 copy
+    (the mapping through zip64 records) must lower to byte-identical programs."""
+    forms = {"stored": model["pt2"], "deflated": rewrite(model["pt2"], tmp_path / "d.pt2", zipfile.ZIP_DEFLATED)}
+    with zipfile.ZipFile(model["pt2"]) as zin, zipfile.ZipFile(tmp_path / "z64.pt2", "w") as zout:
+        for info in zin.infolist():
+            with zout.open(info.filename, "w", force_zip64=True) as f:
+                f.write(zin.read(info.filename))
+    forms["zip64"] = tmp_path / "z64.pt2"
+    programs = {}
+    for name, pt2 in forms.items():
+        work = tmp_path / name
+        work.mkdir()
+        proc = lower_pt2(model, work, pt2)
+        assert proc.returncode == 0, proc.stderr
+        programs[name] = (work / "m.pte").read_bytes()
+    assert programs["deflated"] == programs["stored"]
+    assert programs["zip64"] == programs["stored"]
+
+
 def test_zip64_archive_lowers(model, tmp_path):
     src = model["pt2"]
     dst = tmp_path / "zip64.pt2"

@@ -1,6 +1,10 @@
 // Pt2Archive: read access to the zip container torch.export.save writes.
 // Entries are streamed from the file on demand; nothing is cached, so a weight
 // is never held twice (callers read it straight into its final destination).
+// Stored (uncompressed) entries, which is how torch writes weights, are read
+// from a read-only mapping of the file: no copy through the kernel and no CRC
+// pass for a streamed weight (libzip computes the CRC of every stored read and
+// never compares it: a read of exactly an entry's bytes does not reach its end).
 #pragma once
 
 #include <cstddef>
@@ -49,9 +53,17 @@ class Pt2Archive {
  private:
   int64_t index_of(const std::string& entry) const;
 
+  // Where a stored entry's bytes lie in the mapped file (nullptr if it is not mapped: compressed, or the
+  // archive's directory could not be read by hand in agreement with libzip's).
+  const NestedMember* mapped(const std::string& entry) const;
+  void map_stored_entries(uint64_t archive_size);
+
   std::string path_;
   zip* zip_ = nullptr;
   std::vector<std::string> entries_;
+  const std::byte* map_ = nullptr;  // the whole file, read-only (PROT_READ, MAP_PRIVATE), or nullptr
+  size_t map_size_ = 0;
+  std::map<std::string, NestedMember> stored_;  // offset within the file, size
 };
 
 }  // namespace kiln::pt2
