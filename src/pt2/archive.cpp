@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -33,6 +34,33 @@ constexpr uint64_t kRatioFreeBytes = uint64_t{1} << 20;
 constexpr uint64_t kTotalSlackBytes = uint64_t{64} << 20;
 // - Entry names: at most this long; no absolute paths, '..' components, backslashes or NULs; no duplicates.
 constexpr size_t kMaxNameBytes = 4096;
+
+struct NotDirect {};  // the hand-read directory disagrees with libzip or is not readable: read through libzip
+
+// n bytes at `offset` of fd into p; false on an error or a short file.
+bool pread_all(int fd, std::byte* p, size_t n, uint64_t offset) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got, n -= static_cast<size_t>(got), offset += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+// A read-only mapping of part of a file, unmapped when it goes out of scope (a sink may throw).
+struct Window {
+  void* addr = MAP_FAILED;
+  size_t len = 0;
+  Window(int fd, uint64_t offset, size_t n) : len(n) {
+    addr = ::mmap(nullptr, n, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, static_cast<off_t>(offset));
+  }
+  ~Window() {
+    if (addr != MAP_FAILED) ::munmap(addr, len);
+  }
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+};
 
 bool traversal_name(const std::string& name) {
   if (name.empty() || name.front() == '/' || name.find('\\') != std::string::npos ||
@@ -102,7 +130,7 @@ Pt2Archive::Pt2Archive(const std::string& path) : path_(path) {
              path, total_cap, kMaxCompressionRatio, archive_size, kTotalSlackBytes >> 20);
       entries_.push_back(name);
     }
-    map_stored_entries(archive_size);
+    index_stored_entries(archive_size);
   } catch (...) {
     zip_discard(zip_);
     zip_ = nullptr;
@@ -111,7 +139,7 @@ Pt2Archive::Pt2Archive(const std::string& path) : path_(path) {
 }
 
 Pt2Archive::~Pt2Archive() {
-  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_size_);
+  if (fd_ >= 0) ::close(fd_);
   if (zip_ != nullptr) zip_discard(zip_);
 }
 
@@ -135,13 +163,30 @@ void Pt2Archive::stream(const std::string& entry, uint64_t offset, uint64_t leng
   check(offset <= size && length <= size - offset,
         "{}: archive entry '{}' holds {} bytes, but {} bytes from offset {} were requested", path_, entry, size,
         length, offset);
-  if (const NestedMember* at = mapped(entry)) {  // in place, in chunks of 1 MiB as below (sinks size buffers by them)
-    const std::byte* p = map_ + at->offset + offset;
-    for (uint64_t left = length; left > 0;) {
-      const auto n = static_cast<size_t>(std::min<uint64_t>(left, uint64_t{1} << 20));
-      sink(std::span<const std::byte>(p, n));
-      p += n;
-      left -= n;
+  if (const NestedMember* at = direct(entry)) {
+    // In windows of 8 MiB mapped one at a time (a whole-file mapping would count every weight read in the process's
+    // resident memory), handed out in chunks of 1 MiB as below (sinks size their buffers by them). A window that
+    // cannot be mapped is read into a buffer instead.
+    constexpr uint64_t kWindow = uint64_t{8} << 20, kChunk = uint64_t{1} << 20;
+    const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    uint64_t pos = at->offset + offset;
+    const uint64_t end = pos + length;
+    std::vector<std::byte> buf;
+    while (pos < end) {
+      const uint64_t start = pos - pos % page, stop = std::min(end, start + kWindow);
+      Window w(fd_, start, static_cast<size_t>(stop - start));
+      const std::byte* base = static_cast<const std::byte*>(w.addr) - start;
+      if (w.addr == MAP_FAILED) {
+        buf.resize(static_cast<size_t>(stop - pos));
+        if (!pread_all(fd_, buf.data(), buf.size(), pos))
+          fail("{}: archive entry '{}' is truncated or corrupt", path_, entry);
+        base = buf.data() - pos;
+      }
+      for (; pos < stop;) {
+        const auto n = static_cast<size_t>(std::min(stop - pos, kChunk));
+        sink(std::span<const std::byte>(base + pos, n));
+        pos += n;
+      }
     }
     return;
   }
@@ -183,11 +228,12 @@ void Pt2Archive::stream(const std::string& entry, uint64_t offset, uint64_t leng
 }
 
 void Pt2Archive::read(const std::string& entry, uint64_t offset, std::span<std::byte> out) const {
-  if (const NestedMember* at = mapped(entry)) {
+  if (const NestedMember* at = direct(entry)) {
     check(offset <= at->size && out.size() <= at->size - offset,
           "{}: archive entry '{}' holds {} bytes, but {} bytes from offset {} were requested", path_, entry, at->size,
           out.size(), offset);
-    if (!out.empty()) std::memcpy(out.data(), map_ + at->offset + offset, out.size());
+    if (!pread_all(fd_, out.data(), out.size(), at->offset + offset))
+      fail("{}: archive entry '{}' is truncated or corrupt", path_, entry);
     return;
   }
   size_t pos = 0;
@@ -273,32 +319,29 @@ std::map<std::string, Pt2Archive::NestedMember> read_zip_directory(uint64_t size
   return out;
 }
 
-struct NotMapped {};  // the hand-read directory disagrees with libzip or is not readable: read through libzip
+
 
 }  // namespace
 
-// Maps the file and finds each stored entry's bytes in it. Anything unexpected (a failed mmap, a directory
-// this reader does not take, a member whose size, name or method differs from what libzip reports) leaves
-// the archive unmapped, read through libzip as before: libzip stays the judge of what the archive is.
-// A file truncated by another process while it is mapped would fault on access (SIGBUS), as any reader
-// that maps its input; kiln does not write its inputs.
-void Pt2Archive::map_stored_entries(uint64_t archive_size) {
-  if (archive_size == 0 || archive_size > static_cast<uint64_t>(SIZE_MAX)) return;
+// Finds each stored entry's bytes in the file. Anything unexpected (a directory this reader does not take, a
+// member whose size, name or method differs from what libzip reports) leaves every entry to libzip, as before:
+// libzip stays the judge of what the archive is.
+void Pt2Archive::index_stored_entries(uint64_t archive_size) {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   struct stat sb {};
-  void* m = MAP_FAILED;
-  if (::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && static_cast<uint64_t>(sb.st_size) == archive_size)
-    m = ::mmap(nullptr, static_cast<size_t>(archive_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (m == MAP_FAILED) return;
-  const auto* base = static_cast<const std::byte*>(m);
+  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || static_cast<uint64_t>(sb.st_size) != archive_size) {
+    ::close(fd);
+    return;
+  }
   try {
     auto bytes_at = [&](uint64_t offset, uint64_t n) {
-      if (offset > archive_size || n > archive_size - offset) throw NotMapped{};
-      return std::vector<std::byte>(base + offset, base + offset + n);
+      if (offset > archive_size || n > archive_size - offset) throw NotDirect{};
+      std::vector<std::byte> b(static_cast<size_t>(n));
+      if (!pread_all(fd, b.data(), b.size(), offset)) throw NotDirect{};
+      return b;
     };
-    auto bad = [](const std::string&) { throw NotMapped{}; };
+    auto bad = [](const std::string&) { throw NotDirect{}; };
     std::map<std::string, NestedMember> found = read_zip_directory(archive_size, bytes_at, bad, true);
     for (const std::string& name : entries_) {
       zip_stat_t st;
@@ -308,20 +351,19 @@ void Pt2Archive::map_stored_entries(uint64_t archive_size) {
           ((st.valid & ZIP_STAT_ENCRYPTION_METHOD) && st.encryption_method != ZIP_EM_NONE))
         continue;
       auto it = found.find(name);
-      if (it == found.end() || it->second.size != st.size) throw NotMapped{};
+      if (it == found.end() || it->second.size != st.size) throw NotDirect{};
       stored_.emplace(name, it->second);
     }
-  } catch (const NotMapped&) {
+  } catch (const NotDirect&) {
     stored_.clear();
-    ::munmap(m, static_cast<size_t>(archive_size));
+    ::close(fd);
     return;
   }
-  map_ = base;
-  map_size_ = static_cast<size_t>(archive_size);
+  fd_ = fd;
 }
 
-const Pt2Archive::NestedMember* Pt2Archive::mapped(const std::string& entry) const {
-  if (map_ == nullptr) return nullptr;
+const Pt2Archive::NestedMember* Pt2Archive::direct(const std::string& entry) const {
+  if (fd_ < 0) return nullptr;
   auto it = stored_.find(entry);
   return it == stored_.end() ? nullptr : &it->second;
 }

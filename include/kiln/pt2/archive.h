@@ -2,9 +2,10 @@
 // Entries are streamed from the file on demand; nothing is cached, so a weight
 // is never held twice (callers read it straight into its final destination).
 // Stored (uncompressed) entries, which is how torch writes weights, are read
-// from a read-only mapping of the file: no copy through the kernel and no CRC
-// pass for a streamed weight (libzip computes the CRC of every stored read and
-// never compares it: a read of exactly an entry's bytes does not reach its end).
+// from the file directly: streamed through read-only mappings of 8 MiB windows
+// (no copy through the kernel), read into a buffer with pread. Neither makes
+// libzip's CRC pass, which libzip computes on every stored read and never
+// compares (a read of exactly an entry's bytes does not reach its end).
 #pragma once
 
 #include <cstddef>
@@ -53,16 +54,15 @@ class Pt2Archive {
  private:
   int64_t index_of(const std::string& entry) const;
 
-  // Where a stored entry's bytes lie in the mapped file (nullptr if it is not mapped: compressed, or the
+  // Where a stored entry's bytes lie in the file (nullptr if they are read through libzip: compressed, or the
   // archive's directory could not be read by hand in agreement with libzip's).
-  const NestedMember* mapped(const std::string& entry) const;
-  void map_stored_entries(uint64_t archive_size);
+  const NestedMember* direct(const std::string& entry) const;
+  void index_stored_entries(uint64_t archive_size);
 
   std::string path_;
   zip* zip_ = nullptr;
   std::vector<std::string> entries_;
-  const std::byte* map_ = nullptr;  // the whole file, read-only (PROT_READ, MAP_PRIVATE), or nullptr
-  size_t map_size_ = 0;
+  int fd_ = -1;  // the archive, for the direct reads of stored entries, or -1
   std::map<std::string, NestedMember> stored_;  // offset within the file, size
 };
 
