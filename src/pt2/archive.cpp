@@ -175,16 +175,19 @@ void Pt2Archive::stream(const std::string& entry, uint64_t offset, uint64_t leng
     while (pos < end) {
       const uint64_t start = pos - pos % page, stop = std::min(end, start + kWindow);
       Window w(fd_, start, static_cast<size_t>(stop - start));
-      const std::byte* base = static_cast<const std::byte*>(w.addr) - start;
-      if (w.addr == MAP_FAILED) {
+      const std::byte* data = nullptr;  // the byte at file offset `origin`
+      uint64_t origin = start;
+      if (w.addr != MAP_FAILED) {
+        data = static_cast<const std::byte*>(w.addr);
+      } else {
         buf.resize(static_cast<size_t>(stop - pos));
         if (!pread_all(fd_, buf.data(), buf.size(), pos))
           fail("{}: archive entry '{}' is truncated or corrupt", path_, entry);
-        base = buf.data() - pos;
+        data = buf.data(), origin = pos;
       }
       for (; pos < stop;) {
         const auto n = static_cast<size_t>(std::min(stop - pos, kChunk));
-        sink(std::span<const std::byte>(base + pos, n));
+        sink(std::span<const std::byte>(data + (pos - origin), n));
         pos += n;
       }
     }
