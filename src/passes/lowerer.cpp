@@ -135,8 +135,28 @@ std::string Lowerer::fresh_name(std::string_view hint) {
   return name;
 }
 
+// A sum or cumulative sum over a 0-d tensor is its one element (in the out's dtype): written as that copy, since
+// ExecuTorch's sum.IntList_out and cumsum.out kernels abort its runtime on dim 0 of a 0-d tensor (a dim torch
+// accepts there, and a core-ATen decomposition writes: logsumexp, nansum). Whoever emits the reduction, from the
+// source graph or a rewrite, gets the copy.
+std::optional<ValueId> Lowerer::reduction_of_a_0d_tensor(std::string_view target, const std::vector<NamedArgument>& args,
+                                                         const std::vector<TensorMeta>& metas) {
+  if (target != "aten.sum.dim_IntList" && target != "aten.cumsum.default" && target != "aten.mean.dim") return std::nullopt;
+  if (metas.size() != 1 || !metas[0].sizes.empty()) return std::nullopt;
+  for (const auto& a : args)
+    if (a.name == "self" && a.arg.kind == Argument::Kind::Tensor) {
+      const ValueId x = std::get<ValueId>(a.arg.payload);
+      if (!meta_of(x).sizes.empty()) return std::nullopt;
+      return emit("dim_order_ops._to_dim_order_copy.default",
+                  {NA("self", tensor_arg(x)), NA("non_blocking", bool_arg(false)), NA("dim_order", ints_arg({}))},
+                  contiguous(metas[0].dtype, {}), "reduced");
+    }
+  return std::nullopt;
+}
+
 std::vector<ValueId> Lowerer::emit_raw(std::string_view target, std::vector<NamedArgument> args, std::vector<TensorMeta> metas,
                               std::string_view hint) {
+  if (auto copy = reduction_of_a_0d_tensor(target, args, metas)) return {*copy};
   const OpSchema* schema = find_op_schema(target);
   if (schema == nullptr) fail("internal: kiln emitted '{}' which has no out-variant schema", target);
   check_argument_kinds(target, *schema, args, metas);

@@ -98,6 +98,9 @@ class Lowerer {
   std::vector<ValueId> emit_raw(std::string_view target, std::vector<NamedArgument> args, std::vector<TensorMeta> metas,
                                 std::string_view hint = {});
 
+  std::optional<ValueId> reduction_of_a_0d_tensor(std::string_view target, const std::vector<NamedArgument>& args,
+                                                  const std::vector<TensorMeta>& metas);
+
   // Every argument the out variant's schema takes as a Tensor is one: a Python number there (sub.Tensor(1, x),
   // as a full core-ATen decomposition writes `1 - x`) becomes a 0-d constant tensor, since ExecuTorch's runtime
   // aborts on a scalar EValue where its kernel reads a tensor. Anything else in a tensor's place is an error.

@@ -108,7 +108,7 @@ bool Lowerer::lower_sequence(const Node& n) {
     int64_t count = 1;
     for (int64_t& d : dims) {
       d = wrap_dim(d, xm.sizes.size());
-      count *= xm.sizes.at(static_cast<size_t>(d));
+      if (!xm.sizes.empty()) count *= xm.sizes.at(static_cast<size_t>(d));  // a 0-d tensor: its one element
     }
     double correction = 1.0;
     if (t == "aten.var.correction") {
@@ -120,7 +120,8 @@ bool Lowerer::lower_sequence(const Node& n) {
     }
     const bool keepdim = int_in(n, "keepdim", 0) != 0;
     TensorMeta kept = xm;
-    for (int64_t d : dims) kept.sizes[static_cast<size_t>(d)] = 1;
+    if (!xm.sizes.empty())
+      for (int64_t d : dims) kept.sizes.at(static_cast<size_t>(d)) = 1;
     kept = contiguous(kept);
     const ValueId mean = emit("aten.mean.dim", {NA("self", tensor_arg(x)), NA("dim", ints_arg(dims)),
                                                 NA("keepdim", bool_arg(true))}, kept, "mean");

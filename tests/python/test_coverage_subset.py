@@ -292,3 +292,50 @@ def test_poolings_of_nan_making_operators_keep_eagers_nans(kiln_bin, tmp_path, m
         assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
         for runtime in ("kiln_run",) if max_nan else ("et_run", "kiln_run"):
             assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+
+
+class _ReductionsOf0d(__import__("torch").nn.Module):
+    """Reductions over dim 0 of 0-d tensors (torch takes dim 0 or -1 there). ExecuTorch's sum and cumsum kernels
+    abort its runtime on them (its own programs of these too), and the core-ATen forms of logsumexp and nansum
+    write such a sum; kiln's var/std once failed on them with an internal error."""
+
+    def forward(self, x, i, b):
+        import torch
+        return (torch.sum(x, 0), torch.sum(x, [0], keepdim=True), torch.cumsum(x, -1), torch.mean(x, 0),
+                torch.logsumexp(x, 0), torch.nansum(x, 0), torch.var(x, 0, correction=0), torch.std(x, 0),
+                torch.var_mean(x, 0, correction=0)[1], torch.amax(x, 0),
+                torch.sum(i, 0), torch.cumsum(i, 0), torch.sum(b, 0))  # int32 and bool sums are int64
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["default_ir", "core_aten"])
+def test_reductions_of_0d_tensors_match_eager_in_both_runtimes(kiln_bin, tmp_path, decompose):
+    import torch
+    inputs = (torch.tensor(0.7), torch.tensor(5, dtype=torch.int32), torch.tensor(True))
+    rec = sweep.run_sample(kiln_bin, _ReductionsOf0d().eval(), inputs, tmp_path, et_lowering=False,
+                           decompose=decompose)
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
+        for runtime in ("et_run", "kiln_run"):
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+
+
+class _NarrowCopy(__import__("torch").nn.Module):
+    def forward(self, x):
+        import torch
+        return torch.narrow_copy(x, 1, 1, 3), torch.narrow_copy(x, 2, 2, 2)  # (ExecuTorch's kernel takes neither dim -1 nor start -2)
+
+
+def test_executorchs_program_of_narrow_copy_runs_in_kilns_runtime(kiln_bin, tmp_path):
+    """ExecuTorch's lowering keeps narrow_copy as aten::narrow_copy.out (kiln's writes a slice): kiln's runtime
+    runs that kernel and matches eager."""
+    import torch
+    torch.manual_seed(0)
+    rec = sweep.run_sample(kiln_bin, _NarrowCopy().eval(), (torch.randn(3, 5, 4),), tmp_path, et_lowering=True)
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"et_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: ExecuTorch's lowering {r['lower']}"
+        assert r["kiln_run"]["status"] == "ok", f"{backend}: kiln's runtime on ExecuTorch's program {r['kiln_run']}"
+        assert r["et_run"]["status"] == "ok", f"{backend}: ExecuTorch's runtime {r['et_run']}"

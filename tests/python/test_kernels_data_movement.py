@@ -331,6 +331,26 @@ def test_slice_copy_errors():
     expect_error("aten::slice_copy", "Tensor_out", [T(torch.tensor(1.0)), Int(0), NONE, NONE, Int(1), out_like(x)])
 
 
+NARROWS = [(0, 0, 3), (1, 1, 4), (1, -2, 2), (-1, 0, 5), (2, 5, 0), (1, -6, 1), (0, 2, 1), (1, 0, 0)]
+
+
+@pytest.mark.parametrize("dtype", SOME_DTYPES, ids=ids)
+@pytest.mark.parametrize("dim,start,length", NARROWS)
+def test_narrow_copy(dtype, dim, start, length):  # the kernel ExecuTorch's lowering of narrow_copy writes
+    x = arange_like((3, 6, 5), dtype)
+    want = aten.narrow_copy(x, dim, start, length)
+    check(run("aten::narrow_copy", "out", [T(x), Int(dim), Int(start), Int(length), out_like(want)]), want)
+
+
+@pytest.mark.parametrize("shape,dim,start,length", [((3, 4), 1, 3, 2), ((3, 4), 1, 5, 0), ((3, 4), 1, -5, 1),
+                                                    ((3, 4), 0, 0, -1), ((3, 4), 2, 0, 1), ((), 0, 0, 1)])
+def test_narrow_copy_errors(shape, dim, start, length):
+    x = rand(shape, torch.float32)
+    with pytest.raises((RuntimeError, IndexError)):  # torch refuses each of these too
+        aten.narrow_copy(x, dim, start, length)
+    expect_error("aten::narrow_copy", "out", [T(x), Int(dim), Int(start), Int(length), out_like(x)])
+
+
 @pytest.mark.parametrize("dtype", SOME_DTYPES, ids=ids)
 @pytest.mark.parametrize("shape,dim,index", [((3, 4, 5), 0, 2), ((3, 4, 5), 1, -1), ((3, 4, 5), -1, 0),
                                              ((3, 4, 5), 2, -5), ((4,), 0, 3), ((2, 0), 0, 1)])

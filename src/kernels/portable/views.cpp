@@ -1,5 +1,5 @@
 // Materialized views: view_copy, permute_copy, transpose_copy, expand_copy,
-// unsqueeze/squeeze_copy, slice_copy/select_copy and their scatters, flip, repeat,
+// unsqueeze/squeeze_copy, slice_copy/narrow_copy/select_copy and their scatters, flip, repeat,
 // diagonal_copy, as_strided_copy.
 //
 // Each describes the view of a contiguous self as sizes, element strides and an
@@ -352,6 +352,31 @@ void slice_copy_out(KernelContext& ctx, const Tensor& self, int64_t dim, std::op
   if (slice_view(ctx, op, self, dim, start, end, step, v)) view_out(ctx, op, self, out, v);
 }
 
+// narrow_copy: the slice [start, start + length) of dim, with torch's checks (a negative start counts from the end;
+// the range must lie inside the dim). kiln's lowering writes narrow as slice_copy; ExecuTorch's writes this.
+void narrow_copy_out(KernelContext& ctx, const Tensor& self, int64_t dim, int64_t start, int64_t length, Tensor& out) {
+  const char* op = "aten::narrow_copy.out";
+  if (self.dim == 0) {
+    ctx.fail(Status::InvalidArgument, "%s: narrow() cannot be applied to a 0-dim tensor", op);
+    return;
+  }
+  if (!normalize_dim(ctx, op, dim, self.dim, &dim)) return;
+  const int64_t size = self.sizes[dim];
+  if (start < -size || start > size) {
+    ctx.fail(Status::OutOfRange, "%s: start %lld out of range for dimension %lld of size %lld", op,
+             static_cast<long long>(start), static_cast<long long>(dim), static_cast<long long>(size));
+    return;
+  }
+  if (start < 0) start += size;
+  if (length < 0 || length > size - start) {
+    ctx.fail(Status::OutOfRange, "%s: start (%lld) + length (%lld) exceeds dimension size (%lld)", op,
+             static_cast<long long>(start), static_cast<long long>(length), static_cast<long long>(size));
+    return;
+  }
+  View v;
+  if (slice_view(ctx, op, self, dim, start, start + length, 1, v)) view_out(ctx, op, self, out, v);
+}
+
 void select_copy_out(KernelContext& ctx, const Tensor& self, int64_t dim, int64_t index, Tensor& out) {
   const char* op = "aten::select_copy.int_out";
   View v;
@@ -485,6 +510,7 @@ KILN_KERNEL(expand_copy_out, expand_copy_out);
 KILN_KERNEL(flip_out, flip_out);
 KILN_KERNEL(repeat_out, repeat_out);
 KILN_KERNEL(slice_copy_Tensor_out, slice_copy_out);
+KILN_KERNEL(narrow_copy_out, narrow_copy_out);
 KILN_KERNEL(select_copy_int_out, select_copy_out);
 KILN_KERNEL(slice_scatter_out, slice_scatter_out);
 KILN_KERNEL(select_scatter_out, select_scatter_out);
