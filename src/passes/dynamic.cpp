@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <optional>
 
@@ -118,28 +119,45 @@ EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats
   check(!symbols.empty(), "internal: to_edge_dynamic on a static program");
   pt2::SymbolBinding upper;
   for (const auto& s : symbols) upper[s.name] = s.max;
-  EdgeProgram base = to_edge(ep, stats, options);
-  auto lower_at = [&](pt2::SymbolBinding b) {
+  // The program at other sizes (each its own read of the .pt2 and its own edge form): lowered on threads of
+  // their own while this one lowers it at the bounds (nothing is shared but the immutable op tables).
+  auto lower_at = [&ep, &options](pt2::SymbolBinding b) {
     Lowered l;
     l.binding = std::move(b);
     l.ep = std::make_unique<pt2::ExportedProgram>(pt2::read_pt2(ep.path, &l.binding));
     if (ep.widened_from) pt2::widen_to_float(*l.ep);  // read as the program was given (kiln lower --dtype fp32)
     l.edge = to_edge(*l.ep, nullptr, options);
-    check_same_structure(base, l.edge, binding_text(l.binding));
     return l;
   };
-
   // Slopes: each symbol one smaller than its bound, the others at theirs.
+  std::vector<std::future<Lowered>> slope_points(symbols.size());
+  for (size_t k = 0; k < symbols.size(); ++k) {
+    if (symbols[k].min == symbols[k].max) continue;  // a fixed size: nothing depends on it
+    pt2::SymbolBinding b = upper;
+    b[symbols[k].name] = symbols[k].max - 1;
+    slope_points[k] = std::async(std::launch::async, lower_at, std::move(b));
+  }
+  // A third point checks the expressions: every symbol at another value of its range.
+  pt2::SymbolBinding third = upper;
+  bool have_third = false;
+  for (const auto& s : symbols) {
+    if (s.max - s.min < 2) continue;  // two values: the line through them is exact
+    third[s.name] = std::clamp<int64_t>(2, s.min, s.max - 2);
+    have_third = true;
+  }
+  std::future<Lowered> third_point;
+  if (have_third) third_point = std::async(std::launch::async, lower_at, third);
+
+  EdgeProgram base = to_edge(ep, stats, options);
   const auto& g = base.graph;
   std::vector<std::vector<std::vector<int64_t>>> size_slope(symbols.size());  // [symbol][value][dim]
   std::vector<std::map<std::pair<int32_t, std::string>, std::vector<int64_t>>> int_slope(symbols.size());
   for (size_t k = 0; k < symbols.size(); ++k) {
     size_slope[k].resize(g.values.size());
     for (size_t v = 0; v < g.values.size(); ++v) size_slope[k][v].assign(g.values[v].meta.sizes.size(), 0);
-    if (symbols[k].min == symbols[k].max) continue;  // a fixed size: nothing depends on it
-    pt2::SymbolBinding b = upper;
-    b[symbols[k].name] = symbols[k].max - 1;
-    Lowered l = lower_at(b);
+    if (!slope_points[k].valid()) continue;
+    Lowered l = slope_points[k].get();
+    check_same_structure(base, l.edge, binding_text(l.binding));
     for (size_t v = 0; v < g.values.size(); ++v)
       for (size_t d = 0; d < g.values[v].meta.sizes.size(); ++d)
         size_slope[k][v][d] = g.values[v].meta.sizes[d] - l.edge.graph.values[v].meta.sizes[d];
@@ -205,16 +223,9 @@ EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats
   for (const auto& b : base.mutable_buffers)
     if (shapes->is_dynamic(b.value)) refuse(fmt::format("mutable buffer '{}' has a dynamic size", b.name));
 
-  // A third point checks the expressions: every symbol at another value of its range.
-  pt2::SymbolBinding third = upper;
-  bool have_third = false;
-  for (const auto& s : symbols) {
-    if (s.max - s.min < 2) continue;  // two values: the line through them is exact
-    third[s.name] = std::clamp<int64_t>(2, s.min, s.max - 2);
-    have_third = true;
-  }
   if (have_third) {
-    Lowered l = lower_at(third);
+    Lowered l = third_point.get();
+    check_same_structure(base, l.edge, binding_text(l.binding));
     for (const auto& [v, dims] : shapes->sizes)
       for (size_t d = 0; d < dims.size(); ++d)
         if (dims[d].eval(third) != l.edge.graph.value(v).meta.sizes[d])

@@ -105,6 +105,18 @@ struct Argument {
 
   // The tensors this argument reads (empty for non-tensor kinds).
   std::vector<ValueId> tensor_ids() const;
+  // f(id) for each of them, without building the vector (for loops over a whole graph).
+  template <class F>
+  void for_each_tensor_id(F&& f) const {
+    if (kind == Kind::Tensor) {
+      f(std::get<ValueId>(payload));
+    } else if (kind == Kind::Tensors) {
+      for (ValueId v : std::get<std::vector<ValueId>>(payload)) f(v);
+    } else if (kind == Kind::OptionalTensors) {
+      for (const auto& v : std::get<std::vector<std::optional<ValueId>>>(payload))
+        if (v) f(*v);
+    }
+  }
 };
 
 std::string_view argument_kind_name(Argument::Kind kind);

@@ -121,7 +121,11 @@ struct Payload {
 // computed in the region and read outside it are region outputs, and that
 // inputs, outputs and constants are distinct. Throws kiln::Error naming the
 // node or value otherwise.
-Payload build_payload(const graph::Graph& graph, const Region& region, const PayloadOptions& options = {});
+// Shapes::Only: the payload's graph only (what make_sizes_inferred compares), its quantized weights left empty
+// instead of quantized (a dynamic program's second build, which is never written).
+enum class Shapes : bool { AndData, Only };
+Payload build_payload(const graph::Graph& graph, const Region& region, const PayloadOptions& options = {},
+                      Shapes what = Shapes::AndData);
 
 // A region of a dynamic program: `at_bounds` built from the graph at its upper bounds, `elsewhere`
 // from the same graph with its symbols bound to other values. Where one entry of a reshape's new

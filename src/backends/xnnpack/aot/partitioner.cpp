@@ -132,7 +132,8 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
                                 program.constants.at(v).quantized});
       payloads.push_back(xnn::build_payload(g, xr, payload_options));
       if (elsewhere) {
-        const xnn::Payload other = xnn::build_payload(*elsewhere, xr, payload_options);
+        // compared for its graph only: its weights are not quantized a second time
+        const xnn::Payload other = xnn::build_payload(*elsewhere, xr, payload_options, xnn::Shapes::Only);
         for (int32_t node : xnn::make_sizes_inferred(payloads.back(), other)) bad.insert(static_cast<size_t>(node));
       }
     }

@@ -19,8 +19,8 @@ using detail::PayloadBuilder;
 using detail::XType;
 namespace fbx = kiln::fb::xnnpack;
 
-Payload build_payload(const graph::Graph& graph, const Region& region, const PayloadOptions& options) {
-  return PayloadBuilder(graph, region, options).build();
+Payload build_payload(const graph::Graph& graph, const Region& region, const PayloadOptions& options, Shapes what) {
+  return PayloadBuilder(graph, region, options, what == Shapes::Only).build();
 }
 
 namespace {

@@ -98,16 +98,18 @@ void PayloadBuilder::validate_region() {
   }
   // Values computed here and read elsewhere must leave through the outputs.
   std::set<graph::ValueId> outputs(r_.outputs.begin(), r_.outputs.end());
-  auto read_outside = [&](graph::ValueId v, std::string_view by) {
+  // (once per region over the whole graph: no allocation per read, the message only on failure)
+  auto read_outside = [&](graph::ValueId v, const graph::Node* by) {
     if (producer_.contains(v) && !outputs.contains(v))
-      fail("value '{}' computed in the region is read by {} outside it but is not a region output", name(v), by);
+      fail("value '{}' computed in the region is read by {} outside it but is not a region output", name(v),
+           by ? fmt::format("node '{}'", by->name) : std::string("the graph output"));
   };
   for (size_t i = 0; i < g_.nodes.size(); ++i) {
     if (in_region_.contains(static_cast<int32_t>(i))) continue;
-    for (graph::ValueId v : reads_of(g_.nodes[i])) read_outside(v, fmt::format("node '{}'", g_.nodes[i].name));
+    for (const auto& in : g_.nodes[i].inputs)
+      in.arg.for_each_tensor_id([&](graph::ValueId v) { read_outside(v, &g_.nodes[i]); });
   }
-  for (const auto& out : g_.outputs)
-    for (graph::ValueId v : out.tensor_ids()) read_outside(v, "the graph output");
+  for (const auto& out : g_.outputs) out.for_each_tensor_id([&](graph::ValueId v) { read_outside(v, nullptr); });
 }
 
 void PayloadBuilder::check_boundary_tensor(graph::ValueId v, std::string_view role) {

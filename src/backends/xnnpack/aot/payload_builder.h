@@ -57,7 +57,8 @@ std::string content_key(const std::vector<std::byte>& bytes);
 
 class PayloadBuilder {
  public:
-  PayloadBuilder(const graph::Graph& g, const Region& r, const PayloadOptions& o) : g_(g), r_(r), opts_(o) {}
+  PayloadBuilder(const graph::Graph& g, const Region& r, const PayloadOptions& o, bool shapes_only = false)
+      : g_(g), r_(r), opts_(o), shapes_only_(shapes_only) {}
 
   Payload build();
 
@@ -252,7 +253,8 @@ class PayloadBuilder {
   std::set<graph::ValueId> available_;
   int32_t node_index_ = 0;
   PayloadStats stats_;
-  PayloadOptions opts_;
+  const PayloadOptions& opts_;  // the caller's, which outlives the builder (--calibrate's results are large)
+  bool shapes_only_ = false;    // build_payload's Shapes::Only: quantized weights are not computed
 };
 
 }  // namespace kiln::backends::xnnpack::detail

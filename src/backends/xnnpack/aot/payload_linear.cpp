@@ -41,8 +41,7 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
         product.module_path.empty() ? "" : fmt::format(" (node {})", product.name), k, q.group);
   QuantizedWeights qw;
   if (wc.quantized) {
-    qw.data = wc.quantized->data;
-    qw.scales = wc.quantized->scales;
+    if (!shapes_only_) qw.data = wc.quantized->data, qw.scales = wc.quantized->scales;
     ++stats_.prequantized_nodes;
     const int64_t bits = wc.quantized->bits, group = wc.quantized->group;
     if (stats_.prequantized_bits == 0) stats_.prequantized_bits = bits, stats_.prequantized_group = group;
@@ -51,10 +50,10 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
   } else if (fixed != opts_.precomputed.end()) {
     check(fixed->second.second.data.size() == static_cast<size_t>(q.kind == Kind::Int4Groups ? n * (k / 2) : n * k),
           "internal: the precomputed quantization of '{}' has the wrong size", name(wv));
-    qw = fixed->second.second;
-  } else {
+    if (!shapes_only_) qw = fixed->second.second;
+  } else if (!shapes_only_) {
     qw = kn ? quantize_transposed(wc, n, k, q) : quantize_streamed(wc, n, k, q);
-  }
+  }  // (shapes only: empty bytes; the graph is the same)
   const std::string scales_key = content_key(qw.scales), data_key = content_key(qw.data);
   const uint32_t scales_index = named_constant(scales_key, pte::DataBlob::from_bytes(std::move(qw.scales)));
   const uint32_t data_index = named_constant(data_key, pte::DataBlob::from_bytes(std::move(qw.data)));
