@@ -92,6 +92,10 @@ void movedim(L& l, const Node& n) {  // the permutation torch builds: sources to
   const size_t rank = l.meta_of(x).sizes.size();
   std::vector<int64_t> src = l.ints_in(n, "source"), dst = l.ints_in(n, "destination");
   if (src.size() != dst.size()) l.unsupported(n, "source and destination differ in length");
+  if (rank < 2) {  // nothing moves (a 0-d tensor's dims 0 and -1 name no dim at all)
+    l.bind(n, x);
+    return;
+  }
   std::vector<int64_t> perm(rank, -1);
   std::vector<bool> used(rank, false);
   for (size_t i = 0; i < src.size(); ++i) {
@@ -105,7 +109,7 @@ void movedim(L& l, const Node& n) {  // the permutation torch builds: sources to
     while (used.at(next)) ++next;
     p = static_cast<int64_t>(next++);
   }
-  l.bind(n, rank < 2 ? x : l.permute(x, perm));
+  l.bind(n, l.permute(x, perm));
 }
 
 void rot90(L& l, const Node& n) {  // torch's: k = 1 flip(dims[1]) then transpose, 2 flip both, 3 flip(dims[0]) then transpose
@@ -634,6 +638,7 @@ constexpr OpdbDecomposition kOpdbDecompositions[] = {
     {"aten.fliplr.default", flip_one},
     {"aten.flipud.default", flip_one},
     {"aten.movedim.intlist", movedim},
+    {"aten.movedim.int", movedim},
     {"aten.rot90.default", rot90},
     {"aten.tile.default", tile},
     {"aten.hsplit.int", split_pieces},

@@ -339,3 +339,23 @@ def test_executorchs_program_of_narrow_copy_runs_in_kilns_runtime(kiln_bin, tmp_
         assert r["lower"]["status"] == "ok", f"{backend}: ExecuTorch's lowering {r['lower']}"
         assert r["kiln_run"]["status"] == "ok", f"{backend}: kiln's runtime on ExecuTorch's program {r['kiln_run']}"
         assert r["et_run"]["status"] == "ok", f"{backend}: ExecuTorch's runtime {r['et_run']}"
+
+
+class _MovedimInt(__import__("torch").nn.Module):
+    def forward(self, x, s):
+        import torch
+        return torch.movedim(x, 0, -1), torch.movedim(x, -1, 1), torch.movedim(s, 0, 0) * 2
+
+
+def test_movedim_with_int_dims_matches_eager_in_both_runtimes(kiln_bin, tmp_path):
+    """aten.movedim.int (the default IR keeps it when both dims are ints), of a 3-D and of a 0-d tensor."""
+    import torch
+    torch.manual_seed(0)
+    rec = sweep.run_sample(kiln_bin, _MovedimInt().eval(), (torch.randn(2, 3, 4), torch.tensor(0.5)), tmp_path,
+                           et_lowering=False)
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
+        for runtime in ("et_run", "kiln_run"):
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
