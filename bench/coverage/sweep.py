@@ -196,8 +196,10 @@ def _sample_dtype(o):
     return None
 
 
-def samples_of(key, o, max_samples):
-    """[(sample description, module, example inputs)] for one operator; deterministic."""
+def samples_of(key, o, max_samples, dtypes=None):
+    """[(sample description, module, example inputs)] for one operator; deterministic. `dtypes` (names, e.g.
+    ["int32", "bool"]): up to max_samples samples of each of them the operator supports, instead of its float32
+    ones (int64/int32/bool when it has no float32)."""
     import torch
 
     torch.manual_seed(0)
@@ -208,14 +210,19 @@ def samples_of(key, o, max_samples):
             ins = tuple(torch.randn(s) for s in shapes)
             out.append((f"{cls}({', '.join(f'{k}={v}' for k, v in kw.items())})", _ModuleOut(m), ins))
         return out
-    dt = _sample_dtype(o)
-    if dt is None:
-        return []
+    if dtypes:
+        supported = o.supported_dtypes("cpu")
+        picked = [getattr(torch, d) for d in dtypes if getattr(torch, d) in supported]
+    else:
+        picked = [_sample_dtype(o)] if _sample_dtype(o) is not None else []
     out = []
-    for s in o.sample_inputs("cpu", dt, requires_grad=False):
-        if len(out) >= max_samples:
-            break
-        out.append(_wrap(key, o, s))
+    for dt in picked:
+        n = 0
+        for s in o.sample_inputs("cpu", dt, requires_grad=False):
+            if n >= max_samples:
+                break
+            out.append(_wrap(key, o, s))
+            n += 1
     return out
 
 
@@ -639,7 +646,8 @@ def worker(args):
                 continue
             progress(op=key, sample=-1, stage="samples")
             try:
-                samples = samples_of(key, o, args.max_samples) if args.category == "ops" else o(args.max_samples)
+                samples = (samples_of(key, o, args.max_samples, args.dtypes.split(",") if args.dtypes else None)
+                           if args.category == "ops" else o(args.max_samples))
             except Exception as e:  # noqa: BLE001 - OpInfo's generator fails
                 samples = []
                 f.write(json.dumps({"op": key, "why": why, "sample": -1, "op_done": True,
@@ -712,6 +720,8 @@ def driver(args):
         cmd += ["--ops", args.ops]
     if args.no_et_lower:
         cmd.append("--no-et-lower")
+    if args.dtypes:
+        cmd += ["--dtypes", args.dtypes]
     cmd += ["--ir", args.ir, "--category", args.category, "--selection", args.selection]
     cmd += ["--et-cache", args.et_cache]
     if args.verbose:
@@ -791,6 +801,9 @@ def main(argv=None):
                    help="(--category ops) the op_db entries --all-ops adds to the default selection, only")
     p.add_argument("--selection", dest="selection", choices=["core", "all", "rest"], help=argparse.SUPPRESS)
     p.add_argument("--no-et-lower", action="store_true", help="skip ExecuTorch's own lowering (faster)")
+    p.add_argument("--dtypes", default="",
+                   help="(--category ops) comma-separated dtypes (float32,int32,int64,bool,float16,bfloat16,...): "
+                        "--max-samples samples of each one an operator supports, instead of float32 only")
     p.add_argument("--et-cache", default=str(REPO / "bench" / "coverage" / "et_cache"),
                    help="directory keeping ExecuTorch's lowerings between runs ('' for none)")
     p.add_argument("--sample-timeout", type=float, default=600, help="seconds without progress before a hang")
