@@ -19,7 +19,9 @@ void sum_to_size(L& l, const Node& n) {  // sum over the leading dims and the di
   std::vector<int64_t> dims;
   for (size_t i = 0; i < xs.size(); ++i)
     if (i < lead || (m.sizes[i - lead] == 1 && xs[i] != 1)) dims.push_back(static_cast<int64_t>(i));
-  l.bind(n, dims.empty() ? l.view(x, m.sizes) : l.view(sum_kept(l, x, dims, "sum_to_size"), m.sizes));
+  // in eager's out dtype: a sum promotes ints and bools to int64, and eager sums a 0-d tensor to () too
+  l.bind(n, l.convert(dims.empty() ? l.view(x, m.sizes) : l.view(sum_kept(l, x, dims, "sum_to_size"), m.sizes),
+                      m.dtype));
 }
 
 void aminmax(L& l, const Node& n) {  // (amin, amax) over dim (None: all)

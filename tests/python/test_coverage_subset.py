@@ -359,3 +359,22 @@ def test_movedim_with_int_dims_matches_eager_in_both_runtimes(kiln_bin, tmp_path
         assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
         for runtime in ("et_run", "kiln_run"):
             assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+
+
+class _SumToSizeInts(__import__("torch").nn.Module):
+    def forward(self, i, b, m):
+        return i.sum_to_size(()), b.sum_to_size(()), m.sum_to_size((2, 3)), m.sum_to_size((1, 3))
+
+
+def test_sum_to_size_of_ints_keeps_eagers_dtype_in_both_runtimes(kiln_bin, tmp_path):
+    """sum_to_size of int32 and bool tensors (the sweep's --dtypes found it): eager sums a 0-d tensor to () into
+    int64, keeps an unchanged [2, 3] int32, and sums to [1, 3] into int64; kiln once kept int32/bool for the 0-d."""
+    import torch
+    inputs = (torch.tensor(5, dtype=torch.int32), torch.tensor(True), torch.arange(6, dtype=torch.int32).reshape(2, 3))
+    rec = sweep.run_sample(kiln_bin, _SumToSizeInts().eval(), inputs, tmp_path, et_lowering=False)
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
+        for runtime in ("et_run", "kiln_run"):
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
