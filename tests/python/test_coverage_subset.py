@@ -55,6 +55,16 @@ MAY_LOWER = [
 _OPS = {key: o for key, _, o in sweep.select_ops(MUST_LOWER + MAY_LOWER)}
 
 
+def _assert_lowers_and_runs_in_both_runtimes(rec):
+    """One sweep record: exported, lowered by kiln on both backends, each .pte matching eager in both runtimes."""
+    assert rec["export"]["status"] == "ok", rec["export"]
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]
+        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
+        for runtime in ("et_run", "kiln_run"):
+            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+
+
 @pytest.mark.parametrize("op", MUST_LOWER + MAY_LOWER)
 def test_samples_lower_cleanly_and_run_correctly_in_both_runtimes(op, kiln_bin, tmp_path):
     assert op in _OPS, f"{op} is not in the sweep's selection"
@@ -220,12 +230,7 @@ def test_float_power_number_operands_match_eager(kiln_bin, tmp_path):
     import torch
     torch.manual_seed(0)
     rec = sweep.run_sample(kiln_bin, _FloatPowers(), (torch.rand(3, 4) + 0.5,), tmp_path, et_lowering=False)
-    assert rec["export"]["status"] == "ok", rec["export"]
-    for backend in sweep.BACKENDS:
-        r = rec[f"kiln_{backend}"]
-        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
-        for runtime in ("et_run", "kiln_run"):
-            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+    _assert_lowers_and_runs_in_both_runtimes(rec)
 
 
 class _Cells(__import__("torch").nn.Module):
@@ -248,12 +253,7 @@ def test_batched_rnn_cells_without_biases_match_eager(kiln_bin, tmp_path):
     torch.manual_seed(0)
     inputs = (torch.randn(3, 5), torch.randn(3, 6), torch.randn(3, 6))
     rec = sweep.run_sample(kiln_bin, _Cells().eval(), inputs, tmp_path, et_lowering=False)
-    assert rec["export"]["status"] == "ok", rec["export"]
-    for backend in sweep.BACKENDS:
-        r = rec[f"kiln_{backend}"]
-        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
-        for runtime in ("et_run", "kiln_run"):
-            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+    _assert_lowers_and_runs_in_both_runtimes(rec)
 
 
 
@@ -313,12 +313,7 @@ def test_reductions_of_0d_tensors_match_eager_in_both_runtimes(kiln_bin, tmp_pat
     inputs = (torch.tensor(0.7), torch.tensor(5, dtype=torch.int32), torch.tensor(True))
     rec = sweep.run_sample(kiln_bin, _ReductionsOf0d().eval(), inputs, tmp_path, et_lowering=False,
                            decompose=decompose)
-    assert rec["export"]["status"] == "ok", rec["export"]
-    for backend in sweep.BACKENDS:
-        r = rec[f"kiln_{backend}"]
-        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
-        for runtime in ("et_run", "kiln_run"):
-            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+    _assert_lowers_and_runs_in_both_runtimes(rec)
 
 
 class _NarrowCopy(__import__("torch").nn.Module):
@@ -353,12 +348,7 @@ def test_movedim_with_int_dims_matches_eager_in_both_runtimes(kiln_bin, tmp_path
     torch.manual_seed(0)
     rec = sweep.run_sample(kiln_bin, _MovedimInt().eval(), (torch.randn(2, 3, 4), torch.tensor(0.5)), tmp_path,
                            et_lowering=False)
-    assert rec["export"]["status"] == "ok", rec["export"]
-    for backend in sweep.BACKENDS:
-        r = rec[f"kiln_{backend}"]
-        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
-        for runtime in ("et_run", "kiln_run"):
-            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+    _assert_lowers_and_runs_in_both_runtimes(rec)
 
 
 class _SumToSizeInts(__import__("torch").nn.Module):
@@ -372,9 +362,4 @@ def test_sum_to_size_of_ints_keeps_eagers_dtype_in_both_runtimes(kiln_bin, tmp_p
     import torch
     inputs = (torch.tensor(5, dtype=torch.int32), torch.tensor(True), torch.arange(6, dtype=torch.int32).reshape(2, 3))
     rec = sweep.run_sample(kiln_bin, _SumToSizeInts().eval(), inputs, tmp_path, et_lowering=False)
-    assert rec["export"]["status"] == "ok", rec["export"]
-    for backend in sweep.BACKENDS:
-        r = rec[f"kiln_{backend}"]
-        assert r["lower"]["status"] == "ok", f"{backend}: kiln lower {r['lower']}"
-        for runtime in ("et_run", "kiln_run"):
-            assert r[runtime]["status"] == "ok", f"{backend} {runtime}: {r[runtime]}"
+    _assert_lowers_and_runs_in_both_runtimes(rec)
