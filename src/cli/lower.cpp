@@ -40,6 +40,7 @@ struct LowerOptions {
   int64_t quantize_head = 4;
   std::string quantize_skip;
   std::string dtype;
+  std::string io_dtype;
   std::string calibrate;
   std::string calibrate_method;
   int64_t calibrate_self = 0;
@@ -143,6 +144,7 @@ int run_lower(const LowerOptions& given) {
   lo.quantize_head = o.quantize_head;
   lo.quantize_skip = o.quantize_skip;
   lo.dtype = o.dtype;
+  lo.io_dtype = o.io_dtype;
   lo.recipe = o.recipe;
   lo.recipe_choices = recipe_lines;
   lo.calibrate = o.calibrate;
@@ -178,12 +180,16 @@ int run_lower(const LowerOptions& given) {
                    ? r.portable_quantization != "none"
                          ? fmt::format("widened to float32 (exactly) for the quantized products' float32 "
                                        "activations, quantized from its {} weights", r.program_dtype)
-                         : fmt::format("widened to float32 (exactly) for XNNPACK's float32 regions{}; --dtype bf16 "
+                         : fmt::format("widened to float32 (exactly) for XNNPACK's float32 regions{}{}; --dtype bf16 "
                                        "keeps bfloat16 for the portable backend (kiln's and ExecuTorch's portable "
                                        "kernels)",
                                        r.delegation && r.delegation->quantized_nodes > 0
                                            ? fmt::format(", quantized from its {} weights", r.program_dtype)
-                                           : "")
+                                           : "",
+                                       r.io_widened ? ", its inputs and outputs too (--io-dtype fp32)"
+                                                    : fmt::format(", its inputs and outputs kept {} (converted at the "
+                                                                  "edges; --io-dtype fp32 widens them)",
+                                                                  r.program_dtype))
                    : fmt::format("kept {} (portable kernels: kiln's runtime and ExecuTorch's compute it; XNNPACK's "
                                  "regions take float32 only: --dtype fp32 widens it)",
                                  r.stored_dtype));
@@ -290,6 +296,13 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "kiln's and ExecuTorch's portable kernels run it). Default for portable: the program's own type "
                   "(fp32 with --quantize: the quantized products take float32 activations)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--io-dtype", opts->io_dtype,
+                  "program or fp32: when a 16-bit program is widened (--dtype fp32), whether its 16-bit inputs and "
+                  "outputs keep their type (program: the .pte takes and returns what the exported program does, "
+                  "converted at the edges) or become float32 too. Default: program; fp32 with --quantize or "
+                  "--quantize-embedding (an LLM's sampler reads float32 logits). A 16-bit input the program writes in place (an external cache) is "
+                  "widened either way")
+      ->check(CLI::IsMember({"program", "fp32"}));
   cmd->add_option("--calibrate", opts->calibrate,
                   "with --quantize (xnnpack): a text file the fp32 program runs over in kiln's runtime; its activation "
                   "statistics rescale the weights' input channels (AWQ-style, folded into constants)");

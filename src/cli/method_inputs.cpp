@@ -37,6 +37,7 @@ MethodInputs method_inputs(const rt::Method& m, const std::vector<std::string>& 
       in.data.emplace_back(m.input(i).nbytes());
     } else {
       io::NpyArray a = io::read_npy(files[i]);
+      io::float_to_bfloat16(a, m.input(i).dtype);  // NumPy has no bfloat16: a float32 file, rounded as torch rounds
       check(a.dtype == m.input(i).dtype, "--input {}: dtype {} where input {} takes {}", files[i],
             dtype_name(a.dtype), i, dtype_name(m.input(i).dtype));
       // A DYNAMIC_BOUND input takes any shape within its bounds (set_input checks them).

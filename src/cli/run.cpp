@@ -87,8 +87,9 @@ int run_run(const RunOptions& o) {
     for (size_t i = 0; i < m.num_inputs(); ++i) {
       const size_t f = k * m.num_inputs() + i;
       if (o.inputs[f] == kKeep) continue;
-      const auto& a = inputs[f];
+      auto& a = inputs[f];
       const rt::Tensor& t = m.input(i);
+      io::float_to_bfloat16(a, t.dtype);  // NumPy has no bfloat16: a float32 file, rounded as torch rounds
       // A dynamic (DYNAMIC_BOUND) input takes any shape within its bound: set_input checks it.
       check(a.dtype == t.dtype && (m.input_is_dynamic(i) || t.same_shape(a.shape)),
             "--input {}: {}{} given, input {} expects {}{}", o.inputs[f], dtype_name(a.dtype), shape_str(a.shape), i,
@@ -158,7 +159,7 @@ int run_run(const RunOptions& o) {
 void add_run_options(CLI::App* cmd, std::function<int()>& run) {
   auto opts = bind_action(cmd, run, run_run);
   cmd->add_option("file", opts->file, "the .pte program")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order");
+  cmd->add_option("--input,-i", opts->inputs, "input tensor (.npy), once per method input, in order (a bfloat16 input takes a float32 file, rounded to nearest even; a bfloat16 output is written as float32, exactly)");
   cmd->add_option("--output,-o", opts->outputs, "where to write output tensors (.npy), in order");
   cmd->add_option("--compare", opts->compare, "reference outputs (.npy) to report max abs/rel difference against");
   cmd->add_option("--engine", opts->engine,

@@ -86,7 +86,11 @@ std::string metadata(const LowerResult& r) {
                            {"gptq_objective", c.gptq_objective},
                            {"gptq_seconds", c.gptq_seconds}};
   }
-  meta["dtype"] = {{"program", r.program_dtype}, {"stored", r.stored_dtype}, {"widened", r.program_dtype != r.stored_dtype}};
+  // "io": the type the program's 16-bit user inputs and outputs have in the .pte (kept unless widened too)
+  meta["dtype"] = {{"program", r.program_dtype},
+                   {"stored", r.stored_dtype},
+                   {"widened", r.program_dtype != r.stored_dtype},
+                   {"io", r.io_widened ? "float32" : r.program_dtype}};
   if (r.auto_plan) {
     const auto& a = *r.auto_plan;
     json layers = json::array();
@@ -317,9 +321,15 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
             "--backend xnnpack with --dtype bf16: XNNPACK's regions are float32 only and would take no part of a "
             "bfloat16 program; use --dtype fp32 (the default for xnnpack) or --backend portable");
     }
+    // a quantized program (an LLM recipe: its sampler reads float32 logits) widens its edges too, by default
+    const bool quantized = !o.quantize.empty() || embedding_quant.bits != 0;
+    const std::string io = o.io_dtype.empty() ? (quantized ? "fp32" : "program") : o.io_dtype;
+    check(io == "program" || io == "fp32", "--io-dtype {}: program or fp32", o.io_dtype);
     if (want == "fp32" && narrow) {
-      progress(fmt::format("widening the {} program to float32", r.program_dtype));
-      pt2::widen_to_float(ep);
+      progress(fmt::format("widening the {} program to float32{}", r.program_dtype,
+                           io == "fp32" ? ", its inputs and outputs too" : ""));
+      pt2::widen_to_float(ep, io == "fp32" ? pt2::WidenIo::Widen : pt2::WidenIo::Keep);
+      r.io_widened = ep.io_widened;
       r.stored_dtype = "float32";
       quant.source = *narrow == ScalarType::BFloat16 ? backends::xnnpack::QuantScheme::Source::BFloat16
                                                        : backends::xnnpack::QuantScheme::Source::Half;

@@ -3,6 +3,7 @@
 #include "kiln/core/error.h"
 #include "kiln/core/output_file.h"
 
+#include <cstring>
 #include <charconv>
 #include <limits>
 #include <string_view>
@@ -135,6 +136,17 @@ void write_npy(const std::string& path, ScalarType dtype, std::span<const int64_
 
 void write_npy(StagedFile& f, ScalarType dtype, std::span<const int64_t> shape, std::span<const std::byte> data) {
   const std::string& path = f.target();
+  std::vector<std::byte> wide;
+  if (dtype == ScalarType::BFloat16) {  // as float32 (NumPy has no bfloat16): the bits shifted up, exact
+    check(data.size() % 2 == 0, "internal: {}: a bfloat16 tensor of {} bytes", path, data.size());
+    wide.resize(data.size() * 2);
+    for (size_t i = 0; i < data.size() / 2; ++i) {
+      const float v = bf16_to_float(data.data() + 2 * i);
+      std::memcpy(wide.data() + 4 * i, &v, 4);
+    }
+    data = wide;
+    dtype = ScalarType::Float;
+  }
   const char* descr = nullptr;
   for (const auto& [d, t] : kDescr)
     if (t == dtype) descr = d;
@@ -154,6 +166,26 @@ void write_npy(StagedFile& f, ScalarType dtype, std::span<const int64_t> shape, 
   f.write(header);
   f.write(data.data(), data.size());
   f.close();
+}
+
+bool float_to_bfloat16(NpyArray& a, ScalarType want) {
+  if (a.dtype != ScalarType::Float || want != ScalarType::BFloat16) return false;
+  const size_t n = a.data.size() / 4;
+  std::vector<std::byte> out(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, a.data.data() + 4 * i, 4);
+    uint16_t b;
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+      b = static_cast<uint16_t>((u >> 16) | 0x0040u);  // a NaN stays a (quiet) NaN
+    } else {
+      b = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest, ties to even
+    }
+    std::memcpy(out.data() + 2 * i, &b, 2);
+  }
+  a.data = std::move(out);
+  a.dtype = ScalarType::BFloat16;
+  return true;
 }
 
 }  // namespace kiln::io

@@ -1,6 +1,7 @@
 #include "kiln/llm/runner.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -62,7 +63,9 @@ std::unique_ptr<Runner> Runner::load(const std::string& pte, const rt::MethodOpt
                                "with a sequence length of 1)", r->step_tokens_));
   r->pos_is_vector_ = pos.size(0) == r->step_tokens_;
   const rt::Tensor& logits = f.output(r->logits_output_);
-  if (logits.dtype != ScalarType::Float || logits.dim < 2) return not_llm("the output is not float logits");
+  if ((logits.dtype != ScalarType::Float && logits.dtype != ScalarType::BFloat16 && logits.dtype != ScalarType::Half) ||
+      logits.dim < 2)
+    return not_llm("the output is not float32, bfloat16 or float16 logits");
   r->vocab_ = logits.size(logits.dim - 1);
   if (auto v = constant(*r->program_, "get_max_context_len"); v && v->tag == rt::EValue::Tag::Int)
     r->meta_.max_seq_len = v->to_int();
@@ -110,9 +113,7 @@ bool Runner::feed(std::span<const int32_t> tokens, std::span<const float>* logit
       pos_ += static_cast<int64_t>(n);
       at += n;
     }
-    const rt::Tensor& out = f.output(logits_output_);
-    const int64_t rows = out.numel / vocab_;
-    *logits = std::span<const float>(static_cast<const float*>(out.data) + (rows - 1) * vocab_, static_cast<size_t>(vocab_));
+    *logits = last_row();
     return true;
   }
   for (int32_t t : tokens) {
@@ -135,11 +136,31 @@ bool Runner::feed(std::span<const int32_t> tokens, std::span<const float>* logit
     }
     ++pos_;
   }
-  const rt::Tensor& out = f.output(logits_output_);
-  const auto* data = static_cast<const float*>(out.data);
-  const int64_t rows = out.numel / vocab_;
-  *logits = std::span<const float>(data + (rows - 1) * vocab_, static_cast<size_t>(vocab_));
+  *logits = last_row();
   return true;
+}
+
+std::span<const float> Runner::last_row() {
+  const rt::Tensor& out = method_->output(logits_output_);
+  const int64_t at = (out.numel / vocab_ - 1) * vocab_;
+  if (out.dtype == ScalarType::Float)
+    return {static_cast<const float*>(out.data) + at, static_cast<size_t>(vocab_)};
+  // 16-bit logits (a bfloat16 / float16 program that returns its own type): the row widened, exactly
+  wide_.resize(static_cast<size_t>(vocab_));
+  const auto* row = static_cast<const std::byte*>(out.data) + at * 2;
+  for (int64_t i = 0; i < vocab_; ++i) {
+    if (out.dtype == ScalarType::BFloat16) {  // the top half of a float32
+      uint16_t b;
+      std::memcpy(&b, row + 2 * i, 2);
+      const uint32_t u = static_cast<uint32_t>(b) << 16;
+      std::memcpy(&wide_[static_cast<size_t>(i)], &u, 4);
+    } else {
+      _Float16 h;
+      std::memcpy(&h, row + 2 * i, 2);
+      wide_[static_cast<size_t>(i)] = static_cast<float>(h);
+    }
+  }
+  return wide_;
 }
 
 }  // namespace kiln::llm

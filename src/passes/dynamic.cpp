@@ -125,7 +125,8 @@ EdgeProgram to_edge_dynamic(const pt2::ExportedProgram& ep, LoweringStats* stats
     Lowered l;
     l.binding = std::move(b);
     l.ep = std::make_unique<pt2::ExportedProgram>(pt2::read_pt2(ep.path, &l.binding));
-    if (ep.widened_from) pt2::widen_to_float(*l.ep);  // read as the program was given (kiln lower --dtype fp32)
+    if (ep.widened_from)  // read as the program was given (kiln lower --dtype fp32)
+      pt2::widen_to_float(*l.ep, ep.io_widened ? pt2::WidenIo::Widen : pt2::WidenIo::Keep);
     l.edge = to_edge(*l.ep, nullptr, options);
     return l;
   };

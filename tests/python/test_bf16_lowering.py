@@ -129,7 +129,7 @@ def test_bf16_llama_quantized_from_bf16_weights_both_runtimes(request, dtype, sc
                     "minmax", "--out", pte)
     assert f"a {name} program, widened to float32" in proc.stdout, proc.stdout
     meta = json.loads(pte.with_suffix(".json").read_text())
-    assert meta["dtype"] == {"program": name, "stored": "float32", "widened": True}, meta["dtype"]
+    assert meta["dtype"] == {"program": name, "stored": "float32", "widened": True, "io": "float32"}, meta["dtype"]
     assert meta["delegation"]["quantized_nodes"] == 2 * 7 + 1, meta["delegation"]
 
     oracle, changed, bf16_module, fp32_arith = _oracle(scheme, dtype)
@@ -160,9 +160,13 @@ def test_bf16_llama_quantized_from_bf16_weights_both_runtimes(request, dtype, sc
 
 def test_bf16_program_unquantized_fp32_and_bf16_agree_with_eager(bf16_llama, tmp_path):
     """Without --quantize: --dtype fp32 (widened, XNNPACK) and --dtype bf16 (kept, portable) both run the bf16
-    weights; the widened program against fp32 eager of the same weights (fp32 tolerance), the kept one against
-    bf16 eager (its outputs bf16, within bf16's rounding)."""
+    weights. The widened program computes float32: with --io-dtype fp32 its logits are float32, against fp32 eager
+    of the same weights (fp32 tolerance); by default it returns what the exported program returns, bfloat16 logits
+    (the float32 values rounded once: within bf16's half-ulp, 2^-9 relative, of fp32 eager). The kept one against
+    bf16 eager (its outputs bf16, within bf16's rounding). Each in kiln's runtime (`kiln run` writes a bf16 output
+    as float32) and ExecuTorch's."""
     import torch
+    from executorch.runtime import Runtime
 
     bf16, llm = _model("bf16")
     f32 = llm.make_module(copy.deepcopy(bf16).float(), MAX_SEQ, False).eval()
@@ -170,19 +174,25 @@ def test_bf16_program_unquantized_fp32_and_bf16_agree_with_eager(bf16_llama, tmp
     with torch.no_grad():
         want32 = [f32(torch.tensor([[t]]), torch.tensor([i])).numpy() for i, t in enumerate(TOKENS)]
         want16 = [b16(torch.tensor([[t]]), torch.tensor([i])).float().numpy() for i, t in enumerate(TOKENS)]
+    wide32 = tmp_path / "wide32.pte"
+    run_kiln("lower", "--spec", bf16_llama, "--backend", "xnnpack", "--dtype", "fp32", "--io-dtype", "fp32",
+             "--out", wide32, "-q")
     wide = tmp_path / "wide.pte"
     run_kiln("lower", "--spec", bf16_llama, "--backend", "xnnpack", "--dtype", "fp32", "--out", wide, "-q")
+    assert json.loads(wide.with_suffix(".json").read_text())["dtype"]["io"] == "bfloat16"
     kept = tmp_path / "kept.pte"
     run_kiln("lower", "--spec", bf16_llama, "--backend", "portable", "--dtype", "bf16", "--out", kept, "-q")
     assert json.loads(kept.with_suffix(".json").read_text())["dtype"]["stored"] == "bfloat16"
-    for pte, want, bound in ((wide, want32, 1e-4), (kept, want16, 2e-2)):
+    for pte, want, bound, dtype in ((wide32, want32, 1e-4, torch.float32), (wide, want32, 2.0 ** -8, torch.bfloat16),
+                                    (kept, want16, 2e-2, torch.bfloat16)):
+        method = Runtime.get().load_program(str(pte)).load_method("forward")
+        assert method.execute([torch.tensor([[TOKENS[0]]]), torch.tensor([0])])[0].dtype == dtype, pte.name
         (tmp_path / pte.stem).mkdir()
-        runs = zip(("kiln's runtime", "ExecuTorch's runtime"), _steps(pte, tmp_path / pte.stem, kiln=pte is wide))
+        runs = zip(("kiln's runtime", "ExecuTorch's runtime"), _steps(pte, tmp_path / pte.stem))
         for what, got in runs:
-            if got is None:  # `kiln run` writes no bf16 .npy: the kept program is loaded and prepared by kiln
-                continue     # lower's verification; its values are checked in ExecuTorch's runtime
             for i, (g, w) in enumerate(zip(got, want, strict=True)):
-                rel = float(np.abs(g.astype(np.float32) - w).max()) / float(np.abs(w).max())
+                assert g.dtype == np.float32, g.dtype
+                rel = float(np.abs(g - w).max()) / float(np.abs(w).max())
                 assert rel <= bound, f"{pte.name}, {what}, token {i}: {rel:.3g} of max|logit| from eager"
 
 
@@ -250,3 +260,111 @@ def test_float32_program_with_a_16_bit_step_keeps_its_rounding_on_xnnpack(cast, 
     (et,) = et_execute(pte, [x.numpy()])
     assert np.array_equal(et, ref), float(np.abs(et - ref).max())
 
+
+
+@pytest.mark.parametrize("cast", ["float16", "bfloat16"])
+def test_16_bit_program_on_xnnpack_takes_and_returns_its_own_type(cast, tmp_path):
+    """A float16 / bfloat16 program lowered for XNNPACK (its default --dtype fp32) computes float32 inside but keeps
+    the exported signature: ExecuTorch's runtime is given what eager is given (op_db's float16 samples were once
+    refused there: the whole program, inputs too, had been widened). Each output has eager's dtype and is the
+    float32 result rounded once: within one 16-bit rounding of fp32 eager on the same values. --io-dtype fp32
+    widens the inputs and outputs too."""
+    import torch
+    from executorch.runtime import Runtime
+
+    def et_execute(pte, inputs):
+        return Runtime.get().load_program(str(pte)).load_method("forward").execute(inputs)
+
+    dtype = getattr(torch, cast)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 16)
+
+        def forward(self, x, bias):
+            return torch.relu(self.fc(x)) + bias.mean(), (x * 2.0).sum(-1)
+
+    torch.manual_seed(0)
+    net = Net().to(dtype).eval()
+    x, bias = torch.randn(4, 32, dtype=dtype), torch.randn(16, dtype=dtype)
+    work = tmp_path / cast
+    work.mkdir()
+    torch.export.save(torch.export.export(net, (x, bias)), work / "net.pt2")
+    spec = work / "model_spec.json"
+    spec.write_text(json.dumps({"name": "net", "model_id": f"tests/net_{cast}", "seq_len": 4,
+                                "exported_program": "net.pt2", "ir": "default", "inputs": [], "outputs": []}))
+    f32 = copy.deepcopy(net).float()
+    with torch.no_grad():
+        eager = net(x, bias)
+        want = [t.numpy() for t in f32(x.float(), bias.float())]
+    # one rounding to the 16-bit type: half an ulp (2^-11 float16, 2^-8 bfloat16, relative), and fp32's error
+    bound = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[cast]
+
+    def check(got, what):
+        for g, w in zip(got, want, strict=True):
+            rel = float(np.abs(np.asarray(g, dtype=np.float32) - w).max()) / float(np.abs(w).max())
+            assert rel <= bound, f"{what}: {rel:.3g} of max|y| from fp32 eager"
+
+    pte = work / "net.pte"
+    proc = run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte)
+    assert f"its inputs and outputs kept {cast}" in proc.stdout, proc.stdout
+    assert json.loads(pte.with_suffix(".json").read_text())["dtype"]["io"] == cast
+    et = et_execute(pte, [x, bias])
+    assert [t.dtype for t in et] == [t.dtype for t in eager], "ExecuTorch's runtime returns eager's dtypes"
+    check([t.float() for t in et], "ExecuTorch's runtime")
+    # kiln run: float16 .npy as they are; bfloat16 (no NumPy type) given as float32, returned as float32
+    feed = (lambda t: t.numpy()) if cast == "float16" else (lambda t: t.float().numpy())
+    np.save(work / "x.npy", feed(x))
+    np.save(work / "b.npy", feed(bias))
+    run_kiln("run", pte, "-i", work / "x.npy", "-i", work / "b.npy", "-o", work / "y0.npy", "-o", work / "y1.npy")
+    got = [np.load(work / "y0.npy"), np.load(work / "y1.npy")]
+    assert [g.dtype for g in got] == [np.dtype(cast if cast == "float16" else "float32")] * 2
+    check(got, "kiln's runtime")
+
+    wide = work / "wide.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--io-dtype", "fp32", "--out", wide, "-q")
+    assert json.loads(wide.with_suffix(".json").read_text())["dtype"]["io"] == "float32"
+    et = et_execute(wide, [x.float(), bias.float()])
+    assert [t.dtype for t in et] == [torch.float32] * 2
+    for g, w in zip(et, want, strict=True):
+        assert np.abs(g.numpy() - w).max() <= 1e-5 * np.abs(w).max()
+
+
+def test_executorchs_float16_xnnpack_program_runs_in_kilns_runtime(tmp_path):
+    """ExecuTorch's XNNPACK lowering of a float16 program delegates float16 nodes (its payload's values are
+    xnn_datatype_fp16, weights fp16). kiln's XNNPACK backend computes them in float32 (the weights widened once,
+    each argument converted at the call, one rounding per output) and gives eager's float16 numbers within
+    torch.testing's float16 rtol (1e-3 of max|y|), as ExecuTorch's runtime does with the same file."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(32, 24)
+
+        def forward(self, x, y):
+            return torch.relu(self.fc(x)) * y + y
+
+    torch.manual_seed(0)
+    net = Net().half().eval()
+    x, y = torch.randn(5, 32, dtype=torch.float16), torch.randn(5, 24, dtype=torch.float16)
+    prog = to_edge_transform_and_lower(torch.export.export(net, (x, y)), partitioner=[XnnpackPartitioner()])
+    pte = tmp_path / "et_fp16.pte"
+    pte.write_bytes(prog.to_executorch().buffer)
+    with torch.no_grad():
+        want = net(x, y).float().numpy()
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    proc = run_kiln("run", pte, "-i", tmp_path / "x.npy", "-i", tmp_path / "y.npy", "-o", tmp_path / "out.npy")
+    got = np.load(tmp_path / "out.npy")
+    assert got.dtype == np.float16, proc.stdout
+    (et,) = Runtime.get().load_program(str(pte)).load_method("forward").execute([x, y])
+    scale = float(np.abs(want).max())
+    assert float(np.abs(got.astype(np.float32) - want).max()) <= 1e-3 * scale, "kiln's runtime vs eager"
+    assert float(np.abs(et.float().numpy() - want).max()) <= 1e-3 * scale, "ExecuTorch's runtime vs eager"
+    # the file delegates: kiln's inspect lists an XnnpackBackend call
+    assert "XnnpackBackend" in run_kiln("inspect", pte).stdout

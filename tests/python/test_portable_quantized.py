@@ -355,7 +355,7 @@ def test_bf16_llama_portable_8da4w_quantized_from_bf16_weights(et_quantized, tmp
                     "minmax", "--out", pte)
     assert "a bfloat16 program, widened to float32" in proc.stdout, proc.stdout
     meta = json.loads(pte.with_suffix(".json").read_text())
-    assert meta["dtype"] == {"program": "bfloat16", "stored": "float32", "widened": True}, meta["dtype"]
+    assert meta["dtype"] == {"program": "bfloat16", "stored": "float32", "widened": True, "io": "float32"}, meta["dtype"]
     assert meta["quantization"]["quantized_nodes"] == 2 * 7 + 1, meta["quantization"]
     oracle, changed, _, fp32_arith = _oracle("8da4w")
     assert changed > 0

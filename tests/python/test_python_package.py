@@ -350,3 +350,35 @@ def test_pip_install_then_llm_example(venv_python, tmp_path):
     cli = json.loads(run_kiln("generate", tmp_path / "smollm2.pte", "--chat", "--prompt", prompt,
                               "--max-new-tokens", n, "--json").stdout)
     assert proc.stdout.strip() == cli["text"].strip() and cli["generated_tokens"] >= 1
+
+
+def test_llm_runner_reads_bfloat16_logits(tmp_path):
+    """A bfloat16 LLM whose program returns bfloat16 logits (kept bf16 on the portable backend; or widened for
+    XNNPACK, its float32 logits rounded once at the edge, `--io-dtype program`): kiln's LLM runner (what `kiln
+    generate` and kiln.generate sample from) widens them exactly, once refused as "not float logits". Token by
+    token against eager: the kept program against bf16 eager (2e-2 of max|logit|, bf16's own roundings), the
+    widened one against fp32 eager of the same weights (one bf16 rounding, 2^-8)."""
+    import copy as copy_
+
+    import torch
+
+    from test_bf16_lowering import TOKENS, MAX_SEQ, _export, _model
+
+    spec = _export(tmp_path / "llama")
+    bf16, llm = _model("bf16")
+    f32 = llm.make_module(copy_.deepcopy(bf16).float(), MAX_SEQ, False).eval()
+    b16 = llm.make_module(bf16, MAX_SEQ, False).eval()
+    with torch.no_grad():
+        want32 = [f32(torch.tensor([[t]]), torch.tensor([i])).reshape(-1).numpy() for i, t in enumerate(TOKENS)]
+        want16 = [b16(torch.tensor([[t]]), torch.tensor([i])).float().reshape(-1).numpy() for i, t in enumerate(TOKENS)]
+    kept, wide = tmp_path / "kept.pte", tmp_path / "wide.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "--dtype", "bf16", "--out", kept, "-q")
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", wide, "-q")
+    assert json.loads(wide.with_suffix(".json").read_text())["dtype"]["io"] == "bfloat16"
+    for pte, want, bound in ((kept, want16, 2e-2), (wide, want32, 2.0 ** -8)):
+        runner = kiln._kiln.load_runner(str(pte), 1, "kiln")
+        for i, (t, w) in enumerate(zip(TOKENS, want, strict=True)):
+            got = runner.feed([t])
+            assert got.dtype == np.float32 and got.shape == w.shape
+            rel = float(np.abs(got - w).max()) / float(np.abs(w).max())
+            assert rel <= bound, f"{pte.name}, token {i}: {rel:.3g} of max|logit| from eager"

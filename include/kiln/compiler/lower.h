@@ -70,6 +70,11 @@ struct LowerOptions {
   // ExecuTorch's portable kernels compute bfloat16; no XNNPACK region takes them, so no `quantize`). Empty:
   // fp32 for XNNPACK, the program's own type for the portable backend. A float32 program stays float32.
   std::string dtype;
+  // When a 16-bit program is widened (`dtype` fp32): "program" keeps its user inputs and outputs in their 16-bit
+  // type (the .pte takes and returns what the exported program does, in any runtime; converted at the edges) or
+  // "fp32" widens them too. Empty: fp32 with `quantize` or `quantize_embedding` (an LLM's sampler reads float32
+  // logits; the quantized products take float32 activations anyway), "program" otherwise.
+  std::string io_dtype;
   // With `quantize`: a text file the fp32 program runs over (kiln's runtime) before quantizing; its linear
   // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
   std::string calibrate;
@@ -122,6 +127,7 @@ struct LowerResult {
   // The program's floating-point type as read ("float32", "bfloat16", "float16") and what its unquantized values
   // are stored and computed as in the .pte (the same, or "float32" when widened)
   std::string program_dtype = "float32", stored_dtype = "float32";
+  bool io_widened = false;  // a widened program's 16-bit user inputs and outputs widened too (LowerOptions::io_dtype)
   std::optional<backends::xnnpack::AutoPlan> auto_plan;  // --quantize auto: the per-layer choices
   int64_t max_size_bytes = 0;                            // --max-size, in bytes
   std::optional<backends::xnnpack::HeadLayer> head_8bit;  // --quantize-head 8: the layer made 8da8w

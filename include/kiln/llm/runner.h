@@ -58,6 +58,8 @@ class Runner {
   bool pos_is_vector_ = true;
   bool dynamic_ = false;  // T symbolic (1..step_tokens_): a prompt in whole calls
   std::vector<int64_t> tok_buf_, pos_buf_;
+  std::vector<float> wide_;  // 16-bit logits' last row, widened
+  std::span<const float> last_row();
 };
 
 }  // namespace kiln::llm

@@ -47,8 +47,10 @@ struct ExportedProgram {
   graph::GraphSignature signature;
   std::vector<ConstantTensor> constants;
   std::shared_ptr<const Pt2Archive> archive;
-  // Set by widen_to_float: the 16-bit float type the program's floating-point values had.
+  // Set by widen_to_float: the 16-bit float type the program's floating-point values had, and whether its
+  // user inputs and outputs were widened too (WidenIo::Widen) or kept in that type.
   std::optional<ScalarType> widened_from{};
+  bool io_widened = false;
 
   const ConstantTensor* find_constant(std::string_view name) const;
 
@@ -80,8 +82,13 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding =
 
 // A bfloat16 or float16 program as float32 (kiln lower --dtype fp32): every value and constant of that type
 // becomes Float and every dtype argument naming it names Float; the constants stay in the archive and are
-// widened (exactly) as they are read. Returns the type widened from, or std::nullopt for a program with no
-// 16-bit float values (left as it is). Throws kiln::Error for a program with both bfloat16 and float16 values.
-std::optional<ScalarType> widen_to_float(ExportedProgram& ep);
+// widened (exactly) as they are read. With WidenIo::Keep (the default) the program still takes and returns what
+// it was exported with: each 16-bit user input is read through an aten._to_copy to float32 made first, each
+// 16-bit user output is an aten._to_copy of the float32 value made last (a user input the program writes in
+// place, an external cache, is state: it is widened like a buffer). WidenIo::Widen widens those too (kiln lower
+// --io-dtype fp32). Returns the type widened from, or std::nullopt for a program with no 16-bit float values
+// (left as it is). Throws kiln::Error for a program with both bfloat16 and float16 values.
+enum class WidenIo : uint8_t { Keep, Widen };
+std::optional<ScalarType> widen_to_float(ExportedProgram& ep, WidenIo io = WidenIo::Keep);
 
 }  // namespace kiln::pt2

@@ -92,6 +92,9 @@ struct Value {
   std::span<const std::byte> constant_bytes;
   int32_t group = -1;                 // reshape group (values sharing bytes)
   uint32_t elem_bits = 32;            // bits per element, from the payload's datatype (fp32: 32, int4: 4)
+  // The payload's fp16 (ExecuTorch's float16 programs): computed as fp32 like every other value. A constant is
+  // widened once, at init (State::owned); a delegate argument is converted at the call (State::half_*).
+  bool half = false;
   // Quantized values (ExecuTorch's 8da4w / 8da8w programs): activations quantized
   // at run time per row (their bytes are a cpu::Qd8Rows block, min_bytes), and
   // constant weights with per-group bf16 scales (int4) or per-channel fp32 scales (int8).
@@ -246,6 +249,14 @@ struct State {
   bool profiling = false;
   rt::DebugOutputLog* debug_log = nullptr;  // intermediate outputs (debug_outputs.cpp); null: off
   std::vector<std::unique_ptr<float, decltype(&std::free)>> owned;  // weights kiln laid out itself
+  // fp16 arguments (Value::half), made at init: per argument, whether it is one, the fp32 tensor the plan reads
+  // or writes in its place (its bytes in half_buffers, sized for the payload's sizes, a dynamic one's bounds),
+  // and the argument list a call passes on (the caller's EValue, or the staged one)
+  std::vector<uint8_t> half_arg;
+  std::vector<rt::Tensor> half_staged;
+  std::vector<rt::EValue> half_values;
+  std::vector<rt::EValue*> half_call;
+  std::vector<std::vector<float>> half_buffers;
   std::vector<std::shared_ptr<void>> weight_chunks;                  // (weight_memory) holds those it carved
   // the method's options (rt::BackendOptions), kept from init
   std::shared_ptr<cpu::ThreadPool> pool;  // outlives the XNNPACK runtimes created on it (~State deletes them first)

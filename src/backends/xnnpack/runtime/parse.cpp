@@ -117,9 +117,11 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
     if (val.defined) return fail(error_, Status::InvalidProgram, "value %u is defined twice", t->id_out());
     val.elem_bits = datatype_bits(t->datatype());
     const auto* qv = v->xvalue_union_as_XNNQuantizedTensorValue();
-    if (val.elem_bits == 0 || (!qv && t->datatype() != fbx::XNNDatatype::xnn_datatype_fp32))
-      return fail(error_, Status::NotSupported, "value %u has datatype %s; kiln's XNNPACK backend runs fp32 (and "
-                  "dynamically quantized int8 x int4/int8 fully connected) only",
+    val.half = !qv && t->datatype() == fbx::XNNDatatype::xnn_datatype_fp16;
+    if (val.half) val.elem_bits = 32;  // computed as fp32 (Value::half)
+    if (val.elem_bits == 0 || (!qv && t->datatype() != fbx::XNNDatatype::xnn_datatype_fp32 && !val.half))
+      return fail(error_, Status::NotSupported, "value %u has datatype %s; kiln's XNNPACK backend runs fp32 and fp16 "
+                  "(as fp32), and dynamically quantized int8 x int4/int8 fully connected, only",
                   t->id_out(), fbx::EnumNameXNNDatatype(t->datatype()));
     const auto* dims = t->dims();
     val.ndims = dims ? dims->size() : 0;
@@ -140,6 +142,22 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
         return fail(error_, Status::InvalidProgram, "value %u is both constant and external", t->id_out());
       std::span<const std::byte> bytes;
       KILN_TRY(constant_at(ci, t->id_out(), &bytes));
+      if (val.half) {  // widened once, into memory of the State's own
+        const size_t n = static_cast<size_t>(val.numel);
+        if (bytes.size() < n * 2)
+          return fail(error_, Status::InvalidProgram, "value %u: constant has %zu bytes, its fp16 shape needs %zu",
+                      t->id_out(), bytes.size(), n * 2);
+        const size_t cap = (std::max<size_t>(n, 1) * sizeof(float) + 63) / 64 * 64;
+        auto* wide = static_cast<float*>(std::aligned_alloc(64, cap));
+        if (!wide) return fail(error_, Status::OutOfMemory, "value %u: out of memory widening its fp16 constant", t->id_out());
+        st.owned.emplace_back(wide, &std::free);
+        for (size_t i = 0; i < n; ++i) {
+          _Float16 h;
+          std::memcpy(&h, bytes.data() + 2 * i, 2);
+          wide[i] = static_cast<float>(h);
+        }
+        bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(wide), n * sizeof(float));
+      }
       if (bytes.size() < val.bytes())
         return fail(error_, Status::InvalidProgram, "value %u: constant has %zu bytes, its shape needs %zu", t->id_out(),
                     bytes.size(), val.bytes());

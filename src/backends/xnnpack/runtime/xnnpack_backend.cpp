@@ -47,17 +47,79 @@ namespace {
 
 bool xnn_ready = false;  // xnn_initialize succeeded (register_runtime_backend)
 
+// fp16 arguments (Value::half): an fp32 tensor of each one's payload sizes for the plan to read or write.
+void stage_half_args(State& st) {
+  const size_t n = st.arg_values.size();
+  st.half_arg.assign(n, 0);
+  for (size_t a = 0; a < n; ++a) st.half_arg[a] = st.values[st.arg_values[a]].half ? 1 : 0;
+  if (std::find(st.half_arg.begin(), st.half_arg.end(), 1) == st.half_arg.end()) {
+    st.half_arg.clear();
+    return;
+  }
+  st.half_staged.assign(n, rt::Tensor{});
+  st.half_values.assign(n, EValue{});
+  st.half_call.assign(n, nullptr);
+  st.half_buffers.resize(n);
+  for (size_t a = 0; a < n; ++a) {
+    if (!st.half_arg[a]) continue;
+    const Value& v = st.values[st.arg_values[a]];
+    st.half_buffers[a].assign(static_cast<size_t>(std::max<int64_t>(v.numel, 1)), 0.0f);
+    st.half_values[a] = EValue::from_tensor(&st.half_staged[a]);
+  }
+}
+
 Status init(const rt::BackendInitContext& ctx, void** state, ErrorMessage* error) {
   auto st = std::unique_ptr<State>(new (std::nothrow) State);
   if (!st) return fail(error, Status::OutOfMemory, "out of memory");
   st->dynamic = ctx.dynamic_shapes;
   KILN_TRY(plan_payload(&ctx.file, ctx.payload, ctx.options, *st, error));
+  stage_half_args(*st);
   *state = st.release();
   return Status::Ok;
 }
 
+// A call with fp16 arguments: each converted to (an input) or from (an output) its fp32 stand-in around the
+// fp32 plan; fp32 arithmetic inside, one rounding per output (nearest even), as eager's float16 CPU kernels do.
+Status execute_half(State& st, std::span<EValue*> args, ErrorMessage* error) {
+  if (args.size() != st.half_arg.size())
+    return fail(error, Status::InvalidArgument, "the call passes %zu arguments, the graph has %zu inputs and outputs",
+                args.size(), st.half_arg.size());
+  for (size_t a = 0; a < args.size(); ++a) {
+    if (!st.half_arg[a]) {
+      st.half_call[a] = args[a];
+      continue;
+    }
+    if (!args[a] || !args[a]->is_tensor() || args[a]->tensor().dtype != ScalarType::Half || !args[a]->tensor().data ||
+        !args[a]->tensor().is_contiguous() || args[a]->tensor().numel > static_cast<int64_t>(st.half_buffers[a].size()))
+      return fail(error, Status::InvalidArgument, "argument %zu is not a contiguous float16 tensor of at most %zu elements",
+                  a, st.half_buffers[a].size());
+    const rt::Tensor& t = args[a]->tensor();
+    rt::Tensor& s = st.half_staged[a];
+    KILN_TRY(rt::make_contiguous_tensor(s, ScalarType::Float, t.shape(), st.half_buffers[a].data(),
+                                        st.half_buffers[a].size() * sizeof(float)));
+    if (a < st.num_inputs) {
+      const auto* h = static_cast<const _Float16*>(t.data);
+      for (int64_t i = 0; i < t.numel; ++i) st.half_buffers[a][static_cast<size_t>(i)] = static_cast<float>(h[i]);
+    }
+    st.half_call[a] = &st.half_values[a];
+  }
+  KILN_TRY(execute_state(st, st.half_call, error));
+  for (size_t a = st.num_inputs; a < args.size(); ++a) {
+    if (!st.half_arg[a]) continue;
+    const rt::Tensor& s = st.half_staged[a];
+    rt::Tensor& t = args[a]->tensor();
+    if (!t.same_shape(s.shape()) && rt::resize_tensor(t, s.shape()) != Status::Ok)
+      return fail(error, Status::InvalidArgument, "output %zu cannot hold %lld elements", a - st.num_inputs,
+                  static_cast<long long>(s.numel));
+    auto* h = static_cast<_Float16*>(t.data);
+    for (int64_t i = 0; i < s.numel; ++i) h[i] = static_cast<_Float16>(st.half_buffers[a][static_cast<size_t>(i)]);
+  }
+  return Status::Ok;
+}
+
 Status execute(void* opaque, std::span<EValue*> args, ErrorMessage* error) {
-  return execute_state(*static_cast<State*>(opaque), args, error);
+  State& st = *static_cast<State*>(opaque);
+  return st.half_arg.empty() ? execute_state(st, args, error) : execute_half(st, args, error);
 }
 
 void destroy(void* opaque) { delete static_cast<State*>(opaque); }
