@@ -1124,3 +1124,26 @@ def test_model_graph_ops(model):
             check(g, w, **({"rtol": 1e-5, "atol": 1e-5} if w.dtype == torch.float32 else {}))
         checked.add(f"{schema.name}.{schema.overload_name}")
     assert len(checked) >= {"gpt2": 16, "bert": 9, "llama": 19}[model], sorted(checked)  # what the graphs hold
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=ids)
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "conv_transpose"])
+def test_convolution_16_bit(dtype, transposed):
+    """aten::convolution.out of float16 / bfloat16 operands (ExecuTorch's portable programs of a 16-bit CNN):
+    computed in float32 and rounded once, against torch's CPU convolution of that dtype (which accumulates in
+    float32 too): within one rounding of the dtype; mixed dtypes stay an error."""
+    x = rand((2, 4, 9, 7), dtype, seed=1)
+    w = rand((4, 3, 3, 2) if transposed else (6, 2, 3, 2), dtype, seed=2)
+    b = rand((6,), dtype, seed=3)
+    stride, pad, dil, opad, groups = [2, 1], [1, 0], [1, 2], [1, 0] if transposed else [0, 0], 2
+    want = torch.ops.aten.convolution(x, w, b, stride, pad, dil, transposed, opad, groups)
+    args = [T(x), T(w), T(b), Ints(stride), Ints(pad), Ints(dil), Bool(transposed), Ints(opad), Int(groups),
+            out_like(want)]
+    got = run("aten::convolution", "out", args)
+    assert got.dtype == dtype and got.shape == want.shape
+    ref32 = torch.ops.aten.convolution(x.float(), w.float(), b.float(), stride, pad, dil, transposed, opad, groups)
+    ulp = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}[dtype]
+    scale = float(ref32.abs().max())
+    assert float((got.float() - ref32).abs().max()) <= ulp * scale  # one rounding of the float32 result
+    assert float((got.float() - want.float()).abs().max()) <= 2 * ulp * scale  # torch's own result
+    expect_error("aten::convolution", "out", [T(x), T(w.float()), T(b), *args[3:]], statuses=("not supported",))

@@ -9,10 +9,13 @@
 // reads the input as its columns directly. Spatial ranks 1 and 2 run as rank 3
 // with leading sizes of one.
 #include "kiln/cpu/gemm.h"
+#include "util/dtype.h"
 #include "util/register.h"
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <new>
 
 namespace kiln::rt::kernels {
 namespace {
@@ -121,13 +124,14 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
                      IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation, bool transposed,
                      IntArrayRef output_padding, int64_t groups, Tensor& out) {
   const char* name = "aten::convolution.out";
-  if (input.dtype != ScalarType::Float || weight.dtype != ScalarType::Float ||
-      (bias != nullptr && bias->dtype != ScalarType::Float)) {
-    ctx.fail(Status::NotSupported, "%s: only float32 is supported, got input %s and weight %s", name,
-             dtype_str(input.dtype), dtype_str(weight.dtype));
+  const ScalarType dt = input.dtype;
+  if ((dt != ScalarType::Float && dt != ScalarType::Half && dt != ScalarType::BFloat16) || weight.dtype != dt ||
+      (bias != nullptr && bias->dtype != dt)) {
+    ctx.fail(Status::NotSupported, "%s: float32, float16 or bfloat16 input, weight and bias of one dtype are "
+             "supported, got input %s and weight %s", name, dtype_str(input.dtype), dtype_str(weight.dtype));
     return;
   }
-  if (!check_out_dtype(ctx, out, ScalarType::Float, name)) return;
+  if (!check_out_dtype(ctx, out, dt, name)) return;
   const int32_t rank = input.dim;
   if (rank < 3 || rank > 5 || weight.dim != rank) {
     ctx.fail(Status::InvalidArgument, "%s: input and weight must both have rank 3, 4 or 5 (got %d and %d)", name,
@@ -216,11 +220,35 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
   for (int64_t d = 0; d < spatial; ++d) shape[2 + d] = g.out[3 - spatial + d];
   if (!resize_out(ctx, out, {shape, static_cast<size_t>(rank)}, name)) return;
   if (out.numel == 0) return;
+  // float16 / bfloat16: the operands widened, the float32 result rounded once (nearest even), as torch's CPU
+  // convolution of those types accumulates in float32. The only path of this kernel that allocates: whole-tensor
+  // copies a 16-bit program's convolution needs (its float32 programs allocate nothing here).
+  std::unique_ptr<float[]> wide_x, wide_w, wide_b, wide_y;
   const float* x = input.data_as<const float>();
   const float* w = weight.data_as<const float>();
+  const float* bv = bias != nullptr ? bias->data_as<const float>() : nullptr;
   float* y = out.data_as<float>();
+  if (dt != ScalarType::Float) {
+    auto widen = [&](const Tensor& t, std::unique_ptr<float[]>& buf) -> const float* {
+      buf.reset(new (std::nothrow) float[static_cast<size_t>(std::max<int64_t>(t.numel, 1))]);
+      if (!buf) return nullptr;
+      const auto* h = t.data_as<const uint16_t>();
+      for (int64_t i = 0; i < t.numel; ++i)
+        buf[static_cast<size_t>(i)] = dt == ScalarType::Half ? half_bits_to_float(h[i]) : bf16_bits_to_float(h[i]);
+      return buf.get();
+    };
+    x = widen(input, wide_x);
+    w = widen(weight, wide_w);
+    if (bias != nullptr) bv = widen(*bias, wide_b);
+    wide_y.reset(new (std::nothrow) float[static_cast<size_t>(out.numel)]);
+    y = wide_y.get();
+    if (!x || !w || (bias != nullptr && !bv) || !y) {
+      ctx.fail(Status::OutOfMemory, "%s: out of memory widening a %s convolution", name, dtype_str(dt));
+      return;
+    }
+  }
   const int64_t cg = g.c / groups, ocg = g.oc / groups, Pin = g.in_pixels(), Pout = g.out_pixels();
-  if (transposed) std::memset(y, 0, out.nbytes());
+  if (transposed) std::memset(y, 0, static_cast<size_t>(out.numel) * sizeof(float));
   for (int64_t b = 0; b < g.n; ++b) {
     for (int64_t gi = 0; gi < groups; ++gi) {
       const float* xg = x + (b * g.c + gi * cg) * Pin;
@@ -230,13 +258,17 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
     }
   }
   if (bias != nullptr) {
-    const float* bv = bias->data_as<const float>();
     for (int64_t b = 0; b < g.n; ++b)
       for (int64_t o = 0; o < g.oc; ++o) {
         float* row = y + (b * g.oc + o) * Pout;
         const float v = bv[o];
         for (int64_t p = 0; p < Pout; ++p) row[p] += v;
       }
+  }
+  if (dt != ScalarType::Float) {
+    auto* h = out.data_as<uint16_t>();
+    for (int64_t i = 0; i < out.numel; ++i)
+      h[i] = dt == ScalarType::Half ? float_to_half_bits(y[i]) : float_to_bf16_bits(y[i]);
   }
 }
 
