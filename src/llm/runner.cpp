@@ -155,9 +155,9 @@ std::span<const float> Runner::last_row() {
       const uint32_t u = static_cast<uint32_t>(b) << 16;
       std::memcpy(&wide_[static_cast<size_t>(i)], &u, 4);
     } else {
-      _Float16 h;
+      uint16_t h;
       std::memcpy(&h, row + 2 * i, 2);
-      wide_[static_cast<size_t>(i)] = static_cast<float>(h);
+      wide_[static_cast<size_t>(i)] = half_bits_to_float_exact(h);
     }
   }
   return wide_;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -72,3 +73,62 @@ TEST(DType, EveryDtypeAgreesWithC10AndTheExportSchema) {
 
 }  // namespace
 }  // namespace kiln
+
+#if defined(__x86_64__)  // the compiler's _Float16 (GCC 12 has it in C++ on x86-64 only) is the oracle
+namespace {
+uint16_t compiler_half(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+}  // namespace
+
+TEST(DType, HalfBitsWidenAsTheCompilerDoes) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const auto h16 = static_cast<uint16_t>(b);
+    _Float16 h;
+    std::memcpy(&h, &h16, 2);
+    const float want = static_cast<float>(h), got = kiln::half_bits_to_float_exact(h16);
+    if (want != want) {
+      EXPECT_NE(got, got) << b;
+    } else {
+      EXPECT_EQ(bits_of(got), bits_of(want)) << b;
+    }
+  }
+}
+
+TEST(DType, FloatRoundsToHalfAsTheCompilerDoes) {
+  auto check = [](uint32_t u) {
+    const float f = float_of(u);
+    const uint16_t got = kiln::float_to_half_bits_rne(f), want = compiler_half(f);
+    if (f != f) {
+      EXPECT_EQ(got & 0x7c00, 0x7c00) << u;
+      EXPECT_NE(got & 0x3ff, 0) << u;
+    } else {
+      ASSERT_EQ(got, want) << std::hex << u;
+    }
+  };
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4093) check(static_cast<uint32_t>(u));
+  // every half value's neighbourhood: the value, the midpoints to its neighbours and one float ulp either side
+  for (uint32_t b = 0; b < 0x7c00; ++b) {
+    const float lo = kiln::half_bits_to_float_exact(static_cast<uint16_t>(b));
+    const float hi = kiln::half_bits_to_float_exact(static_cast<uint16_t>(b + 1));
+    const uint32_t mid = bits_of(lo + (hi - lo) / 2);
+    for (uint32_t u : {bits_of(lo), mid - 1, mid, mid + 1}) {
+      check(u);
+      check(u | 0x80000000u);
+    }
+  }
+}
+#endif

@@ -58,4 +58,50 @@ inline float bf16_to_float(const std::byte* p) {
   return f;
 }
 
+// IEEE binary16 (float16) bits widened exactly to float, and a float rounded to the nearest binary16, ties
+// to even (overflow to infinity, NaN kept a quiet NaN): plain integer code, because GCC 12 has no C++
+// _Float16 on AArch64 and code outside the kernels must build there too.
+inline float half_bits_to_float_exact(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: man * 2^-24, normalised
+    uint32_t e = 113;
+    while (!(man & 0x400u)) {
+      man <<= 1;
+      --e;
+    }
+    u = sign | (e << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_half_bits_rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u >= 0x7f800000u) return static_cast<uint16_t>(sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (u >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // 65520 and up: infinity
+  if (u < 0x38800000u) {  // below 2^-14: a subnormal, in units of 2^-24 (1024: the smallest normal)
+    if (u < 0x33000000u) return sign;  // at most 2^-25: rounds to zero (2^-25 itself ties to the even 0)
+    const uint32_t exp = u >> 23, man = (u & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - exp;  // man * 2^(exp - 150) in units of 2^-24: man >> (126 - exp)
+    uint32_t q = man >> shift;
+    const uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  u += 0xfffu + ((u >> 13) & 1u);  // round the 13 dropped bits to nearest, ties to even
+  return static_cast<uint16_t>(sign | ((u - (112u << 23)) >> 13));
+}
+
 }  // namespace kiln

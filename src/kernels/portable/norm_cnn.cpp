@@ -164,8 +164,8 @@ void native_group_norm_out(KernelContext& ctx, const Tensor& input, const Tensor
 
 }  // namespace
 
-KILN_KERNEL(_native_batch_norm_legit_no_training_out, batch_norm_no_training_out);
-KILN_KERNEL(_native_batch_norm_legit_no_stats_out, batch_norm_no_stats_out);
-KILN_KERNEL(native_group_norm_out, native_group_norm_out);
+KILN_KERNEL_WIDENS_16_BIT(_native_batch_norm_legit_no_training_out, batch_norm_no_training_out);
+KILN_KERNEL_WIDENS_16_BIT(_native_batch_norm_legit_no_stats_out, batch_norm_no_stats_out);
+KILN_KERNEL_WIDENS_16_BIT(native_group_norm_out, native_group_norm_out);
 
 }  // namespace kiln::rt::kernels

@@ -213,8 +213,8 @@ void adaptive_avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef
 
 }  // namespace
 
-KILN_KERNEL(max_pool2d_with_indices_out, max_pool2d_with_indices_out);
-KILN_KERNEL(avg_pool2d_out, avg_pool2d_out);
-KILN_KERNEL(_adaptive_avg_pool2d_out, adaptive_avg_pool2d_out);
+KILN_KERNEL_WIDENS_16_BIT(max_pool2d_with_indices_out, max_pool2d_with_indices_out);
+KILN_KERNEL_WIDENS_16_BIT(avg_pool2d_out, avg_pool2d_out);
+KILN_KERNEL_WIDENS_16_BIT(_adaptive_avg_pool2d_out, adaptive_avg_pool2d_out);
 
 }  // namespace kiln::rt::kernels

@@ -231,12 +231,12 @@ void replication_pad2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef p
 
 }  // namespace
 
-KILN_KERNEL(upsample_nearest2d_vec_out, upsample_nearest2d_vec_out);
-KILN_KERNEL(upsample_bilinear2d_vec_out, upsample_bilinear2d_vec_out);
-KILN_KERNEL(pixel_shuffle_out, pixel_shuffle_out);
-KILN_KERNEL(reflection_pad1d_out, reflection_pad1d_out);
-KILN_KERNEL(reflection_pad2d_out, reflection_pad2d_out);
-KILN_KERNEL(replication_pad1d_out, replication_pad1d_out);
-KILN_KERNEL(replication_pad2d_out, replication_pad2d_out);
+KILN_KERNEL_WIDENS_16_BIT(upsample_nearest2d_vec_out, upsample_nearest2d_vec_out);
+KILN_KERNEL_WIDENS_16_BIT(upsample_bilinear2d_vec_out, upsample_bilinear2d_vec_out);
+KILN_KERNEL_WIDENS_16_BIT(pixel_shuffle_out, pixel_shuffle_out);
+KILN_KERNEL_WIDENS_16_BIT(reflection_pad1d_out, reflection_pad1d_out);
+KILN_KERNEL_WIDENS_16_BIT(reflection_pad2d_out, reflection_pad2d_out);
+KILN_KERNEL_WIDENS_16_BIT(replication_pad1d_out, replication_pad1d_out);
+KILN_KERNEL_WIDENS_16_BIT(replication_pad2d_out, replication_pad2d_out);
 
 }  // namespace kiln::rt::kernels

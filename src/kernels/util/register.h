@@ -30,6 +30,7 @@
 
 #include "kernel_util.h"
 #include "registration.h"
+#include "widen_16_bit.h"
 
 #include <cstdint>
 #include <optional>
@@ -351,6 +352,17 @@ constexpr KernelEntry typed_entry() {
   return KernelEntry{static_cast<uint16_t>(Id), &boxed<Id, Fn, ComplexOk>, S::codes, S::count};
 }
 
+template <ops::OpId Id, auto Fn>
+void boxed_widened(KernelContext& ctx, std::span<EValue*> args) {
+  run_widened_16_bit(ctx, args, static_cast<size_t>(ops::op_schema(Id).num_outs), &boxed<Id, Fn>);
+}
+
+template <ops::OpId Id, auto Fn>
+constexpr KernelEntry widened_entry() {
+  using S = Signature<decltype(Fn)>;
+  return KernelEntry{static_cast<uint16_t>(Id), &boxed_widened<Id, Fn>, S::codes, S::count};
+}
+
 }  // namespace boxing
 
 }  // namespace kiln::rt::kernels
@@ -359,6 +371,13 @@ constexpr KernelEntry typed_entry() {
   extern const ::kiln::rt::KernelEntry kiln_kernel_##id;     \
   const ::kiln::rt::KernelEntry kiln_kernel_##id =           \
       ::kiln::rt::kernels::boxing::typed_entry<::kiln::ops::OpId::id, &fn>()
+
+// A float32 kernel also run for float16 / bfloat16 tensors, on float32 copies, its outs rounded back
+// (widen_16_bit.h): for operators torch computes in float32 for those types.
+#define KILN_KERNEL_WIDENS_16_BIT(id, fn)                    \
+  extern const ::kiln::rt::KernelEntry kiln_kernel_##id;     \
+  const ::kiln::rt::KernelEntry kiln_kernel_##id =           \
+      ::kiln::rt::kernels::boxing::widened_entry<::kiln::ops::OpId::id, &fn>()
 
 // A kernel whose tensors may also be complex64/complex128 (the copies and conversions: kiln computes nothing
 // in complex; a program that converts to complex and returns it runs). Every other kernel refuses them.

@@ -152,9 +152,9 @@ Status Builder::parse(std::span<const std::byte> payload, State& st) {
         if (!wide) return fail(error_, Status::OutOfMemory, "value %u: out of memory widening its fp16 constant", t->id_out());
         st.owned.emplace_back(wide, &std::free);
         for (size_t i = 0; i < n; ++i) {
-          _Float16 h;
+          uint16_t h;
           std::memcpy(&h, bytes.data() + 2 * i, 2);
-          wide[i] = static_cast<float>(h);
+          wide[i] = half_bits_to_float_exact(h);
         }
         bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(wide), n * sizeof(float));
       }

@@ -98,8 +98,8 @@ Status execute_half(State& st, std::span<EValue*> args, ErrorMessage* error) {
     KILN_TRY(rt::make_contiguous_tensor(s, ScalarType::Float, t.shape(), st.half_buffers[a].data(),
                                         st.half_buffers[a].size() * sizeof(float)));
     if (a < st.num_inputs) {
-      const auto* h = static_cast<const _Float16*>(t.data);
-      for (int64_t i = 0; i < t.numel; ++i) st.half_buffers[a][static_cast<size_t>(i)] = static_cast<float>(h[i]);
+      const auto* h = static_cast<const uint16_t*>(t.data);
+      for (int64_t i = 0; i < t.numel; ++i) st.half_buffers[a][static_cast<size_t>(i)] = half_bits_to_float_exact(h[i]);
     }
     st.half_call[a] = &st.half_values[a];
   }
@@ -111,8 +111,8 @@ Status execute_half(State& st, std::span<EValue*> args, ErrorMessage* error) {
     if (!t.same_shape(s.shape()) && rt::resize_tensor(t, s.shape()) != Status::Ok)
       return fail(error, Status::InvalidArgument, "output %zu cannot hold %lld elements", a - st.num_inputs,
                   static_cast<long long>(s.numel));
-    auto* h = static_cast<_Float16*>(t.data);
-    for (int64_t i = 0; i < s.numel; ++i) h[i] = static_cast<_Float16>(st.half_buffers[a][static_cast<size_t>(i)]);
+    auto* h = static_cast<uint16_t*>(t.data);
+    for (int64_t i = 0; i < s.numel; ++i) h[i] = float_to_half_bits_rne(st.half_buffers[a][static_cast<size_t>(i)]);
   }
   return Status::Ok;
 }
