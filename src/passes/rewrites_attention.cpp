@@ -21,6 +21,7 @@
 // has no kernel for them, XNNPACK runs the pieces); hardtanh and relu6 a clamp.
 #include "lowerer.h"
 
+#include <functional>
 #include <cmath>
 
 namespace kiln::passes::detail {
@@ -320,29 +321,54 @@ ValueId lower_rms_norm(Lowerer& L, const Node& n) {
   size_t r = xm.sizes.size();
   if (shape.empty() || shape.size() > r || !std::equal(shape.begin(), shape.end(), xm.sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
     L.unsupported(n, "rms_norm whose normalized_shape is not the input's trailing dims");
-  if (xm.dtype != ScalarType::Float) L.unsupported(n, "rms_norm of a tensor that is not float32");
+  // float16 / bfloat16: computed in float32 (the weight too) and rounded once, as torch's rms_norm does
+  const ScalarType want = xm.dtype;
+  if (want != ScalarType::Float && want != ScalarType::Half && want != ScalarType::BFloat16)
+    L.unsupported(n, "rms_norm of a tensor that is not floating point");
+  if (want != ScalarType::Float) x = L.convert(x, ScalarType::Float);
   double eps = float_value(L, n, "eps", static_cast<double>(std::numeric_limits<float>::epsilon()));
   std::vector<int64_t> dims, stat = xm.sizes;
   for (size_t i = r - shape.size(); i < r; ++i) dims.push_back(static_cast<int64_t>(i)), stat[i] = 1;
-  TensorMeta m = contiguous(xm), sm = contiguous(xm.dtype, stat);
+  TensorMeta m = contiguous(xm), sm = contiguous(ScalarType::Float, stat);
+  m.dtype = ScalarType::Float;
   ValueId sq = L.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(x)), NA("exponent", int_arg(2))}, m, "square");
   ValueId ms = L.emit("aten.mean.dim", {NA("self", tensor_arg(sq)), NA("dim", ints_arg(dims)), NA("keepdim", bool_arg(true))},
                       sm, "mean_square");
   ValueId shifted = L.emit("aten.add.Scalar", {NA("self", tensor_arg(ms)), NA("other", float_arg(eps))}, sm, "eps");
   ValueId inv = L.emit("aten.rsqrt.default", {NA("self", tensor_arg(shifted))}, sm, "rstd");
   ValueId y = L.emit("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(inv))}, m, "normed");
-  if (auto w = L.opt_tensor_in(n, "weight"))
-    y = L.emit("aten.mul.Tensor", {NA("self", tensor_arg(y)), NA("other", tensor_arg(*w))}, L.out_meta(n), "scaled");
-  return y;
+  if (auto w = L.opt_tensor_in(n, "weight")) {
+    TensorMeta ym = L.out_meta(n);
+    const ScalarType wt = L.meta_of(*w).dtype;
+    ym.dtype = ScalarType::Float;
+    const ValueId wf = wt == ScalarType::Float ? *w : L.convert(*w, ScalarType::Float);
+    y = L.emit("aten.mul.Tensor", {NA("self", tensor_arg(y)), NA("other", tensor_arg(wf))}, ym, "scaled");
+  }
+  const ScalarType out = L.out_meta(n).dtype;
+  return out == ScalarType::Float ? y : L.convert(y, out);
 }
 
 // hardsigmoid(x) = clamp(x + 3, 0, 6) / 6; hardswish(x) = x * clamp(x + 3, 0, 6) / 6;
 // mish(x) = x * tanh(log(1 + e^x)) (e^x overflowing to inf still gives x).
+// A float16 / bfloat16 activation is computed as eager's CPU kernels compute it: the input widened, the steps in
+// float32, the result rounded once (its decomposition in 16-bit steps would round at each). `x` and `m` become
+// the float32 input and meta; the returned function rounds a float32 result back.
+std::function<ValueId(ValueId)> in_float32(Lowerer& L, const Node& n, ValueId& x, TensorMeta& m) {
+  const ScalarType want = m.dtype;
+  if (want == ScalarType::Float) return [](ValueId r) { return r; };
+  if (want != ScalarType::Half && want != ScalarType::BFloat16)
+    L.unsupported(n, "activation of a tensor that is not floating point");
+  x = L.convert(x, ScalarType::Float);
+  m.dtype = ScalarType::Float;
+  return [&L, want](ValueId r) { return L.convert(r, want); };
+}
+
 ValueId lower_hard_activation(Lowerer& L, const Node& n) {
-  const std::string& t = n.target;
   ValueId x = L.tensor_in(n, "self");
   TensorMeta m = L.out_meta(n);
-  if (m.dtype != ScalarType::Float) L.unsupported(n, "activation of a tensor that is not float32");
+  const auto narrow = in_float32(L, n, x, m);
+  auto compute = [&]() -> ValueId {
+  const std::string& t = n.target;
   auto op = [&](std::string_view target, std::vector<NamedArgument> args, std::string_view hint) {
     return L.emit(target, std::move(args), m, hint);
   };
@@ -358,6 +384,8 @@ ValueId lower_hard_activation(Lowerer& L, const Node& n) {
                  "relu6");
   if (t == "aten.hardswish.default") c = op("aten.mul.Tensor", {NA("self", tensor_arg(x)), NA("other", tensor_arg(c))}, "gated");
   return op("aten.div.Scalar", {NA("self", tensor_arg(c)), NA("other", float_arg(6.0))}, "sixth");
+  };
+  return narrow(compute());
 }
 
 }  // namespace
@@ -389,9 +417,9 @@ bool Lowerer::lower_attention(const Node& n) {
   // softplus(x) = x where beta * x > threshold, else log1p(e^(beta * x)) / beta;
   // log_sigmoid(x) = min(x, 0) - log1p(e^-|x|) (no overflow for either sign)
   if (t == "aten.softplus.default" || t == "aten.log_sigmoid.default") {
-    const ValueId x = tensor_in(n, "self");
+    ValueId x = tensor_in(n, "self");
     TensorMeta m = out_meta(n);
-    if (m.dtype != ScalarType::Float) unsupported(n, "activation of a tensor that is not float32");
+    const auto narrow = in_float32(*this, n, x, m);
     auto op = [&](std::string_view target, std::vector<NamedArgument> args, std::string_view hint) {
       return emit(target, std::move(args), m, hint);
     };
@@ -405,8 +433,8 @@ bool Lowerer::lower_attention(const Node& n) {
       TensorMeta bm = m;
       bm.dtype = ScalarType::Bool;
       ValueId c = emit("aten.gt.Scalar", {NA("self", tensor_arg(bx)), NA("other", float_arg(threshold))}, bm, "linear");
-      bind(n, op("aten.where.self", {NA("condition", tensor_arg(c)), NA("self", tensor_arg(x)), NA("other", tensor_arg(r))},
-                 "softplus"));
+      bind(n, narrow(op("aten.where.self", {NA("condition", tensor_arg(c)), NA("self", tensor_arg(x)),
+                                            NA("other", tensor_arg(r))}, "softplus")));
       return true;
     }
     ValueId lo = op("aten.clamp.default", {NA("self", tensor_arg(x)), NA("max", float_arg(0.0))}, "min0");
@@ -414,7 +442,7 @@ bool Lowerer::lower_attention(const Node& n) {
     ValueId na = op("aten.neg.default", {NA("self", tensor_arg(a))}, "neg_abs");
     ValueId e = op("aten.exp.default", {NA("self", tensor_arg(na))}, "exp");
     ValueId l = op("aten.log1p.default", {NA("self", tensor_arg(e))}, "log1p");
-    bind(n, op("aten.sub.Tensor", {NA("self", tensor_arg(lo)), NA("other", tensor_arg(l))}, "log_sigmoid"));
+    bind(n, narrow(op("aten.sub.Tensor", {NA("self", tensor_arg(lo)), NA("other", tensor_arg(l))}, "log_sigmoid")));
     return true;
   }
   // hardtanh / relu6: a clamp (the partitioner delegates it as XNNClamp).

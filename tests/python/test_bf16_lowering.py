@@ -368,3 +368,52 @@ def test_executorchs_float16_xnnpack_program_runs_in_kilns_runtime(tmp_path):
     assert float(np.abs(et.float().numpy() - want).max()) <= 1e-3 * scale, "ExecuTorch's runtime vs eager"
     # the file delegates: kiln's inspect lists an XnnpackBackend call
     assert "XnnpackBackend" in run_kiln("inspect", pte).stdout
+
+
+@pytest.mark.parametrize("cast", ["float16", "bfloat16"])
+def test_16_bit_activations_and_norms_kept_16_bit_on_portable(cast, tmp_path):
+    """The activations and norms kiln decomposes (log_sigmoid, softplus, hardswish, mish, var, rms_norm) in a
+    float16 / bfloat16 program kept 16-bit (the portable backend's default): each computed in float32 and rounded
+    once, as eager's CPU kernels do (once refused: "activation of a tensor that is not float32"). Against eager of
+    the same dtype, in kiln's runtime and ExecuTorch's: each output within two roundings of its max."""
+    import torch
+    from executorch.runtime import Runtime
+
+    dtype = getattr(torch, cast)
+
+    class Acts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.RMSNorm(16, eps=1e-6)
+
+        def forward(self, x):
+            f = torch.nn.functional
+            return (f.logsigmoid(x), f.softplus(x, beta=2.0), f.hardswish(x), f.mish(x),
+                    x.var(dim=-1, keepdim=True), self.norm(x))
+
+    torch.manual_seed(0)
+    net = Acts().to(dtype).eval()
+    with torch.no_grad():
+        net.norm.weight.copy_(torch.linspace(0.5, 1.5, 16))
+    x = (torch.randn(6, 16) * 3).to(dtype)
+    work = tmp_path / cast
+    work.mkdir()
+    torch.export.save(torch.export.export(net, (x,)), work / "acts.pt2")
+    spec = work / "model_spec.json"
+    spec.write_text(json.dumps({"name": "acts", "model_id": f"tests/acts_{cast}", "seq_len": 6,
+                                "exported_program": "acts.pt2", "ir": "default", "inputs": [], "outputs": []}))
+    pte = work / "acts.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "portable", "--out", pte, "-q")
+    with torch.no_grad():
+        want = [t.float().numpy() for t in net(x)]
+    ulp = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}[cast]
+    et = Runtime.get().load_program(str(pte)).load_method("forward").execute([x])
+    assert all(t.dtype == dtype for t in et)
+    np.save(work / "x.npy", (x if cast == "float16" else x.float()).numpy())
+    outs = [work / f"y{i}.npy" for i in range(len(want))]
+    run_kiln("run", pte, "-i", work / "x.npy", *[a for o in outs for a in ("-o", o)])
+    kiln = [np.load(o).astype(np.float32) for o in outs]
+    for what, got in (("ExecuTorch's runtime", [t.float().numpy() for t in et]), ("kiln's runtime", kiln)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            err = float(np.abs(g - w).max())
+            assert err <= 2 * ulp * float(np.abs(w).max()), f"{what}, output {i}: {err:.3g}"
