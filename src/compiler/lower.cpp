@@ -299,11 +299,18 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     // inside (x.half() * 2, then .float()) is not one: widening would drop the roundings eager does there, so
     // it keeps its casts, and its 16-bit nodes run on the portable path
     std::optional<ScalarType> narrow;
+    bool both = false;  // bfloat16 and float16 inputs: kept as they are (each step on the portable path)
     auto see = [&](ScalarType t) {
-      if ((t == ScalarType::BFloat16 || t == ScalarType::Half) && !narrow) narrow = t;
+      if (t != ScalarType::BFloat16 && t != ScalarType::Half) return;
+      if (narrow && *narrow != t) both = true;
+      if (!narrow) narrow = t;
     };
     for (graph::ValueId v : ep.graph.inputs) see(ep.graph.value(v).meta.dtype);
     for (const auto& c : ep.constants) see(c.meta.dtype);
+    for (const auto& v : ep.graph.values)  // a cast inside to the other 16-bit type counts too
+      if (narrow && (v.meta.dtype == ScalarType::BFloat16 || v.meta.dtype == ScalarType::Half) && v.meta.dtype != *narrow)
+        both = true;
+    const bool keep_both = both && o.dtype.empty() && o.quantize.empty();
     if (narrow) r.program_dtype = r.stored_dtype = std::string(dtype_name(*narrow));
     // quantized products take float32 activations on either backend
     const std::string want = o.dtype.empty() ? (xnnpack || !o.quantize.empty() ? "fp32" : "") : o.dtype;
@@ -325,7 +332,7 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     const bool quantized = !o.quantize.empty() || embedding_quant.bits != 0;
     const std::string io = o.io_dtype.empty() ? (quantized ? "fp32" : "program") : o.io_dtype;
     check(io == "program" || io == "fp32", "--io-dtype {}: program or fp32", o.io_dtype);
-    if (want == "fp32" && narrow) {
+    if (want == "fp32" && narrow && !keep_both) {
       progress(fmt::format("widening the {} program to float32{}", r.program_dtype,
                            io == "fp32" ? ", its inputs and outputs too" : ""));
       pt2::widen_to_float(ep, io == "fp32" ? pt2::WidenIo::Widen : pt2::WidenIo::Keep);

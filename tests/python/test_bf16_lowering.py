@@ -417,3 +417,32 @@ def test_16_bit_activations_and_norms_kept_16_bit_on_portable(cast, tmp_path):
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             err = float(np.abs(g - w).max())
             assert err <= 2 * ulp * float(np.abs(w).max()), f"{what}, output {i}: {err:.3g}"
+
+
+def test_program_with_both_16_bit_types_is_kept_on_xnnpack(tmp_path):
+    """A program that takes bfloat16 and returns float16 (op_db's `half` of a bfloat16 tensor) has both 16-bit types,
+    and kiln widens one per program: by default (no --dtype, no --quantize) it is kept as it is, its steps on the
+    portable path, instead of refused. Against eager, in both runtimes: the same float16 bits."""
+    import torch
+    from executorch.runtime import Runtime
+
+    class Cast(torch.nn.Module):
+        def forward(self, x):
+            return (x.half() * 3.0).relu()
+
+    x = (torch.randn(5, 7) * 4).to(torch.bfloat16)
+    work = tmp_path / "cast"
+    work.mkdir()
+    torch.export.save(torch.export.export(Cast(), (x,)), work / "cast.pt2")
+    spec = work / "model_spec.json"
+    spec.write_text(json.dumps({"name": "cast", "model_id": "tests/cast", "seq_len": 5, "exported_program": "cast.pt2",
+                                "ir": "default", "inputs": [], "outputs": []}))
+    pte = work / "cast.pte"
+    run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", pte, "-q")
+    assert json.loads(pte.with_suffix(".json").read_text())["dtype"]["widened"] is False
+    want = Cast()(x)
+    (et,) = Runtime.get().load_program(str(pte)).load_method("forward").execute([x])
+    assert et.dtype == torch.float16 and torch.equal(et, want)
+    np.save(work / "x.npy", x.float().numpy())
+    run_kiln("run", pte, "-i", work / "x.npy", "-o", work / "y.npy")
+    assert np.array_equal(np.load(work / "y.npy"), want.numpy())
