@@ -141,6 +141,6 @@ void grid_sampler_2d_out(KernelContext& ctx, const Tensor& input, const Tensor& 
 
 }  // namespace
 
-KILN_KERNEL(grid_sampler_2d_out, grid_sampler_2d_out);
+KILN_KERNEL_WIDENS_16_BIT(grid_sampler_2d_out, grid_sampler_2d_out);
 
 }  // namespace kiln::rt::kernels
