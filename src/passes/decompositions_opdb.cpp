@@ -589,6 +589,7 @@ void eye(L& l, const Node& n) {  // the identity matrix, made now
     case ScalarType::Long: w = 8; break;
     case ScalarType::Int: w = 4; break;
     case ScalarType::Bool: w = 1; break;
+    case ScalarType::Half: case ScalarType::BFloat16: w = 2; break;
     default: l.unsupported(n, "eye of this dtype");
   }
   std::vector<std::byte> bytes(static_cast<size_t>(r * c) * w);
@@ -603,6 +604,9 @@ void eye(L& l, const Node& n) {  // the identity matrix, made now
     } else if (m.dtype == ScalarType::Int) {
       const int32_t one = 1;
       std::memcpy(p, &one, 4);
+    } else if (w == 2) {  // 1.0 in float16 (0x3c00) or bfloat16 (0x3f80)
+      const uint16_t one = m.dtype == ScalarType::Half ? 0x3c00 : 0x3f80;
+      std::memcpy(p, &one, 2);
     } else {
       *p = std::byte{1};
     }

@@ -135,8 +135,13 @@ void isin(L& l, const Node& n) {  // any(elements[:, None] == test[None, :]), in
 // linspace / logspace as eager computes them (float32): step = (end - start) / (steps - 1); the first half
 // start + i * step, the second end - (steps - 1 - i) * step; logspace base to those powers.
 void linspace(L& l, const Node& n) {
-  const TensorMeta m = l.out_meta(n);
-  if (m.dtype != ScalarType::Float) l.unsupported(n, "linspace / logspace of a dtype other than float32");
+  // float16 / bfloat16: computed in float32 and rounded once at the end
+  TensorMeta m = l.out_meta(n);
+  const ScalarType want = m.dtype;
+  if (want != ScalarType::Float && want != ScalarType::Half && want != ScalarType::BFloat16)
+    l.unsupported(n, "linspace / logspace of a dtype other than float32, float16 or bfloat16");
+  m.dtype = ScalarType::Float;
+  auto done = [&](ValueId r) { l.bind(n, want == ScalarType::Float ? r : l.convert(r, want)); };
   const int64_t steps = l.int_in(n, "steps");
   auto bound = [&](const char* name) {
     const Argument& a = l.arg(n, name);
@@ -144,7 +149,8 @@ void linspace(L& l, const Node& n) {
                                             : l.view(l.scalar_tensor(a, m.dtype), {1});
   };
   if (steps <= 0) {  // empty
-    l.bind(n, l.emit("aten.full.default", {NA("size", ints_arg({0})), NA("fill_value", int_arg(0))}, m, "empty"));
+    l.bind(n, l.emit("aten.full.default", {NA("size", ints_arg({0})), NA("fill_value", int_arg(0))}, l.out_meta(n),
+                     "empty"));
     return;
   }
   ValueId start = bound("start"), end = bound("end");
@@ -154,7 +160,7 @@ void linspace(L& l, const Node& n) {
       ValueId b = l.scalar_tensor(float_arg(l.number_in(n, "base", 10.0)), m.dtype);
       r = l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(b)), NA("exponent", tensor_arg(start))}, m, "logspace");
     }
-    l.bind(n, r);
+    done(r);
     return;
   }
   ValueId step = with_scalar(l, "aten.div.Scalar", binary(l, "aten.sub.Tensor", end, start, m.dtype, "span"),
@@ -174,7 +180,7 @@ void linspace(L& l, const Node& n) {
     ValueId b = l.scalar_tensor(float_arg(l.number_in(n, "base", 10.0)), m.dtype);
     r = l.emit("aten.pow.Tensor_Tensor", {NA("self", tensor_arg(b)), NA("exponent", tensor_arg(r))}, m, "logspace");
   }
-  l.bind(n, r);
+  done(r);
 }
 
 namespace {

@@ -363,3 +363,29 @@ def test_sum_to_size_of_ints_keeps_eagers_dtype_in_both_runtimes(kiln_bin, tmp_p
     inputs = (torch.tensor(5, dtype=torch.int32), torch.tensor(True), torch.arange(6, dtype=torch.int32).reshape(2, 3))
     rec = sweep.run_sample(kiln_bin, _SumToSizeInts().eval(), inputs, tmp_path, et_lowering=False)
     _assert_lowers_and_runs_in_both_runtimes(rec)
+
+
+# The float16 / bfloat16 sweep (`--dtypes float16,bfloat16`, COVERAGE.md "Other dtypes"): one sample of each dtype
+# of the entries kiln refused or got wrong there, since fixed (16-bit signatures on XNNPACK, float32-only kernels
+# and rewrites); ExecuTorch's lowering beside it where its float16 XNNPACK payloads are the point.
+SIXTEEN_BIT = ["abs", "addmm", "nn.functional.conv2d", "nn.functional.max_pool2d", "nn.functional.group_norm",
+               "nn.functional.interpolate.bilinear", "nn.functional.logsigmoid", "nn.functional.mish", "var",
+               "nn.functional.rms_norm", "nn.functional.grid_sample", "nan_to_num", "linspace", "logspace", "eye",
+               "half", "nn.functional.triplet_margin_loss"]
+_SIXTEEN = {key: o for key, _, o in sweep.select_ops(SIXTEEN_BIT, "all")}
+
+
+@pytest.mark.parametrize("key", SIXTEEN_BIT)
+def test_16_bit_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
+    assert key in _SIXTEEN, f"{key} is not in op_db"
+    samples = sweep.samples_of(key, _SIXTEEN[key], 1, ["float16", "bfloat16"])
+    assert samples, f"{key}: no float16 / bfloat16 sample"
+    for desc, module, inputs in samples:
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=key in ("abs", "addmm"))
+        assert rec["export"]["status"] == "ok", f"{key} ({desc}): torch.export: {rec['export']}"
+        for backend in sweep.BACKENDS:
+            for producer in ("kiln", "et") if key in ("abs", "addmm") else ("kiln",):
+                r = rec[f"{producer}_{backend}"]
+                assert r["lower"]["status"] == "ok", f"{key} ({desc}) {producer} {backend}: lower {r['lower']}"
+                for runtime in ("et_run", "kiln_run"):
+                    assert r[runtime]["status"] == "ok", f"{key} ({desc}) {producer} {backend} {runtime}: {r[runtime]}"
