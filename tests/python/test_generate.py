@@ -22,7 +22,8 @@ def _generate(pte, tok_json, *args):
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("index", range(len(PROMPTS)))
+# One prompt in CI (~70 s each on 2 cores); KILN_FULL_TESTS=1 runs all three (not collected in CI, not a skip).
+@pytest.mark.parametrize("index", range(len(PROMPTS)) if os.environ.get("KILN_FULL_TESTS") else [0])
 def test_greedy_chat_matches_transformers(smollm2, index):
     spec, pte, model, tok = smollm2
     chat = [{"role": "user", "content": PROMPTS[index]}]

@@ -639,7 +639,9 @@ def test_field_sites_agree_with_executorch(programs, which):
     assert compared > 200
 
 
-@pytest.mark.parametrize("which", PROGRAMS)
+# kiln's program in CI (~70 s each under the sanitizer build); KILN_FULL_TESTS=1 adds ExecuTorch's (the bit-flip
+# and truncation test below damages both in CI).
+@pytest.mark.parametrize("which", PROGRAMS if os.environ.get("KILN_FULL_TESTS") else PROGRAMS[:1])
 def test_damaged_fields_never_crash(programs, asan_bin, tmp_path, which):
     """Rewritten fields, through loader, method preparation and execution."""
     data = programs[which].read_bytes()
