@@ -741,7 +741,7 @@ void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
 // the positions no index reaches keep self; include_self=False restarts the reached ones from 0; 'mean' divides by
 // the count of values each position got (plus one for self when include_self). prod/amax/amin: densely, above.
 void scatter_reduce(L& l, const Node& n) {
-  const TensorMeta m = l.out_meta(n);
+  const TensorMeta out = l.out_meta(n);
   const Argument& r = l.arg(n, "reduce");
   const std::string reduce = r.kind == Argument::Kind::String ? std::get<std::string>(r.payload) : "";
   if (reduce == "prod" || reduce == "amax" || reduce == "amin") {
@@ -749,9 +749,15 @@ void scatter_reduce(L& l, const Node& n) {
     return;
   }
   if (reduce != "sum" && reduce != "mean") l.unsupported(n, fmt::format("scatter_reduce '{}'", reduce));
-  if (reduce == "mean" && m.dtype != ScalarType::Float) l.unsupported(n, "scatter_reduce 'mean' of a non-float32 tensor");
+  // 'mean' of float16 / bfloat16: summed, counted and divided in float32, rounded once
+  const bool wide = reduce == "mean" && (out.dtype == ScalarType::Half || out.dtype == ScalarType::BFloat16);
+  if (reduce == "mean" && out.dtype != ScalarType::Float && !wide)
+    l.unsupported(n, "scatter_reduce 'mean' of a tensor other than float32, float16 or bfloat16");
+  TensorMeta m = out;
+  if (wide) m.dtype = ScalarType::Float;
   Ops o{l, m.dtype};
-  ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
+  ValueId self = l.convert(l.tensor_in(n, "self"), m.dtype), index = l.tensor_in(n, "index");
+  ValueId src = l.convert(l.tensor_in(n, "src"), m.dtype);
   const int64_t dim = L::wrap_dim(l.int_in(n, "dim"), m.sizes.size());
   const bool include_self = l.int_in(n, "include_self", 1) != 0;
   auto scatter_add = [&](ValueId base, ValueId values, const char* hint) {
@@ -776,7 +782,7 @@ void scatter_reduce(L& l, const Node& n) {
   }
   ValueId total = include_self ? o.scal("aten.add.Scalar", count, 1.0, "count_self") : count;
   ValueId mean = o.bin("aten.div.Tensor", sum, total, "mean");
-  l.bind(n, o.where(o.cmp("aten.eq.Scalar", count, 0.0, "untouched"), self, mean, "scatter_mean"));
+  l.bind(n, l.convert(o.where(o.cmp("aten.eq.Scalar", count, 0.0, "untouched"), self, mean, "scatter_mean"), out.dtype));
 }
 
 // exp2(x) = pow(2, x): ExecuTorch's portable library has no exp2 kernel (its runtime cannot load a program with it)

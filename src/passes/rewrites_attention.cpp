@@ -78,8 +78,21 @@ ValueId lower_sdpa(Lowerer& L, const Node& n, const Attention& a, const TensorMe
   size_t r = qm.sizes.size();
   if (r < 2 || km.sizes.size() != r || vm.sizes.size() != r || out.sizes.size() != r)
     L.unsupported(n, "attention with query, key, value and output of different ranks or rank < 2");
+  const bool half = qm.dtype == ScalarType::Half || qm.dtype == ScalarType::BFloat16;
+  if (half && km.dtype == qm.dtype && vm.dtype == qm.dtype && out.dtype == qm.dtype) {
+    // float16 / bfloat16: computed as eager's CPU attention computes it, in float32 (products, softmax and the
+    // weighted sum), the output rounded once
+    Attention w = a;
+    w.q = L.convert(a.q, ScalarType::Float);
+    w.k = L.convert(a.k, ScalarType::Float);
+    w.v = L.convert(a.v, ScalarType::Float);
+    if (a.mask && L.meta_of(*a.mask).dtype != ScalarType::Bool) w.mask = L.convert(*a.mask, ScalarType::Float);
+    TensorMeta wide = out;
+    wide.dtype = ScalarType::Float;
+    return L.convert(lower_sdpa(L, n, w, wide), out.dtype);
+  }
   if (qm.dtype != ScalarType::Float || km.dtype != qm.dtype || vm.dtype != qm.dtype)
-    L.unsupported(n, "attention over tensors that are not all float32");
+    L.unsupported(n, "attention over tensors that are not all float32, float16 or bfloat16 alike");
   int64_t Lq = qm.sizes[r - 2], E = qm.sizes[r - 1];
   int64_t S = km.sizes[r - 2], Ev = vm.sizes[r - 1];
   if (km.sizes[r - 1] != E || vm.sizes[r - 2] != S) L.unsupported(n, "attention with mismatched key/value shapes");

@@ -523,8 +523,12 @@ bool Lowerer::lower_conv(const Node& n) {
       const size_t rank = xm.sizes.size();
       if (rank < static_cast<size_t>(spatial) + 1 || m.sizes.size() != rank)
         unsupported(n, "resize input of too small a rank");
-      if ((mode == Resize::Linear || mode == Resize::Cubic) && xm.dtype != ScalarType::Float)
-        unsupported(n, "linear/cubic resizing of a tensor other than float32");
+      // float16 / bfloat16 linear and cubic resizing: the taps weighted and summed in float32, rounded once (as
+      // eager's CPU kernels compute them); nearest modes only select
+      const bool interpolates = mode == Resize::Linear || mode == Resize::Cubic;
+      const bool half = xm.dtype == ScalarType::Half || xm.dtype == ScalarType::BFloat16;
+      if (interpolates && xm.dtype != ScalarType::Float && !half)
+        unsupported(n, "linear/cubic resizing of a tensor other than float32, float16 or bfloat16");
       bool align = false;
       if (const Argument* a = opt(n, "align_corners"); a && a->kind == Argument::Kind::Bool)
         align = std::get<bool>(a->payload);
@@ -542,13 +546,13 @@ bool Lowerer::lower_conv(const Node& n) {
         for (size_t d = 0; d < scales.size(); ++d)
           if (const Argument* a = opt(n, names[d]); a && a->kind == Argument::Kind::Float) scales[d] = std::get<double>(a->payload);
       }
-      ValueId y = x;
+      ValueId y = interpolates && half ? convert(x, ScalarType::Float) : x;
       for (size_t d = 0; d < static_cast<size_t>(spatial); ++d) {
         const size_t dim = rank - static_cast<size_t>(spatial) + d;
         ResizeTaps taps = resize_taps(mode, xm.sizes[dim], m.sizes[dim], scales[d], align);
         y = resize_dim(y, dim, taps.idx, taps.w);
       }
-      bind(n, y);
+      bind(n, interpolates && half ? convert(y, xm.dtype) : y);
       return true;
     }
   }

@@ -371,7 +371,9 @@ def test_sum_to_size_of_ints_keeps_eagers_dtype_in_both_runtimes(kiln_bin, tmp_p
 SIXTEEN_BIT = ["abs", "addmm", "nn.functional.conv2d", "nn.functional.max_pool2d", "nn.functional.group_norm",
                "nn.functional.interpolate.bilinear", "nn.functional.logsigmoid", "nn.functional.mish", "var",
                "nn.functional.rms_norm", "nn.functional.grid_sample", "nan_to_num", "linspace", "logspace", "eye",
-               "half", "nn.functional.triplet_margin_loss"]
+               "half", "nn.functional.triplet_margin_loss", "nn.functional.interpolate.linear",
+               "nn.functional.interpolate.bicubic", "nn.functional.interpolate.trilinear",
+               "nn.functional.scaled_dot_product_attention", "scatter_reduce.mean", "sort", "argsort"]
 _SIXTEEN = {key: o for key, _, o in sweep.select_ops(SIXTEEN_BIT, "all")}
 
 
@@ -381,7 +383,8 @@ def test_16_bit_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
     samples = sweep.samples_of(key, _SIXTEEN[key], 1, ["float16", "bfloat16"])
     assert samples, f"{key}: no float16 / bfloat16 sample"
     for desc, module, inputs in samples:
-        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=key in ("abs", "addmm"))
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=key in ("abs", "addmm"),
+                               ties=sweep.ties_unspecified(key, desc))
         assert rec["export"]["status"] == "ok", f"{key} ({desc}): torch.export: {rec['export']}"
         for backend in sweep.BACKENDS:
             for producer in ("kiln", "et") if key in ("abs", "addmm") else ("kiln",):
@@ -389,3 +392,23 @@ def test_16_bit_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
                 assert r["lower"]["status"] == "ok", f"{key} ({desc}) {producer} {backend}: lower {r['lower']}"
                 for runtime in ("et_run", "kiln_run"):
                     assert r[runtime]["status"] == "ok", f"{key} ({desc}) {producer} {backend} {runtime}: {r[runtime]}"
+
+
+def test_sort_orders_compare_equal_only_up_to_ties():
+    """The sweep's comparison of sort orders (`ties`): an order that differs from eager's only among equal values
+    passes; one that swaps unequal values, repeats an index, or is not a permutation fails; a stable sort's order
+    is compared exactly."""
+    import numpy as np
+
+    x = np.array([[3.0, 1.0, 3.0, 2.0], [0.5, 0.5, 0.5, -1.0]], dtype=np.float32)
+    eager = np.argsort(x, axis=1, kind="stable")                       # [[1, 3, 0, 2], [3, 0, 1, 2]]
+    ties = np.array([[1, 3, 2, 0], [3, 2, 0, 1]])                      # equal values in another order
+    swapped = np.array([[3, 1, 0, 2], [3, 0, 1, 2]])                   # 2.0 before 1.0
+    repeated = np.array([[1, 3, 0, 0], [3, 0, 1, 2]])
+    assert sweep.compare([ties], [eager], tie_sources=[x]) is None
+    assert sweep.compare([ties], [eager]) is not None                   # no ties allowed: exact
+    for bad in (swapped, repeated):
+        assert sweep.compare([bad], [eager], tie_sources=[x]) is not None
+    assert sweep.ties_unspecified("sort", "input=float16[8000]")
+    assert not sweep.ties_unspecified("sort", "input=float16[8000] kwargs={stable=True}")
+    assert not sweep.ties_unspecified("topk", "input=float16[8000]")
