@@ -651,8 +651,16 @@ ValueId leading_region(L& l, ValueId v, const std::vector<int64_t>& sizes, Scala
 // no index reaches (count 0) keep self, the others get it combined with self when include_self. Costs
 // index.numel() x self.size(dim) elements: scatter's tables are small where the default IR has this operator.
 void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
-  const TensorMeta m = l.out_meta(n);
+  TensorMeta m = l.out_meta(n);
   ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
+  // bool: as int32 0/1, where prod and amin are "and", amax "or" (torch's bool semantics), cast back at the end
+  const bool is_bool = m.dtype == ScalarType::Bool;
+  if (is_bool) {
+    m.dtype = ScalarType::Int;
+    self = l.convert(self, ScalarType::Int);
+    src = l.convert(src, ScalarType::Int);
+  }
+  auto result = [&](ValueId v) { return is_bool ? l.convert(v, ScalarType::Bool) : v; };
   const size_t rank = m.sizes.size();
   auto is = l.meta_of(index).sizes;
   if (rank == 0 || is.size() != rank || l.meta_of(src).sizes.size() != rank)
@@ -667,7 +675,7 @@ void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
     l.unsupported(n, "scatter_reduce 'prod'/'amax'/'amin' of a tensor that is neither floating point, int32 nor int64");
   for (int64_t s : is)
     if (s == 0) {  // no index: self
-      l.bind(n, self);
+      l.bind(n, result(self));
       return;
     }
   // the source's values in the index's region
@@ -734,7 +742,7 @@ void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
                                                     NA("value", float_arg(0.0))},
                    contiguous(ScalarType::Float, m.sizes), "scatter_pad");
   }
-  l.bind(n, o.where(of.cmp("aten.gt.Scalar", count, 0.0, "scatter_reached"), red, self, "scatter_reduce"));
+  l.bind(n, result(o.where(of.cmp("aten.gt.Scalar", count, 0.0, "scatter_reached"), red, self, "scatter_reduce")));
 }
 
 // scatter_reduce 'sum' and 'mean' by scatter_add, which ExecuTorch's portable library has (it has no scatter_reduce):
@@ -751,8 +759,11 @@ void scatter_reduce(L& l, const Node& n) {
   if (reduce != "sum" && reduce != "mean") l.unsupported(n, fmt::format("scatter_reduce '{}'", reduce));
   // 'mean' of float16 / bfloat16: summed, counted and divided in float32, rounded once
   const bool wide = reduce == "mean" && (out.dtype == ScalarType::Half || out.dtype == ScalarType::BFloat16);
-  if (reduce == "mean" && out.dtype != ScalarType::Float && !wide)
-    l.unsupported(n, "scatter_reduce 'mean' of a tensor other than float32, float16 or bfloat16");
+  // 'mean' of integers: the sum divided by the count rounding down, as eager's
+  const bool integral = out.dtype == ScalarType::Long || out.dtype == ScalarType::Int || out.dtype == ScalarType::Short ||
+                        out.dtype == ScalarType::Char || out.dtype == ScalarType::Byte;
+  if (reduce == "mean" && out.dtype != ScalarType::Float && !wide && !integral)
+    l.unsupported(n, "scatter_reduce 'mean' of a tensor other than float32, float16, bfloat16 or an integer type");
   TensorMeta m = out;
   if (wide) m.dtype = ScalarType::Float;
   Ops o{l, m.dtype};
@@ -780,8 +791,17 @@ void scatter_reduce(L& l, const Node& n) {
     l.bind(n, sum);
     return;
   }
-  ValueId total = include_self ? o.scal("aten.add.Scalar", count, 1.0, "count_self") : count;
-  ValueId mean = o.bin("aten.div.Tensor", sum, total, "mean");
+  ValueId total = !include_self ? count
+                 : integral ? l.emit("aten.add.Scalar", {NA("self", tensor_arg(count)), NA("other", int_arg(1))},
+                                     contiguous(m.dtype, m.sizes), "count_self")
+                            : o.scal("aten.add.Scalar", count, 1.0, "count_self");
+  if (integral)  // positions no index reaches (count 0, self kept below) divide by 1: an integer division by 0 traps
+    total = l.emit("aten.clamp.default", {NA("self", tensor_arg(total)), NA("min", int_arg(1))},
+                   contiguous(m.dtype, m.sizes), "count_nonzero");
+  ValueId mean = integral ? l.emit("aten.div.Tensor_mode", {NA("self", tensor_arg(sum)), NA("other", tensor_arg(total)),
+                                                          NA("rounding_mode", {Argument::Kind::String, std::string("floor")})},
+                                   contiguous(m.dtype, m.sizes), "mean")
+                          : o.bin("aten.div.Tensor", sum, total, "mean");
   l.bind(n, l.convert(o.where(o.cmp("aten.eq.Scalar", count, 0.0, "untouched"), self, mean, "scatter_mean"), out.dtype));
 }
 

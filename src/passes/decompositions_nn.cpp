@@ -140,7 +140,8 @@ void binary_cross_entropy_with_logits(L& l, const Node& n) {
 void poisson_nll_loss(L& l, const Node& n) {  // log_input: e^x - t x; else x - t log(x + eps); full: + Stirling (t > 1)
   constexpr double kPi = 3.14159265358979323846;
   Ops o = ops_of(l, n);
-  ValueId x = l.tensor_in(n, "input"), t = l.tensor_in(n, "target");
+  // integer input and target: the loss is float (the steps in the result's type, as exp and log promote them)
+  ValueId x = l.convert(l.tensor_in(n, "input"), o.dt), t = l.convert(l.tensor_in(n, "target"), o.dt);
   ValueId e = l.int_in(n, "log_input", 1)
                   ? o.bin("aten.sub.Tensor", o.un("aten.exp.default", x, "exp_x"), o.bin("aten.mul.Tensor", t, x, "tx"),
                           "elementwise")
@@ -497,8 +498,8 @@ void lstm_cell(L& l, const Node& n) {  // c' = sigmoid(f) c + sigmoid(i) tanh(g)
 // is the max; an average's divisor is the product of its per-dimension counts (the window's extent clipped to
 // the padded input, or to the input when count_include_pad is false, the adaptive window's length), so the
 // average of averages is the average; divisor_override: a sum over depth (divisor 1), then the override.
-// max_pool3d's indices: the depth pass's flat index over (D, H*W) is already the 3-D flat index
-// d*H*W + h*W + w; the plane pass picks which of them, gathered at its own indices.
+// max_pool3d with its indices: the plane first (ties as eager breaks them), each depth's plane index plus
+// d*H*W, the depth pass's index picking which of them.
 std::vector<int64_t> triple(L& l, const Node& n, const char* name, std::vector<int64_t> dflt) {
   const Argument* a = l.opt(n, name);
   std::vector<int64_t> v = !a || a->kind == Argument::Kind::None ? dflt : l.ints_in(n, name);
@@ -600,25 +601,37 @@ void pool3d(L& l, const Node& n) {
     return;
   }
   if (max) {
-    TensorMeta di = depth_m, pi = plane_m;
-    di.dtype = pi.dtype = ScalarType::Long;
-    auto depth = l.emit_raw("aten.max_pool2d_with_indices.default",
-                            {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
-                             NA("stride", ints_arg({stride[0], 1})), NA("padding", ints_arg({pad[0], 0})),
-                             NA("dilation", ints_arg({dil[0], 1})), NA("ceil_mode", bool_arg(ceil))},
-                            {depth_m, di}, "pool_depth");
+    // With the indices: the plane first, then the depth, so that of equal maxima the first in torch's scan order
+    // (depth, then row, then column) wins, as in eager (depth first would prefer the earliest row and column).
+    // The plane pass's indices (h * W + w per depth) plus d * H * W are 3-D flat indices; the depth pass's own
+    // index over (D, Ho * Wo) picks which of them.
+    const TensorMeta plane_first = contiguous(m.dtype, {B, D, Ho, Wo}), depth_last = contiguous(m.dtype, {B, 1, Do, Ho * Wo});
+    TensorMeta pi = plane_first, di = depth_last;
+    pi.dtype = di.dtype = ScalarType::Long;
     auto plane = l.emit_raw("aten.max_pool2d_with_indices.default",
-                            {NA("self", tensor_arg(l.view(depth[0], {B, Do, H, W}))),
-                             NA("kernel_size", ints_arg({k[1], k[2]})), NA("stride", ints_arg({stride[1], stride[2]})),
-                             NA("padding", ints_arg({pad[1], pad[2]})), NA("dilation", ints_arg({dil[1], dil[2]})),
+                            {NA("self", tensor_arg(l.view(x, {B, D, H, W}))), NA("kernel_size", ints_arg({k[1], k[2]})),
+                             NA("stride", ints_arg({stride[1], stride[2]})), NA("padding", ints_arg({pad[1], pad[2]})),
+                             NA("dilation", ints_arg({dil[1], dil[2]})), NA("ceil_mode", bool_arg(ceil))},
+                            {plane_first, pi}, "pool_plane");
+    auto depth = l.emit_raw("aten.max_pool2d_with_indices.default",
+                            {NA("self", tensor_arg(l.view(plane[0], {B, 1, D, Ho * Wo}))),
+                             NA("kernel_size", ints_arg({k[0], 1})), NA("stride", ints_arg({stride[0], 1})),
+                             NA("padding", ints_arg({pad[0], 0})), NA("dilation", ints_arg({dil[0], 1})),
                              NA("ceil_mode", bool_arg(ceil))},
-                            {plane_m, pi}, "pool_plane");
-    l.bind(n, l.view(plane[0], m.sizes));
+                            {depth_last, di}, "pool_depth");
+    l.bind(n, l.view(depth[0], m.sizes));
     if (indices) {
-      TensorMeta im = contiguous(ScalarType::Long, {B, Do, Ho * Wo});
+      std::vector<int64_t> base(static_cast<size_t>(D));
+      for (int64_t d = 0; d < D; ++d) base[static_cast<size_t>(d)] = d * H * W;
+      std::vector<std::byte> bytes(base.size() * sizeof(int64_t));
+      std::memcpy(bytes.data(), base.data(), bytes.size());
+      ValueId off = l.constant_tensor(ScalarType::Long, {1, D, 1, 1}, std::move(bytes), "pool_depth_offset");
+      ValueId flat = l.emit("aten.add.Tensor", {NA("self", tensor_arg(plane[1])), NA("other", tensor_arg(off))}, pi,
+                            "pool_flat");
+      TensorMeta im = contiguous(ScalarType::Long, {B, Do * Ho * Wo});
       ValueId idx = l.emit("aten.gather.default",
-                           {NA("self", tensor_arg(l.view(depth[1], {B, Do, H * W}))), NA("dim", int_arg(2)),
-                            NA("index", tensor_arg(l.view(plane[1], {B, Do, Ho * Wo}))),
+                           {NA("self", tensor_arg(l.view(flat, {B, D * Ho * Wo}))), NA("dim", int_arg(1)),
+                            NA("index", tensor_arg(l.view(depth[1], {B, Do * Ho * Wo}))),
                             NA("sparse_grad", bool_arg(false))},
                            im, "pool_indices");
       l.bind(n, l.view(idx, l.out_meta(n, 1).sizes), 1);
@@ -631,6 +644,13 @@ void pool3d(L& l, const Node& n) {
     divisor = *a;
     depth_divisor = int_arg(1);
   }
+  // An integer average is the window's sum divided once, truncating (eager's): an average of averages would
+  // truncate twice. Both passes then sum, and the sums are divided by each window's divisor, a constant of the
+  // shapes (the product of its per-dimension counts, as avg_pool2d's kernel counts them).
+  const bool integral = m.dtype == ScalarType::Long || m.dtype == ScalarType::Int || m.dtype == ScalarType::Short ||
+                        m.dtype == ScalarType::Char || m.dtype == ScalarType::Byte;
+  const bool divide_after = integral && !depth_one && !plane_one && divisor.kind == Argument::Kind::None;
+  if (divide_after) divisor = depth_divisor = int_arg(1);
   ValueId y = depth_one ? subsample(l, xd, 2, stride[0])  // (a divisor override applies in the plane pass)
                        : l.emit("aten.avg_pool2d.default",
                                 {NA("self", tensor_arg(xd)), NA("kernel_size", ints_arg({k[0], 1})),
@@ -648,6 +668,27 @@ void pool3d(L& l, const Node& n) {
               NA("ceil_mode", bool_arg(ceil)), NA("count_include_pad", bool_arg(include_pad)),
               NA("divisor_override", divisor)},
              plane_m, "pool_plane");
+  if (divide_after) {
+    const int64_t in[3] = {D, H, W}, out[3] = {Do, Ho, Wo};
+    std::vector<int64_t> counts[3];
+    for (int d = 0; d < 3; ++d)
+      for (int64_t o = 0; o < out[d]; ++o) {
+        const int64_t start = o * stride[static_cast<size_t>(d)] - pad[static_cast<size_t>(d)];
+        const int64_t end = std::min(start + k[static_cast<size_t>(d)], in[d] + pad[static_cast<size_t>(d)]);
+        counts[d].push_back(include_pad ? end - start : std::min(end, in[d]) - std::max<int64_t>(start, 0));
+      }
+    std::vector<int64_t> div;
+    div.reserve(static_cast<size_t>(Do * Ho * Wo));
+    for (int64_t a : counts[0])
+      for (int64_t b : counts[1])
+        for (int64_t c : counts[2]) div.push_back(std::max<int64_t>(a * b * c, 1));
+    std::vector<std::byte> bytes(div.size() * sizeof(int64_t));
+    std::memcpy(bytes.data(), div.data(), bytes.size());
+    ValueId dv = l.convert(l.constant_tensor(ScalarType::Long, {1, Do, Ho, Wo}, std::move(bytes), "pool_divisor"), m.dtype);
+    y = l.emit("aten.div.Tensor_mode", {NA("self", tensor_arg(y)), NA("other", tensor_arg(dv)),
+                                        NA("rounding_mode", {Argument::Kind::String, std::string("trunc")})},
+               plane_m, "pool_average");
+  }
   l.bind(n, l.view(y, m.sizes));
 }
 

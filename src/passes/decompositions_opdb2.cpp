@@ -136,17 +136,31 @@ void isin(L& l, const Node& n) {  // any(elements[:, None] == test[None, :]), in
 // start + i * step, the second end - (steps - 1 - i) * step; logspace base to those powers.
 void linspace(L& l, const Node& n) {
   // float16 / bfloat16: computed in float32 and rounded once at the end
+  // integer types as eager's kernel computes them: start and end converted to the type (truncated), the steps in
+  // float64, each value truncated
   TensorMeta m = l.out_meta(n);
   const ScalarType want = m.dtype;
-  if (want != ScalarType::Float && want != ScalarType::Half && want != ScalarType::BFloat16)
-    l.unsupported(n, "linspace / logspace of a dtype other than float32, float16 or bfloat16");
-  m.dtype = ScalarType::Float;
-  auto done = [&](ValueId r) { l.bind(n, want == ScalarType::Float ? r : l.convert(r, want)); };
+  const bool integral = want == ScalarType::Long || want == ScalarType::Int || want == ScalarType::Short ||
+                        want == ScalarType::Char || want == ScalarType::Byte;
+  if (want != ScalarType::Float && want != ScalarType::Half && want != ScalarType::BFloat16 && !integral)
+    l.unsupported(n, "linspace / logspace of a dtype other than float32, float16, bfloat16 or an integer type");
+  m.dtype = integral ? ScalarType::Double : ScalarType::Float;
+  auto done = [&](ValueId r) { l.bind(n, l.convert(r, want)); };
   const int64_t steps = l.int_in(n, "steps");
   auto bound = [&](const char* name) {
     const Argument& a = l.arg(n, name);
-    return a.kind == Argument::Kind::Tensor ? l.view(l.convert(l.tensor_in(n, name), m.dtype), {1})
-                                            : l.view(l.scalar_tensor(a, m.dtype), {1});
+    if (a.kind == Argument::Kind::Tensor) {
+      ValueId t = l.tensor_in(n, name);
+      if (integral) t = l.convert(t, want);
+      return l.view(l.convert(t, m.dtype), {1});
+    }
+    Argument v = a;
+    if (integral && v.kind == Argument::Kind::Float) {
+      const double d = std::trunc(std::get<double>(v.payload));
+      if (!(d >= -9.2e18 && d <= 9.2e18)) l.unsupported(n, "linspace / logspace bound out of int64's range");
+      v = int_arg(static_cast<int64_t>(d));
+    }
+    return l.view(l.scalar_tensor(v, m.dtype), {1});
   };
   if (steps <= 0) {  // empty
     l.bind(n, l.emit("aten.full.default", {NA("size", ints_arg({0})), NA("fill_value", int_arg(0))}, l.out_meta(n),
@@ -165,13 +179,13 @@ void linspace(L& l, const Node& n) {
   }
   ValueId step = with_scalar(l, "aten.div.Scalar", binary(l, "aten.sub.Tensor", end, start, m.dtype, "span"),
                              static_cast<double>(steps - 1), m.dtype, "step");
-  ValueId i = iota_constant(l, steps, ScalarType::Float, "linspace_index");
+  ValueId i = l.convert(iota_constant(l, steps, ScalarType::Float, "linspace_index"), m.dtype);
   std::vector<std::byte> rb(static_cast<size_t>(steps) * 4);
   for (int64_t k = 0; k < steps; ++k) {
     const float v = static_cast<float>(steps - 1 - k);
     std::memcpy(rb.data() + k * 4, &v, 4);
   }
-  ValueId ri = l.constant_tensor(ScalarType::Float, {steps}, std::move(rb), "linspace_rindex");
+  ValueId ri = l.convert(l.constant_tensor(ScalarType::Float, {steps}, std::move(rb), "linspace_rindex"), m.dtype);
   ValueId lo = binary(l, "aten.add.Tensor", start, binary(l, "aten.mul.Tensor", i, step, m.dtype, "i_step"), m.dtype, "lo");
   ValueId hi = binary(l, "aten.sub.Tensor", end, binary(l, "aten.mul.Tensor", ri, step, m.dtype, "ri_step"), m.dtype, "hi");
   ValueId first = with_scalar(l, "aten.lt.Scalar", i, static_cast<double>(steps / 2), ScalarType::Bool, "first_half");
@@ -580,6 +594,8 @@ void unsafe_masked_index_put_accumulate(L& l, const Node& n) {  // index_put(acc
 // library has no sort); argsort keeps the indices, msort (along dim 0) the values. kiln's topk orders ties by index.
 void argsort(L& l, const Node& n) {
   ValueId x = l.tensor_in(n, "self");
+  const bool as_byte = l.meta_of(x).dtype == ScalarType::Bool;  // as sort's rewrite: ExecuTorch's topk takes no bool
+  if (as_byte) x = l.convert(x, ScalarType::Byte);
   const TensorMeta xm = contiguous(l.meta_of(x));
   const bool values = n.target == "aten.msort.default";
   const int64_t dim = values ? 0 : L::wrap_dim(l.int_in(n, "dim", -1), xm.sizes.size());
@@ -588,7 +604,7 @@ void argsort(L& l, const Node& n) {
   auto outs = l.emit_raw("aten.topk.default", {NA("self", tensor_arg(x)), NA("k", int_arg(k)), NA("dim", int_arg(dim)),
                                                NA("largest", bool_arg(descending)), NA("sorted", bool_arg(true))},
                          {xm, contiguous(ScalarType::Long, xm.sizes)}, "sort");
-  l.bind(n, outs[values ? 0 : 1]);
+  l.bind(n, values && as_byte ? l.convert(outs[0], ScalarType::Bool) : outs[values ? 0 : 1]);
 }
 
 // torch.gradient with one uniform spacing h and edge_order 1, per dim: (x[2:] - x[:-2]) / 2h inside, one-sided

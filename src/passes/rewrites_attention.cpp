@@ -463,6 +463,18 @@ bool Lowerer::lower_attention(const Node& n) {
     Argument lo = float_arg(t == "aten.relu6.default" ? 0.0 : -1.0), hi = float_arg(t == "aten.relu6.default" ? 6.0 : 1.0);
     if (const Argument* a = opt(n, "min_val")) lo = *a;
     if (const Argument* a = opt(n, "max_val")) hi = *a;
+    const ScalarType dt = out_meta(n).dtype;
+    if (dt != ScalarType::Float && dt != ScalarType::Double && dt != ScalarType::Half && dt != ScalarType::BFloat16 &&
+        dt != ScalarType::Bool) {
+      // an integer tensor: eager clamps to the bounds converted to its type (truncated: hardtanh(x, -0.5, 0.5) is 0),
+      // and the result keeps the type (a float bound would promote clamp's result to float32)
+      for (Argument* b : {&lo, &hi})
+        if (b->kind == Argument::Kind::Float) {
+          const double v = std::trunc(std::get<double>(b->payload));
+          if (!(v >= -9.2e18 && v <= 9.2e18)) unsupported(n, "hardtanh of an integer tensor with a bound out of int64's range");
+          *b = int_arg(static_cast<int64_t>(v));
+        }
+    }
     bind(n, emit("aten.clamp.default", {NA("self", tensor_arg(tensor_in(n, "self"))), NA("min", lo), NA("max", hi)},
                  out_meta(n)));
     return true;

@@ -53,10 +53,18 @@ bool Lowerer::lower_sequence(const Node& n) {
     const auto& xm = meta_of(x);
     int64_t dim = wrap_dim(int_in(n, "dim", -1), xm.sizes.size());
     int64_t k = xm.sizes.empty() ? 1 : xm.sizes[static_cast<size_t>(dim)];
+    // bool as uint8 (ExecuTorch's topk kernel takes no bool; false < true either way), the values cast back
+    const bool as_byte = xm.dtype == ScalarType::Bool;
+    TensorMeta vm = out_meta(n, 0);
+    if (as_byte) {
+      x = convert(x, ScalarType::Byte);
+      vm.dtype = ScalarType::Byte;
+    }
     auto outs = emit_raw("aten.topk.default", {NA("self", tensor_arg(x)), NA("k", int_arg(k)), NA("dim", int_arg(dim)),
                                                NA("largest", bool_arg(int_in(n, "descending", 0) != 0)),
                                                NA("sorted", bool_arg(true))},
-                         {out_meta(n, 0), out_meta(n, 1)}, "topk");
+                         {vm, out_meta(n, 1)}, "topk");
+    if (as_byte) outs[0] = convert(outs[0], ScalarType::Bool);
     bind_all(n, outs);
     return true;
   }

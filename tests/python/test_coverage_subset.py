@@ -394,7 +394,7 @@ def test_16_bit_sample_lowers_and_runs_correctly(key, kiln_bin, tmp_path):
                     assert r[runtime]["status"] == "ok", f"{key} ({desc}) {producer} {backend} {runtime}: {r[runtime]}"
 
 
-def test_sort_orders_compare_equal_only_up_to_ties():
+def test_sort_and_topk_orders_compare_equal_only_up_to_ties():
     """The sweep's comparison of sort orders (`ties`): an order that differs from eager's only among equal values
     passes; one that swaps unequal values, repeats an index, or is not a permutation fails; a stable sort's order
     is compared exactly."""
@@ -411,4 +411,66 @@ def test_sort_orders_compare_equal_only_up_to_ties():
         assert sweep.compare([bad], [eager], tie_sources=[x]) is not None
     assert sweep.ties_unspecified("sort", "input=float16[8000]")
     assert not sweep.ties_unspecified("sort", "input=float16[8000] kwargs={stable=True}")
-    assert not sweep.ties_unspecified("topk", "input=float16[8000]")
+    assert sweep.ties_unspecified("topk", "input=int64[5, 10, 5] args=(3)")
+    assert not sweep.ties_unspecified("max_pool2d", "input=int64[1, 2, 3, 6]")
+    # top-k: 2 of each row, ties among the 3.0s in another order, a repeated index, a smaller value
+    top = np.array([[0, 2], [0, 1]])
+    assert sweep.compare([np.array([[2, 0], [1, 2]])], [top], tie_sources=[x]) is None
+    assert sweep.compare([np.array([[0, 0], [0, 1]])], [top], tie_sources=[x]) is not None
+    assert sweep.compare([np.array([[0, 3], [0, 1]])], [top], tie_sources=[x]) is not None
+
+
+# The int64 / int32 / bool sweep (`--dtypes int64,int32,bool`, COVERAGE.md "Other dtypes"): one sample of each dtype
+# of the entries kiln got wrong or could not run there, since fixed (integer pooling, convolution and pads in kiln's
+# kernels, bool scatters and sorts, integer hardtanh / linspace / logspace / scatter_reduce mean, max_pool3d's
+# ties). INT_ET: where ExecuTorch's own program is the point (kiln's runtime once refused it).
+INT_SAMPLES = ["nn.functional.avg_pool1d", "nn.functional.avg_pool3d", "nn.functional.local_response_norm",
+               "nn.functional.conv1d", "nn.functional.conv_transpose2d", "nn.functional.pad.reflect",
+               "nn.functional.pad.replicate_negative", "nn.functional.max_pool2d", "nn.functional.max_pool3d", "topk",
+               "nn.functional.hardtanh", "nn.functional.relu6", "sort", "argsort", "scatter_add", "scatter_reduce.prod",
+               "scatter_reduce.amax", "scatter_reduce.mean", "nn.functional.poisson_nll_loss", "linspace", "logspace",
+               "clamp_max"]
+INT_ET = ("nn.functional.avg_pool2d", "nn.functional.hardtanh", "clamp_max", "scatter_add")
+_INTS = {key: o for key, _, o in sweep.select_ops(INT_SAMPLES + list(INT_ET), "all")}
+
+
+@pytest.mark.parametrize("key", sorted(set(INT_SAMPLES) | set(INT_ET)))
+def test_integer_and_bool_samples_lower_and_run_correctly(key, kiln_bin, tmp_path):
+    assert key in _INTS, f"{key} is not in op_db"
+    samples = sweep.samples_of(key, _INTS[key], 1, ["int64", "int32", "bool"])
+    assert samples, f"{key}: no int64 / int32 / bool sample"
+    for desc, module, inputs in samples:
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=key in INT_ET,
+                               ties=sweep.ties_unspecified(key, desc))
+        assert rec["export"]["status"] == "ok", f"{key} ({desc}): torch.export: {rec['export']}"
+        for backend in sweep.BACKENDS:
+            if key in INT_SAMPLES:
+                r = rec[f"kiln_{backend}"]
+                assert r["lower"]["status"] == "ok", f"{key} ({desc}) {backend}: lower {r['lower']}"
+                for runtime in ("et_run", "kiln_run"):
+                    assert r[runtime]["status"] == "ok", f"{key} ({desc}) kiln {backend} {runtime}: {r[runtime]}"
+            if key in INT_ET:
+                r = rec[f"et_{backend}"]
+                if r["lower"]["status"] == "ok" and r["et_run"]["status"] == "ok":
+                    assert r["kiln_run"]["status"] == "ok", f"{key} ({desc}) ET's {backend} file in kiln: {r['kiln_run']}"
+
+
+class _IntPools3d(__import__("torch").nn.Module):
+    def forward(self, x):
+        import torch.nn.functional as F
+
+        v, i = F.max_pool3d(x, 2, stride=1, padding=1, return_indices=True)
+        return (F.avg_pool3d(x, (2, 3, 2), stride=(1, 2, 1), padding=1, count_include_pad=False, ceil_mode=True),
+                F.avg_pool3d(x, 3, stride=2, padding=1), F.avg_pool3d(x, 2, divisor_override=3), v, i)
+
+
+def test_integer_3d_pooling_matches_eager_in_both_runtimes(kiln_bin, tmp_path):
+    """3-D pooling of int64 values with many ties: averages divided once and truncated as eager's (padding, with
+    and without count_include_pad, ceil mode, a divisor override), and max pooling's indices picking the first
+    maximum in eager's scan order (depth, row, column)."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randint(-4, 5, (2, 3, 4, 5, 6), dtype=torch.int64)
+    rec = sweep.run_sample(kiln_bin, _IntPools3d().eval(), (x,), tmp_path, et_lowering=False)
+    _assert_lowers_and_runs_in_both_runtimes(rec)

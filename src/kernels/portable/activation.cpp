@@ -1,5 +1,5 @@
-// Activation kernels: hardswish, hardsigmoid, mish, hardtanh (float dtypes; out
-// dtype equals the input's). NaN propagates through every one of them.
+// Activation kernels: hardswish, hardsigmoid, mish (float dtypes), hardtanh (and integers); out
+// dtype equals the input's. NaN propagates through every one of them.
 #include "util/elementwise_ops.h"
 
 #include <cmath>
@@ -45,8 +45,10 @@ void mish_out(KernelContext& ctx, const Tensor& self, Tensor& out) {
   });
 }
 
+// integer tensors too (ExecuTorch writes relu6 / hardtanh of one as this operator): the bounds converted to the
+// tensor's type, as torch does (hardtanh(x, -0.5, 0.5) of int64 is 0)
 void hardtanh_out(KernelContext& ctx, const Tensor& self, Scalar min_val, Scalar max_val, Tensor& out) {
-  activation(ctx, "aten::hardtanh.out", self, out, [&](auto tag) {
+  unary<kRealTypes>(ctx, {"aten::hardtanh.out", false, false, OutRule::Exact, true}, self, out, [&](auto tag) {
     using C = typename decltype(tag)::type;
     const C lo = min_val.as<C>(), hi = max_val.as<C>();
     return [lo, hi](C x) -> C { return clamp_nan(x, lo, hi); };

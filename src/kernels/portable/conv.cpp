@@ -1,5 +1,6 @@
 // convolution.out: 1-D, 2-D and 3-D convolutions and transposed convolutions
-// (groups, stride, padding, dilation, output_padding), float32.
+// (groups, stride, padding, dilation, output_padding), float32 (float16 / bfloat16 widened; integer types by
+// direct loops, below).
 //
 // Every case is a GEMM per (batch, group) through kiln::cpu::sgemm:
 //   forward     out_g[OCg, P] = W_g[OCg, K] · col[K, P]        (K = Cg·kd·kh·kw, P output pixels)
@@ -120,14 +121,63 @@ void conv_transpose_group(const ConvGeom& g, const float* x, const float* w, flo
   }
 }
 
+// Integer convolution (torch's CPU convolution takes integer tensors: int64 programs do it), direct loops: the
+// products summed modulo 2^64 (unsigned: no signed overflow) and the result cast to T, which wraps as torch's
+// integer arithmetic does. False when the per-row sums cannot be allocated.
+template <typename T>
+bool conv_integer(const ConvGeom& g, bool transposed, const T* x, const T* w, const T* bias, T* y) {
+  const int64_t cg = g.c / g.groups, ocg = g.oc / g.groups, kvol = g.kernel_size();
+  const int64_t Pin = g.in_pixels(), Pout = g.out_pixels();
+  auto mul = [](T a, T b) { return static_cast<uint64_t>(static_cast<int64_t>(a)) * static_cast<uint64_t>(static_cast<int64_t>(b)); };
+  std::unique_ptr<uint64_t[]> acc(new (std::nothrow) uint64_t[static_cast<size_t>(std::max<int64_t>(Pout, 1))]);
+  if (!acc) return false;
+  for (int64_t b = 0; b < g.n; ++b)
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      for (int64_t o = 0; o < ocg; ++o) {
+        std::fill(acc.get(), acc.get() + Pout, uint64_t{0});
+        const int64_t oc = gi * ocg + o;
+        for (int64_t c = 0; c < cg; ++c) {
+          const T* xc = x + (b * g.c + gi * cg + c) * Pin;
+          const T* wk = transposed ? w + ((gi * cg + c) * ocg + o) * kvol : w + (oc * cg + c) * kvol;
+          for (int64_t kr = 0; kr < kvol; ++kr) {
+            const int64_t kd = kr / (g.k[1] * g.k[2]), kh = (kr / g.k[2]) % g.k[1], kw = kr % g.k[2];
+            if (transposed) {  // each input pixel adds to the output pixel it reaches through this tap
+              for (int64_t p = 0; p < Pin; ++p) {
+                const int64_t id = p / (g.in[1] * g.in[2]), ih = (p / g.in[2]) % g.in[1], iw = p % g.in[2];
+                const int64_t od = id * g.stride[0] - g.pad[0] + kd * g.dil[0];
+                const int64_t oh = ih * g.stride[1] - g.pad[1] + kh * g.dil[1];
+                const int64_t ow = iw * g.stride[2] - g.pad[2] + kw * g.dil[2];
+                if (od < 0 || od >= g.out[0] || oh < 0 || oh >= g.out[1] || ow < 0 || ow >= g.out[2]) continue;
+                acc[static_cast<size_t>((od * g.out[1] + oh) * g.out[2] + ow)] += mul(xc[p], wk[kr]);
+              }
+            } else {  // each output pixel reads the input pixel under this tap
+              for (int64_t p = 0; p < Pout; ++p) {
+                const int64_t od = p / (g.out[1] * g.out[2]), oh = (p / g.out[2]) % g.out[1], ow = p % g.out[2];
+                const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+                const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+                const int64_t iw = ow * g.stride[2] - g.pad[2] + kw * g.dil[2];
+                if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1] || iw < 0 || iw >= g.in[2]) continue;
+                acc[static_cast<size_t>(p)] += mul(xc[(id * g.in[1] + ih) * g.in[2] + iw], wk[kr]);
+              }
+            }
+          }
+        }
+        const uint64_t bv = bias != nullptr ? static_cast<uint64_t>(static_cast<int64_t>(bias[oc])) : 0;
+        T* row = y + (b * g.oc + oc) * Pout;
+        for (int64_t p = 0; p < Pout; ++p) row[p] = static_cast<T>(static_cast<int64_t>(acc[static_cast<size_t>(p)] + bv));
+      }
+  return true;
+}
+
 void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weight, const Tensor* bias,
                      IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation, bool transposed,
                      IntArrayRef output_padding, int64_t groups, Tensor& out) {
   const char* name = "aten::convolution.out";
   const ScalarType dt = input.dtype;
-  if ((dt != ScalarType::Float && dt != ScalarType::Half && dt != ScalarType::BFloat16) || weight.dtype != dt ||
-      (bias != nullptr && bias->dtype != dt)) {
-    ctx.fail(Status::NotSupported, "%s: float32, float16 or bfloat16 input, weight and bias of one dtype are "
+  const bool integer = in_set(dt, kIntTypes);
+  if ((dt != ScalarType::Float && dt != ScalarType::Half && dt != ScalarType::BFloat16 && !integer) ||
+      weight.dtype != dt || (bias != nullptr && bias->dtype != dt)) {
+    ctx.fail(Status::NotSupported, "%s: float32, float16, bfloat16 or integer input, weight and bias of one dtype are "
              "supported, got input %s and weight %s", name, dtype_str(input.dtype), dtype_str(weight.dtype));
     return;
   }
@@ -220,6 +270,16 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
   for (int64_t d = 0; d < spatial; ++d) shape[2 + d] = g.out[3 - spatial + d];
   if (!resize_out(ctx, out, {shape, static_cast<size_t>(rank)}, name)) return;
   if (out.numel == 0) return;
+  if (integer) {
+    bool ok = true;
+    dispatch<kIntTypes>(dt, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      ok = conv_integer<T>(g, transposed, input.data_as<const T>(), weight.data_as<const T>(),
+                      bias != nullptr ? bias->data_as<const T>() : nullptr, out.data_as<T>());
+    });
+    if (!ok) ctx.fail(Status::OutOfMemory, "%s: out of memory for an integer convolution's sums", name);
+    return;
+  }
   // float16 / bfloat16: the operands widened, the float32 result rounded once (nearest even), as torch's CPU
   // convolution of those types accumulates in float32. The only path of this kernel that allocates: whole-tensor
   // copies a 16-bit program's convolution needs (its float32 programs allocate nothing here).

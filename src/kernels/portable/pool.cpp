@@ -1,10 +1,13 @@
-// 2-D pooling: max_pool2d_with_indices.out, avg_pool2d.out, _adaptive_avg_pool2d.out,
-// float32, over [N, C, H, W] or [C, H, W] (planes are independent).
+// 2-D pooling: max_pool2d_with_indices.out, avg_pool2d.out, _adaptive_avg_pool2d.out, over [N, C, H, W] or
+// [C, H, W] (planes are independent). float32 (float16 / bfloat16 widened); max and average pooling also of
+// integer tensors, as torch's CPU kernels compute them (an integer average: the window's sum in int64, divided
+// by the count with truncation).
 #include "util/register.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 namespace kiln::rt::kernels {
 namespace {
@@ -52,11 +55,11 @@ int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t 
 
 bool setup(KernelContext& ctx, const char* name, const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
            IntArrayRef padding, IntArrayRef dilation, bool ceil_mode, Tensor& out, Pool2d& p, int64_t* shape) {
-  if (self.dtype != ScalarType::Float) {
-    ctx.fail(Status::NotSupported, "%s: only float32 is supported, got %s", name, dtype_str(self.dtype));
+  if (self.dtype != ScalarType::Float && !in_set(self.dtype, kIntTypes)) {
+    ctx.fail(Status::NotSupported, "%s: float32 and integer tensors are supported, got %s", name, dtype_str(self.dtype));
     return false;
   }
-  if (!check_out_dtype(ctx, out, ScalarType::Float, name)) return false;
+  if (!check_out_dtype(ctx, out, self.dtype, name)) return false;
   if (self.dim != 3 && self.dim != 4) {
     ctx.fail(Status::InvalidArgument, "%s: input must have rank 3 or 4, got %d", name, self.dim);
     return false;
@@ -107,14 +110,16 @@ void max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self, IntArra
     return;
   }
   if (!resize_out(ctx, indices, {shape, static_cast<size_t>(self.dim)}, name)) return;
-  const float* x = self.data_as<const float>();
-  float* y = out.data_as<float>();
+  dispatch<kFloatTypes | kIntTypes>(self.dtype, [&](auto tag) {
+  using T = typename decltype(tag)::type;
+  const T* x = self.data_as<const T>();
+  T* y = out.data_as<T>();
   int64_t* idx = indices.data_as<int64_t>();
   for (int64_t c = 0; c < p.planes; ++c) {
-    const float* xp = x + c * p.ih * p.iw;
+    const T* xp = x + c * p.ih * p.iw;
     for (int64_t oy = 0; oy < p.oh; ++oy) {
       for (int64_t ox = 0; ox < p.ow; ++ox) {
-        float best = -std::numeric_limits<float>::infinity();
+        T best{};
         int64_t at = -1;
         // Only the window's taps inside the input: a kernel of 2^62 taps over a 4x4 input must not loop over
         // every tap (a file's arguments; found by fuzz_pte as a timeout).
@@ -124,8 +129,10 @@ void max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self, IntArra
           const int64_t iy = by + ky * p.dh;
           for (int64_t kx = taps_begin(bx, p.dw); kx < kx1; ++kx) {
             const int64_t ix = bx + kx * p.dw;
-            const float v = xp[iy * p.iw + ix];
-            if (at < 0 || v > best || std::isnan(v)) {
+            const T v = xp[iy * p.iw + ix];
+            bool nan = false;
+            if constexpr (std::is_floating_point_v<T>) nan = std::isnan(v);
+            if (at < 0 || v > best || nan) {
               best = v;
               at = iy * p.iw + ix;
             }
@@ -137,6 +144,7 @@ void max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self, IntArra
       }
     }
   }
+  });
 }
 
 void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
@@ -151,10 +159,13 @@ void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_s
     ctx.fail(Status::InvalidArgument, "%s: divisor must be not zero", name);
     return;
   }
-  const float* x = self.data_as<const float>();
-  float* y = out.data_as<float>();
+  dispatch<kFloatTypes | kIntTypes>(self.dtype, [&](auto tag) {
+  using T = typename decltype(tag)::type;
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, float, int64_t>;
+  const T* x = self.data_as<const T>();
+  T* y = out.data_as<T>();
   for (int64_t c = 0; c < p.planes; ++c) {
-    const float* xp = x + c * p.ih * p.iw;
+    const T* xp = x + c * p.ih * p.iw;
     for (int64_t oy = 0; oy < p.oh; ++oy) {
       int64_t y0 = oy * p.sh - p.ph, y1 = std::min(y0 + p.kh, p.ih + p.ph);
       const int64_t span_y = y1 - y0;
@@ -165,14 +176,24 @@ void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_s
         const int64_t pool = span_y * (x1 - x0);
         x0 = std::max<int64_t>(x0, 0);
         x1 = std::min(x1, p.iw);
-        float sum = 0.0f;
+        Acc sum = 0;
         for (int64_t iy = y0; iy < y1; ++iy)
-          for (int64_t ix = x0; ix < x1; ++ix) sum += xp[iy * p.iw + ix];
+          for (int64_t ix = x0; ix < x1; ++ix) {
+            if constexpr (std::is_floating_point_v<T>)
+              sum += xp[iy * p.iw + ix];
+            else  // wrapping, as torch's int64 sum (no signed overflow)
+              sum = static_cast<int64_t>(static_cast<uint64_t>(sum) + static_cast<uint64_t>(static_cast<int64_t>(xp[iy * p.iw + ix])));
+          }
         int64_t div = divisor_override ? *divisor_override : count_include_pad ? pool : (y1 - y0) * (x1 - x0);
-        y[(c * p.oh + oy) * p.ow + ox] = div == 0 ? 0.0f : sum / static_cast<float>(div);
+        T& o = y[(c * p.oh + oy) * p.ow + ox];
+        if constexpr (std::is_floating_point_v<T>)
+          o = div == 0 ? T(0) : static_cast<T>(sum / static_cast<float>(div));
+        else  // int64 sums of int64 inputs wrap as torch's do; INT64_MIN / -1 would trap
+          o = div == 0 || (div == -1 && sum == std::numeric_limits<int64_t>::min()) ? T(0) : static_cast<T>(sum / div);
       }
     }
   }
+  });
 }
 
 void adaptive_avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef output_size, Tensor& out) {

@@ -97,7 +97,12 @@ void scatter_impl(KernelContext& ctx, const char* op, const Tensor& self, int64_
       return;
     }
     if constexpr (std::is_same_v<T, bool>) {
-      return;  // rejected by the caller
+      // bool, as torch computes it: sum and amax are "or", prod and amin "and" (mean: refused by the caller)
+      const bool any = reduce == Reduce::Sum || reduce == Reduce::Max;
+      if (!include_self) for_each_scatter(out, index, src, dim, [&](int64_t oo, int64_t) { o[oo] = !any; });
+      for_each_scatter(out, index, src, dim, [&](int64_t oo, int64_t so) {
+        o[oo] = any ? (o[oo] || src_at(so)) : (o[oo] && src_at(so));
+      });
     } else {
       // Without include_self, the first write to an element replaces self's value:
       // mark written elements by a pass that resets them to the reduction's identity.
@@ -138,10 +143,6 @@ void scatter_value_out(KernelContext& ctx, const Tensor& self, int64_t dim, cons
 
 void scatter_add_out(KernelContext& ctx, const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
                      Tensor& out) {
-  if (self.dtype == ScalarType::Bool) {
-    ctx.fail(Status::NotSupported, "aten::scatter_add.out: bool tensors are not supported");
-    return;
-  }
   scatter_impl(ctx, "aten::scatter_add.out", self, dim, index, &src, nullptr, Reduce::Sum, true, out);
 }
 
@@ -158,10 +159,6 @@ void scatter_reduce_out(KernelContext& ctx, const Tensor& self, int64_t dim, con
     return;
   } else {
     ctx.fail(Status::InvalidArgument, "%s: reduce must be one of sum, prod, mean, amax, amin", op);
-    return;
-  }
-  if (self.dtype == ScalarType::Bool) {
-    ctx.fail(Status::NotSupported, "%s: bool tensors are not supported", op);
     return;
   }
   scatter_impl(ctx, op, self, dim, index, &src, nullptr, r, include_self, out);

@@ -83,7 +83,9 @@ inline C clamp_hi(C x, C hi) {
 void clamp_tensor_out(KernelContext& ctx, const Tensor& a, const Tensor* lo, const Tensor* hi, Tensor& out) {
   const char* name = "aten::clamp.Tensor_out";
   ScalarType common;
-  if (!clamp_common(ctx, name, a, lo, hi, &common) || !check_can_cast_out(ctx, common, out, name)) return;
+  // bool too: torch clamps bool tensors by bool tensors (false < true), not by scalars
+  if (!clamp_common(ctx, name, a, lo, hi, &common, kRealTypes | kBoolTypes) || !check_can_cast_out(ctx, common, out, name))
+    return;
   int64_t shape[kMaxDims];
   int32_t nd;
   if (lo && hi) {
@@ -92,7 +94,7 @@ void clamp_tensor_out(KernelContext& ctx, const Tensor& a, const Tensor* lo, con
     return;
   }
   if (!resize_out(ctx, out, {shape, static_cast<size_t>(nd)}, name)) return;
-  dispatch<kRealTypes>(common, [&](auto tag) {
+  dispatch<kRealTypes | kBoolTypes>(common, [&](auto tag) {
     using C = compute_t<typename decltype(tag)::type>;
     if (lo && hi) {
       const ElementwisePlan plan = make_plan(out, {&a, lo, hi});

@@ -178,7 +178,16 @@ enum class PadMode { Reflect, Replicate };
 // Pads the last `nd` (1 or 2) dims; padding is (left, right[, top, bottom]) as torch gives it.
 void pad_out(KernelContext& ctx, const char* name, PadMode mode, int32_t nd, const Tensor& self, IntArrayRef padding,
              Tensor& out) {
-  if (!float_io(ctx, name, self, out, nd + 1)) return;
+  // a copy of elements: any dtype (float16 / bfloat16 come widened, register below)
+  if (self.dim < nd + 1) {
+    ctx.fail(Status::InvalidArgument, "%s: input must have rank >= %d, got %d", name, nd + 1, self.dim);
+    return;
+  }
+  if (!is_supported_dtype(self.dtype)) {
+    ctx.fail(Status::NotSupported, "%s: dtype %s is not supported", name, dtype_str(self.dtype));
+    return;
+  }
+  if (!check_out_dtype(ctx, out, self.dtype, name)) return;
   if (static_cast<int32_t>(padding.size()) != 2 * nd) {
     ctx.fail(Status::InvalidArgument, "%s: padding must have %d entries, got %zu", name, 2 * nd, padding.size());
     return;
@@ -206,14 +215,17 @@ void pad_out(KernelContext& ctx, const char* name, PadMode mode, int32_t nd, con
     return i;
   };
   const int64_t planes = self.numel / std::max<int64_t>(1, ih * iw);
-  const float* x = self.data_as<const float>();
-  float* y = out.data_as<float>();
-  for (int64_t c = 0; c < planes; ++c)
-    for (int64_t oy = 0; oy < oh; ++oy) {
-      const float* row = x + (c * ih + src(oy - pt, ih)) * iw;
-      float* dst = y + (c * oh + oy) * ow;
-      for (int64_t ox = 0; ox < ow; ++ox) dst[ox] = row[src(ox - pl, iw)];
-    }
+  dispatch(self.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = self.data_as<const T>();
+    T* y = out.data_as<T>();
+    for (int64_t c = 0; c < planes; ++c)
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        const T* row = x + (c * ih + src(oy - pt, ih)) * iw;
+        T* dst = y + (c * oh + oy) * ow;
+        for (int64_t ox = 0; ox < ow; ++ox) dst[ox] = row[src(ox - pl, iw)];
+      }
+  });
 }
 
 void reflection_pad1d_out(KernelContext& ctx, const Tensor& self, IntArrayRef padding, Tensor& out) {

@@ -153,11 +153,11 @@ inline bool check_common(KernelContext& ctx, ScalarType common, unsigned types, 
   return false;
 }
 
-// clamp's bounds (Scalars or Tensors, either may be null, not both) with `a`: their common dtype, a
-// real one; false (ctx failed) otherwise.
+// clamp's bounds (Scalars or Tensors, either may be null, not both) with `a`: their common dtype, one of `types`
+// (real types: bool only for tensor bounds, as torch); false (ctx failed) otherwise.
 template <typename Bound>
 bool clamp_common(KernelContext& ctx, const char* name, const Tensor& a, const Bound* lo, const Bound* hi,
-                  ScalarType* common) {
+                  ScalarType* common, unsigned types = kRealTypes) {
   if (lo == nullptr && hi == nullptr) {
     ctx.fail(Status::InvalidArgument, "%s: at least one of min and max must not be None", name);
     return false;
@@ -167,7 +167,7 @@ bool clamp_common(KernelContext& ctx, const char* name, const Tensor& a, const B
   if (lo) rt.add(*lo);
   if (hi) rt.add(*hi);
   *common = rt.result();
-  return check_common(ctx, *common, kRealTypes, name);
+  return check_common(ctx, *common, types, name);
 }
 
 inline bool check_out(KernelContext& ctx, const OpSpec& spec, ScalarType result, const Tensor& out) {
