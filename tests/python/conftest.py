@@ -74,9 +74,13 @@ def tiny_model(request, tmp_path_factory) -> Path:
     return export_named(out, model, *extra)
 
 
-@pytest.fixture(scope="session", params=["default", "core_aten"])
+# GPT-2 small in the default IR in CI; KILN_FULL_TESTS=1 adds the core-ATen flavor (not collected in CI, not a
+# skip): its export and ExecuTorch's two lowerings of it cost ~4 CPU-minutes, and the core-ATen IR is covered in CI
+# by the tiny GPT-2 / BERT / Llama models in both runtimes (tiny_model) and outside it by the op_db sweep's
+# `--ir core_aten` (bench/COVERAGE.md).
+@pytest.fixture(scope="session", params=["default", "core_aten"] if os.environ.get("KILN_FULL_TESTS") else ["default"])
 def gpt2_small(request, tmp_path_factory) -> Path:
-    """GPT-2 small (124M) at seq_len 128 in both IR flavors; the spec path."""
+    """GPT-2 small (124M) at seq_len 128 (both IR flavors under KILN_FULL_TESTS=1); the spec path."""
     out = tmp_path_factory.mktemp(f"gpt2_small_{request.param}")
     extra = ["--config", "small", "--seq-len", "128"] + (["--decompose"] if request.param == "core_aten" else [])
     return export_named(out, "gpt2", *extra)
