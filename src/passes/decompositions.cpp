@@ -813,6 +813,30 @@ void exp2(L& l, const Node& n) {
                                               NA("exponent", tensor_arg(x))}, m));
 }
 
+// remainder (Python's: the sign of the divisor). Of integers: a - b * floor(a / b), exact modulo 2^64, because
+// ExecuTorch's integer remainder kernel is C's (-8 % 6 gives -2 in its runtime, 4 in eager's and kiln's); its floor
+// division is right. Floating point: the operator itself, a scalar operand as a 0-d tensor.
+void remainder(L& l, const Node& n) {
+  const TensorMeta m = l.out_meta(n);
+  auto operand = [&](const char* name) {
+    const Argument& a = l.arg(n, name);
+    return a.kind == Argument::Kind::Tensor ? l.convert(l.tensor_in(n, name), m.dtype) : l.scalar_tensor(a, m.dtype);
+  };
+  const ValueId a = operand("self"), b = operand("other");
+  const bool integral = m.dtype == ScalarType::Long || m.dtype == ScalarType::Int || m.dtype == ScalarType::Short ||
+                        m.dtype == ScalarType::Char || m.dtype == ScalarType::Byte;
+  if (!integral) {
+    l.bind(n, l.emit("aten.remainder.Tensor", {NA("self", tensor_arg(a)), NA("other", tensor_arg(b))}, m));
+    return;
+  }
+  const TensorMeta cm = contiguous(m.dtype, m.sizes);
+  ValueId q = l.emit("aten.div.Tensor_mode", {NA("self", tensor_arg(a)), NA("other", tensor_arg(b)),
+                                              NA("rounding_mode", {Argument::Kind::String, std::string("floor")})},
+                     cm, "floor_quotient");
+  ValueId p = l.emit("aten.mul.Tensor", {NA("self", tensor_arg(q)), NA("other", tensor_arg(b))}, cm, "multiple");
+  l.bind(n, l.emit("aten.sub.Tensor", {NA("self", tensor_arg(a)), NA("other", tensor_arg(p))}, m, "remainder"));
+}
+
 struct Decomposition {
   std::string_view target;
   void (*rewrite)(L&, const Node&);
@@ -820,6 +844,9 @@ struct Decomposition {
 
 // The table: operator -> its rewrite into operators kiln has.
 constexpr Decomposition kDecompositions[] = {
+    {"aten.remainder.Tensor", remainder},
+    {"aten.remainder.Scalar", remainder},
+    {"aten.remainder.Scalar_Tensor", remainder},
     {"aten.chunk.default", pieces},
     {"aten.tensor_split.sections", pieces},
     {"aten.tensor_split.indices", pieces},

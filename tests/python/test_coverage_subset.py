@@ -373,7 +373,8 @@ SIXTEEN_BIT = ["abs", "addmm", "nn.functional.conv2d", "nn.functional.max_pool2d
                "nn.functional.rms_norm", "nn.functional.grid_sample", "nan_to_num", "linspace", "logspace", "eye",
                "half", "nn.functional.triplet_margin_loss", "nn.functional.interpolate.linear",
                "nn.functional.interpolate.bicubic", "nn.functional.interpolate.trilinear",
-               "nn.functional.scaled_dot_product_attention", "scatter_reduce.mean", "sort", "argsort"]
+               "nn.functional.scaled_dot_product_attention", "scatter_reduce.mean", "sort", "argsort",
+               "nn.functional.conv_transpose2d"]
 _SIXTEEN = {key: o for key, _, o in sweep.select_ops(SIXTEEN_BIT, "all")}
 
 
@@ -429,7 +430,7 @@ INT_SAMPLES = ["nn.functional.avg_pool1d", "nn.functional.avg_pool3d", "nn.funct
                "nn.functional.pad.replicate_negative", "nn.functional.max_pool2d", "nn.functional.max_pool3d", "topk",
                "nn.functional.hardtanh", "nn.functional.relu6", "sort", "argsort", "scatter_add", "scatter_reduce.prod",
                "scatter_reduce.amax", "scatter_reduce.mean", "nn.functional.poisson_nll_loss", "linspace", "logspace",
-               "clamp_max"]
+               "clamp_max", "remainder", "__rmod__"]
 INT_ET = ("nn.functional.avg_pool2d", "nn.functional.hardtanh", "clamp_max", "scatter_add")
 _INTS = {key: o for key, _, o in sweep.select_ops(INT_SAMPLES + list(INT_ET), "all")}
 
@@ -473,4 +474,23 @@ def test_integer_3d_pooling_matches_eager_in_both_runtimes(kiln_bin, tmp_path):
     torch.manual_seed(0)
     x = torch.randint(-4, 5, (2, 3, 4, 5, 6), dtype=torch.int64)
     rec = sweep.run_sample(kiln_bin, _IntPools3d().eval(), (x,), tmp_path, et_lowering=False)
+    _assert_lowers_and_runs_in_both_runtimes(rec)
+
+
+class _Remainders(__import__("torch").nn.Module):
+    def forward(self, a, b, f):
+        import torch
+
+        return a % b, a % -3, torch.remainder(7, b), b.int() % 5, f % -1.5
+
+
+def test_remainder_takes_the_divisors_sign_in_both_runtimes(kiln_bin, tmp_path):
+    """remainder of every sign combination (int64 and int32 tensors, scalar divisors and dividends, float32):
+    Python's sign rule in both runtimes, whose integer remainder kernel ExecuTorch writes as C's (-8 % 6: -2)."""
+    import torch
+
+    a = torch.tensor([-8, 8, -7, 7, -8, 0, 9, -9])
+    b = torch.tensor([6, -6, -3, 3, -6, 5, -4, 4])
+    rec = sweep.run_sample(kiln_bin, _Remainders().eval(), (a, b, torch.linspace(-4, 4, 8)), tmp_path,
+                           et_lowering=False)
     _assert_lowers_and_runs_in_both_runtimes(rec)
