@@ -128,7 +128,9 @@ template <typename T>
 bool conv_integer(const ConvGeom& g, bool transposed, const T* x, const T* w, const T* bias, T* y) {
   const int64_t cg = g.c / g.groups, ocg = g.oc / g.groups, kvol = g.kernel_size();
   const int64_t Pin = g.in_pixels(), Pout = g.out_pixels();
-  auto mul = [](T a, T b) { return static_cast<uint64_t>(static_cast<int64_t>(a)) * static_cast<uint64_t>(static_cast<int64_t>(b)); };
+  auto mul = [](T a, T b) {
+    return static_cast<uint64_t>(static_cast<int64_t>(a)) * static_cast<uint64_t>(static_cast<int64_t>(b));
+  };
   std::unique_ptr<uint64_t[]> acc(new (std::nothrow) uint64_t[static_cast<size_t>(std::max<int64_t>(Pout, 1))]);
   if (!acc) return false;
   for (int64_t b = 0; b < g.n; ++b)
@@ -164,7 +166,8 @@ bool conv_integer(const ConvGeom& g, bool transposed, const T* x, const T* w, co
         }
         const uint64_t bv = bias != nullptr ? static_cast<uint64_t>(static_cast<int64_t>(bias[oc])) : 0;
         T* row = y + (b * g.oc + oc) * Pout;
-        for (int64_t p = 0; p < Pout; ++p) row[p] = static_cast<T>(static_cast<int64_t>(acc[static_cast<size_t>(p)] + bv));
+        for (int64_t p = 0; p < Pout; ++p)
+          row[p] = static_cast<T>(static_cast<int64_t>(acc[static_cast<size_t>(p)] + bv));
       }
   return true;
 }

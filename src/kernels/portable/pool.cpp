@@ -111,39 +111,39 @@ void max_pool2d_with_indices_out(KernelContext& ctx, const Tensor& self, IntArra
   }
   if (!resize_out(ctx, indices, {shape, static_cast<size_t>(self.dim)}, name)) return;
   dispatch<kFloatTypes | kIntTypes>(self.dtype, [&](auto tag) {
-  using T = typename decltype(tag)::type;
-  const T* x = self.data_as<const T>();
-  T* y = out.data_as<T>();
-  int64_t* idx = indices.data_as<int64_t>();
-  for (int64_t c = 0; c < p.planes; ++c) {
-    const T* xp = x + c * p.ih * p.iw;
-    for (int64_t oy = 0; oy < p.oh; ++oy) {
-      for (int64_t ox = 0; ox < p.ow; ++ox) {
-        T best{};
-        int64_t at = -1;
-        // Only the window's taps inside the input: a kernel of 2^62 taps over a 4x4 input must not loop over
-        // every tap (a file's arguments; found by fuzz_pte as a timeout).
-        const int64_t by = oy * p.sh - p.ph, bx = ox * p.sw - p.pw;
-        const int64_t ky1 = std::min(p.kh, taps_end(by, p.dh, p.ih)), kx1 = std::min(p.kw, taps_end(bx, p.dw, p.iw));
-        for (int64_t ky = taps_begin(by, p.dh); ky < ky1; ++ky) {
-          const int64_t iy = by + ky * p.dh;
-          for (int64_t kx = taps_begin(bx, p.dw); kx < kx1; ++kx) {
-            const int64_t ix = bx + kx * p.dw;
-            const T v = xp[iy * p.iw + ix];
-            bool nan = false;
-            if constexpr (std::is_floating_point_v<T>) nan = std::isnan(v);
-            if (at < 0 || v > best || nan) {
-              best = v;
-              at = iy * p.iw + ix;
+    using T = typename decltype(tag)::type;
+    const T* x = self.data_as<const T>();
+    T* y = out.data_as<T>();
+    int64_t* idx = indices.data_as<int64_t>();
+    for (int64_t c = 0; c < p.planes; ++c) {
+      const T* xp = x + c * p.ih * p.iw;
+      for (int64_t oy = 0; oy < p.oh; ++oy) {
+        for (int64_t ox = 0; ox < p.ow; ++ox) {
+          T best{};
+          int64_t at = -1;
+          // Only the window's taps inside the input: a kernel of 2^62 taps over a 4x4 input must not loop over
+          // every tap (a file's arguments; found by fuzz_pte as a timeout).
+          const int64_t by = oy * p.sh - p.ph, bx = ox * p.sw - p.pw;
+          const int64_t ky1 = std::min(p.kh, taps_end(by, p.dh, p.ih)), kx1 = std::min(p.kw, taps_end(bx, p.dw, p.iw));
+          for (int64_t ky = taps_begin(by, p.dh); ky < ky1; ++ky) {
+            const int64_t iy = by + ky * p.dh;
+            for (int64_t kx = taps_begin(bx, p.dw); kx < kx1; ++kx) {
+              const int64_t ix = bx + kx * p.dw;
+              const T v = xp[iy * p.iw + ix];
+              bool nan = false;
+              if constexpr (std::is_floating_point_v<T>) nan = std::isnan(v);
+              if (at < 0 || v > best || nan) {
+                best = v;
+                at = iy * p.iw + ix;
+              }
             }
           }
+          const int64_t o = (c * p.oh + oy) * p.ow + ox;
+          y[o] = best;
+          idx[o] = at;
         }
-        const int64_t o = (c * p.oh + oy) * p.ow + ox;
-        y[o] = best;
-        idx[o] = at;
       }
     }
-  }
   });
 }
 
@@ -160,39 +160,42 @@ void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_s
     return;
   }
   dispatch<kFloatTypes | kIntTypes>(self.dtype, [&](auto tag) {
-  using T = typename decltype(tag)::type;
-  using Acc = std::conditional_t<std::is_floating_point_v<T>, float, int64_t>;
-  const T* x = self.data_as<const T>();
-  T* y = out.data_as<T>();
-  for (int64_t c = 0; c < p.planes; ++c) {
-    const T* xp = x + c * p.ih * p.iw;
-    for (int64_t oy = 0; oy < p.oh; ++oy) {
-      int64_t y0 = oy * p.sh - p.ph, y1 = std::min(y0 + p.kh, p.ih + p.ph);
-      const int64_t span_y = y1 - y0;
-      y0 = std::max<int64_t>(y0, 0);
-      y1 = std::min(y1, p.ih);
-      for (int64_t ox = 0; ox < p.ow; ++ox) {
-        int64_t x0 = ox * p.sw - p.pw, x1 = std::min(x0 + p.kw, p.iw + p.pw);
-        const int64_t pool = span_y * (x1 - x0);
-        x0 = std::max<int64_t>(x0, 0);
-        x1 = std::min(x1, p.iw);
-        Acc sum = 0;
-        for (int64_t iy = y0; iy < y1; ++iy)
-          for (int64_t ix = x0; ix < x1; ++ix) {
-            if constexpr (std::is_floating_point_v<T>)
-              sum += xp[iy * p.iw + ix];
-            else  // wrapping, as torch's int64 sum (no signed overflow)
-              sum = static_cast<int64_t>(static_cast<uint64_t>(sum) + static_cast<uint64_t>(static_cast<int64_t>(xp[iy * p.iw + ix])));
-          }
-        int64_t div = divisor_override ? *divisor_override : count_include_pad ? pool : (y1 - y0) * (x1 - x0);
-        T& o = y[(c * p.oh + oy) * p.ow + ox];
-        if constexpr (std::is_floating_point_v<T>)
-          o = div == 0 ? T(0) : static_cast<T>(sum / static_cast<float>(div));
-        else  // int64 sums of int64 inputs wrap as torch's do; INT64_MIN / -1 would trap
-          o = div == 0 || (div == -1 && sum == std::numeric_limits<int64_t>::min()) ? T(0) : static_cast<T>(sum / div);
+    using T = typename decltype(tag)::type;
+    using Acc = std::conditional_t<std::is_floating_point_v<T>, float, int64_t>;
+    const T* x = self.data_as<const T>();
+    T* y = out.data_as<T>();
+    for (int64_t c = 0; c < p.planes; ++c) {
+      const T* xp = x + c * p.ih * p.iw;
+      for (int64_t oy = 0; oy < p.oh; ++oy) {
+        int64_t y0 = oy * p.sh - p.ph, y1 = std::min(y0 + p.kh, p.ih + p.ph);
+        const int64_t span_y = y1 - y0;
+        y0 = std::max<int64_t>(y0, 0);
+        y1 = std::min(y1, p.ih);
+        for (int64_t ox = 0; ox < p.ow; ++ox) {
+          int64_t x0 = ox * p.sw - p.pw, x1 = std::min(x0 + p.kw, p.iw + p.pw);
+          const int64_t pool = span_y * (x1 - x0);
+          x0 = std::max<int64_t>(x0, 0);
+          x1 = std::min(x1, p.iw);
+          Acc sum = 0;
+          for (int64_t iy = y0; iy < y1; ++iy)
+            for (int64_t ix = x0; ix < x1; ++ix) {
+              if constexpr (std::is_floating_point_v<T>)
+                sum += xp[iy * p.iw + ix];
+              else  // wrapping, as torch's int64 sum (no signed overflow)
+                sum = static_cast<int64_t>(static_cast<uint64_t>(sum) +
+                                           static_cast<uint64_t>(static_cast<int64_t>(xp[iy * p.iw + ix])));
+            }
+          int64_t div = divisor_override ? *divisor_override : count_include_pad ? pool : (y1 - y0) * (x1 - x0);
+          T& o = y[(c * p.oh + oy) * p.ow + ox];
+          if constexpr (std::is_floating_point_v<T>)
+            o = div == 0 ? T(0) : static_cast<T>(sum / static_cast<float>(div));
+          else if (div == 0 || (div == -1 && sum == std::numeric_limits<int64_t>::min()))
+            o = T(0);  // INT64_MIN / -1 would trap (the sums wrap as torch's int64 sums do)
+          else
+            o = static_cast<T>(sum / div);
+        }
       }
     }
-  }
   });
 }
 
