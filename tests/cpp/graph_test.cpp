@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace kiln::graph {
 namespace {
 
@@ -31,6 +34,19 @@ TEST(Graph, ValuesAreUniqueByName) {
   EXPECT_EQ(g.find_value("a"), a);
   EXPECT_FALSE(g.find_value("b").has_value());
   EXPECT_THROW(g.add_value("a", meta({2}, {1})), kiln::Error);
+}
+
+// The passes hold a value's meta by reference while they add values (Lowerer::meta_of): adding must not move
+// the others (a reallocating vector once left such a reference dangling, a segfault lowering Gemma 4).
+TEST(Graph, AddingValuesKeepsReferencesToOthersValid) {
+  Graph g;
+  ValueId a = g.add_value("a", meta({2, 3}, {3, 1}));
+  const TensorMeta& am = g.value(a).meta;
+  const TensorMeta* before = &am;
+  for (int i = 0; i < 100000; ++i) g.add_value("v" + std::to_string(i), meta({i}, {1}));
+  EXPECT_EQ(&g.value(a).meta, before);
+  EXPECT_EQ(am.sizes, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(g.value(static_cast<ValueId>(100000)).meta.sizes, (std::vector<int64_t>{99999}));
 }
 
 TEST(Graph, OperatorHistogramCountsCallSites) {

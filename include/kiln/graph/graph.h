@@ -9,6 +9,7 @@
 #include "kiln/core/dtype.h"
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -183,7 +184,9 @@ struct GraphSignature {
 
 class Graph {
  public:
-  std::vector<Value> values;
+  // A deque: adding a value keeps every reference to the others valid. The passes hold `meta_of(v)` references
+  // across calls that add values (a vector's reallocation once left one dangling: a segfault lowering Gemma 4).
+  std::deque<Value> values;
   std::vector<Node> nodes;       // topological order
   std::vector<ValueId> inputs;   // placeholders, in order
   std::vector<Argument> outputs; // returned arguments, in order
