@@ -653,14 +653,18 @@ ValueId leading_region(L& l, ValueId v, const std::vector<int64_t>& sizes, Scala
 void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
   TensorMeta m = l.out_meta(n);
   ValueId self = l.tensor_in(n, "self"), index = l.tensor_in(n, "index"), src = l.tensor_in(n, "src");
-  // bool: as int32 0/1, where prod and amin are "and", amax "or" (torch's bool semantics), cast back at the end
-  const bool is_bool = m.dtype == ScalarType::Bool;
-  if (is_bool) {
+  // bool: as int32 0/1, where prod and amin are "and", amax "or" (torch's bool semantics); uint8, int8, int16: as
+  // int32, whose extremes are theirs and whose product wraps to theirs (congruent modulo 2^8 or 2^16) when cast
+  // back at the end
+  const ScalarType narrow = m.dtype;
+  const bool widen = narrow == ScalarType::Bool || narrow == ScalarType::Byte || narrow == ScalarType::Char ||
+                     narrow == ScalarType::Short;
+  if (widen) {
     m.dtype = ScalarType::Int;
     self = l.convert(self, ScalarType::Int);
     src = l.convert(src, ScalarType::Int);
   }
-  auto result = [&](ValueId v) { return is_bool ? l.convert(v, ScalarType::Bool) : v; };
+  auto result = [&](ValueId v) { return widen ? l.convert(v, narrow) : v; };
   const size_t rank = m.sizes.size();
   auto is = l.meta_of(index).sizes;
   if (rank == 0 || is.size() != rank || l.meta_of(src).sizes.size() != rank)
@@ -672,7 +676,7 @@ void scatter_reduce_dense(L& l, const Node& n, const std::string& reduce) {
   const bool floating = m.dtype == ScalarType::Float || m.dtype == ScalarType::Double || m.dtype == ScalarType::Half ||
                         m.dtype == ScalarType::BFloat16;
   if (!floating && m.dtype != ScalarType::Long && m.dtype != ScalarType::Int)
-    l.unsupported(n, "scatter_reduce 'prod'/'amax'/'amin' of a tensor that is neither floating point, int32 nor int64");
+    l.unsupported(n, "scatter_reduce 'prod'/'amax'/'amin' of a tensor that is neither floating point, an integer nor bool");
   for (int64_t s : is)
     if (s == 0) {  // no index: self
       l.bind(n, result(self));

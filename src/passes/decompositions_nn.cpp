@@ -90,10 +90,13 @@ void kl_div(L& l, const Node& n) {  // log_target: e^t (t - x); else xlogy(t, t)
 
 void margin_ranking_loss(L& l, const Node& n) {  // max(0, -y (x1 - x2) + margin)
   Ops o = ops_of(l, n);
-  ValueId a = l.tensor_in(n, "input1"), b = l.tensor_in(n, "input2");
-  ValueId y = l.convert(l.tensor_in(n, "target"), o.dt);
-  ValueId e = o.bin("aten.mul.Tensor", o.un("aten.neg.default", y, "neg_y"), o.bin("aten.sub.Tensor", a, b, "diff"),
-                    "scaled");
+  ValueId a = l.tensor_in(n, "input1"), b = l.tensor_in(n, "input2"), y = l.tensor_in(n, "target");
+  // -y (x1 - x2) in the tensors' own promoted type, as eager computes it (integers wrap there); the float margin
+  // then promotes to the result's type
+  Ops t{l, promote_types(promote_types(l.meta_of(a).dtype, l.meta_of(b).dtype), l.meta_of(y).dtype)};
+  ValueId e = l.convert(t.bin("aten.mul.Tensor", t.un("aten.neg.default", y, "neg_y"), t.bin("aten.sub.Tensor", a, b, "diff"),
+                              "scaled"),
+                        o.dt);
   e = o.scal("aten.add.Scalar", e, l.number_in(n, "margin", 0.0), "shifted");
   reduce_loss(l, n, o.clamp(e, 0.0, std::nullopt, "elementwise"));
 }

@@ -583,34 +583,29 @@ void eye(L& l, const Node& n) {  // the identity matrix, made now
   const TensorMeta m = l.out_meta(n);
   if (m.sizes.size() != 2) l.unsupported(n, "eye of a shape that is not a matrix");
   const int64_t r = m.sizes[0], c = m.sizes[1];
-  size_t w = 0;
+  if (r < 0 || c < 0 || (c > 0 && r > (int64_t{1} << 28) / c))
+    l.unsupported(n, "eye of more than 2^28 elements (it is stored in the program as a constant)");
+  // 1 in the dtype's bytes (little-endian): an integer 1 of its width, or the float's bit pattern
+  std::vector<std::byte> one;
+  auto put = [&](const auto v) {
+    one.resize(sizeof v);
+    std::memcpy(one.data(), &v, sizeof v);
+  };
   switch (m.dtype) {
-    case ScalarType::Float: w = 4; break;
-    case ScalarType::Long: w = 8; break;
-    case ScalarType::Int: w = 4; break;
-    case ScalarType::Bool: w = 1; break;
-    case ScalarType::Half: case ScalarType::BFloat16: w = 2; break;
+    case ScalarType::Float: put(1.0f); break;
+    case ScalarType::Double: put(1.0); break;
+    case ScalarType::Half: put(uint16_t{0x3c00}); break;
+    case ScalarType::BFloat16: put(uint16_t{0x3f80}); break;
+    case ScalarType::Long: put(int64_t{1}); break;
+    case ScalarType::Int: put(int32_t{1}); break;
+    case ScalarType::Short: put(int16_t{1}); break;
+    case ScalarType::Char: case ScalarType::Byte: case ScalarType::Bool: put(uint8_t{1}); break;
     default: l.unsupported(n, "eye of this dtype");
   }
+  const size_t w = one.size();
   std::vector<std::byte> bytes(static_cast<size_t>(r * c) * w);
-  for (int64_t i = 0; i < std::min(r, c); ++i) {
-    std::byte* p = bytes.data() + static_cast<size_t>(i * c + i) * w;
-    if (m.dtype == ScalarType::Float) {
-      const float one = 1.0f;
-      std::memcpy(p, &one, 4);
-    } else if (m.dtype == ScalarType::Long) {
-      const int64_t one = 1;
-      std::memcpy(p, &one, 8);
-    } else if (m.dtype == ScalarType::Int) {
-      const int32_t one = 1;
-      std::memcpy(p, &one, 4);
-    } else if (w == 2) {  // 1.0 in float16 (0x3c00) or bfloat16 (0x3f80)
-      const uint16_t one = m.dtype == ScalarType::Half ? 0x3c00 : 0x3f80;
-      std::memcpy(p, &one, 2);
-    } else {
-      *p = std::byte{1};
-    }
-  }
+  for (int64_t i = 0; i < std::min(r, c); ++i)
+    std::memcpy(bytes.data() + static_cast<size_t>(i * c + i) * w, one.data(), w);
   l.bind(n, l.constant_tensor(m.dtype, m.sizes, std::move(bytes), "eye"));
 }
 

@@ -67,8 +67,11 @@ ValueId vector_norm_kept(L& l, ValueId x, int64_t dim, double p) {
 }
 
 // pairwise_distance's: ||x1 - x2 + eps||_p over the last dim of the broadcast (kept)
+// (x1 - x2 in the inputs' promoted type, as eager computes it: integers wrap there)
 ValueId pairwise_kept(L& l, ValueId a, ValueId b, double p, double eps, ScalarType dt) {
-  ValueId d = with_scalar(l, "aten.add.Scalar", binary(l, "aten.sub.Tensor", a, b, dt, "diff"), eps, dt, "diff_eps");
+  const ScalarType pt = promote_types(l.meta_of(a).dtype, l.meta_of(b).dtype);
+  ValueId d = l.convert(binary(l, "aten.sub.Tensor", a, b, pt, "diff"), dt);
+  d = with_scalar(l, "aten.add.Scalar", d, eps, dt, "diff_eps");
   if (l.meta_of(d).sizes.empty()) d = l.view(d, {1});
   return vector_norm_kept(l, d, static_cast<int64_t>(l.meta_of(d).sizes.size()) - 1, p);
 }
@@ -76,7 +79,7 @@ ValueId pairwise_kept(L& l, ValueId a, ValueId b, double p, double eps, ScalarTy
 
 void pairwise_distance(L& l, const Node& n) {
   const TensorMeta m = l.out_meta(n);
-  ValueId a = l.convert(l.tensor_in(n, "x1"), m.dtype), b = l.convert(l.tensor_in(n, "x2"), m.dtype);
+  ValueId a = l.tensor_in(n, "x1"), b = l.tensor_in(n, "x2");
   l.bind(n, l.view(pairwise_kept(l, a, b, l.number_in(n, "p", 2.0), l.number_in(n, "eps", 1e-6), m.dtype), m.sizes));
 }
 
@@ -443,11 +446,14 @@ ValueId slice_of(L& l, ValueId x, int64_t dim, int64_t start, int64_t end, const
 }
 }  // namespace
 
-// trapz / trapezoid / cumulative_trapezoid with sample points x, eager's: (dx * (y[1:] + y[:-1])).sum(dim) / 2
-// (cumsum for the cumulative one), dx = diff(x) (a 1-D x along dim).
+// trapz / trapezoid / cumulative_trapezoid with sample points x, eager's: ((y[1:] + y[:-1]) * dx).sum(dim) / 2
+// (cumsum for the cumulative one), dx = diff(x) (a 1-D x along dim). Each step in eager's type: the sides in y's,
+// dx in x's, their product in the promotion of both (integers wrap there), the sum or cumsum of integers in int64;
+// only the division by 2 makes the result floating.
 void trapezoid(L& l, const Node& n) {
   const TensorMeta m = l.out_meta(n);
-  ValueId y = l.convert(l.tensor_in(n, "y"), m.dtype), x = l.convert(l.tensor_in(n, "x"), m.dtype);
+  ValueId y = l.tensor_in(n, "y"), x = l.tensor_in(n, "x");
+  const ScalarType yt = l.meta_of(y).dtype, xt = l.meta_of(x).dtype;
   const auto ys = l.meta_of(y).sizes;
   if (ys.empty()) l.unsupported(n, "trapezoid of a 0-d tensor");
   const int64_t dim = L::wrap_dim(l.int_in(n, "dim", -1), ys.size());
@@ -456,7 +462,7 @@ void trapezoid(L& l, const Node& n) {
   ValueId dx;
   if (l.meta_of(x).sizes.size() == 1) {
     const int64_t nx = l.meta_of(x).sizes[0];
-    dx = binary(l, "aten.sub.Tensor", slice_of(l, x, 0, 1, nx, "x_hi"), slice_of(l, x, 0, 0, nx - 1, "x_lo"), m.dtype, "dx");
+    dx = binary(l, "aten.sub.Tensor", slice_of(l, x, 0, 1, nx, "x_hi"), slice_of(l, x, 0, 0, nx - 1, "x_lo"), xt, "dx");
     std::vector<int64_t> v(ys.size(), 1);
     v[static_cast<size_t>(dim)] = nx - 1;
     dx = l.view(dx, v);
@@ -464,11 +470,12 @@ void trapezoid(L& l, const Node& n) {
     const auto xs = l.meta_of(x).sizes;
     const int64_t xd = L::wrap_dim(l.int_in(n, "dim", -1), xs.size());
     const int64_t nx = xs[static_cast<size_t>(xd)];
-    dx = binary(l, "aten.sub.Tensor", slice_of(l, x, xd, 1, nx, "x_hi"), slice_of(l, x, xd, 0, nx - 1, "x_lo"), m.dtype, "dx");
+    dx = binary(l, "aten.sub.Tensor", slice_of(l, x, xd, 1, nx, "x_hi"), slice_of(l, x, xd, 0, nx - 1, "x_lo"), xt, "dx");
   }
   ValueId sides = binary(l, "aten.add.Tensor", slice_of(l, y, dim, 1, len, "y_hi"), slice_of(l, y, dim, 0, len - 1, "y_lo"),
-                         m.dtype, "sides");
-  ValueId areas = binary(l, "aten.mul.Tensor", dx, sides, m.dtype, "areas");
+                         yt, "sides");
+  ValueId areas = binary(l, "aten.mul.Tensor", sides, dx, promote_types(yt, xt), "areas");
+  if (!is_float(l.meta_of(areas).dtype)) areas = l.convert(areas, ScalarType::Long);
   ValueId r;
   if (n.target == "aten.cumulative_trapezoid.x") {
     r = l.emit("aten.cumsum.default", {NA("self", tensor_arg(areas)), NA("dim", int_arg(dim))},
@@ -476,14 +483,16 @@ void trapezoid(L& l, const Node& n) {
   } else {
     r = sum_kept(l, areas, {dim}, "sum");
   }
-  l.bind(n, l.view(with_scalar(l, "aten.div.Scalar", r, 2.0, m.dtype, "trapezoid"), m.sizes));
+  l.bind(n, l.view(with_scalar(l, "aten.div.Scalar", l.convert(r, m.dtype), 2.0, m.dtype, "trapezoid"), m.sizes));
 }
 
-// trapz / trapezoid with a spacing dx, eager's: (sum(y) - (y[0] + y[-1]) / 2) * dx; cumulative_trapezoid:
-// cumsum(dx / 2 * (y[1:] + y[:-1]))
+// trapz / trapezoid with a spacing dx, eager's: (sum(y) - (y[0] + y[-1]) * 0.5) * dx; cumulative_trapezoid:
+// cumsum(dx / 2 * (y[1:] + y[:-1])). The sums of two points in y's type (integers wrap there), the whole sum
+// of integers in int64.
 void trapezoid_dx(L& l, const Node& n) {
   const TensorMeta m = l.out_meta(n);
-  ValueId y = l.convert(l.tensor_in(n, "y"), m.dtype);
+  ValueId y = l.tensor_in(n, "y");
+  const ScalarType yt = l.meta_of(y).dtype;
   const auto ys = l.meta_of(y).sizes;
   if (ys.empty()) l.unsupported(n, "trapezoid of a 0-d tensor");
   const int64_t dim = L::wrap_dim(l.int_in(n, "dim", -1), ys.size());
@@ -493,16 +502,16 @@ void trapezoid_dx(L& l, const Node& n) {
   if (n.target == "aten.cumulative_trapezoid.dx") {
     if (len < 2) l.unsupported(n, "cumulative trapezoid over fewer than two points");
     ValueId sides = binary(l, "aten.add.Tensor", slice_of(l, y, dim, 1, len, "y_hi"), slice_of(l, y, dim, 0, len - 1, "y_lo"),
-                           m.dtype, "sides");
-    ValueId areas = with_scalar(l, "aten.mul.Scalar", sides, dx / 2.0, m.dtype, "areas");
+                           yt, "sides");
+    ValueId areas = with_scalar(l, "aten.mul.Scalar", l.convert(sides, m.dtype), dx / 2.0, m.dtype, "areas");
     l.bind(n, l.emit("aten.cumsum.default", {NA("self", tensor_arg(areas)), NA("dim", int_arg(dim))}, m, "cumsum"));
     return;
   }
-  ValueId total = sum_kept(l, y, {dim}, "sum");
+  ValueId total = l.convert(sum_kept(l, is_float(yt) ? y : l.convert(y, ScalarType::Long), {dim}, "sum"), m.dtype);
   ValueId ends = binary(l, "aten.add.Tensor", slice_of(l, y, dim, 0, 1, "first"), slice_of(l, y, dim, len - 1, len, "last"),
-                        m.dtype, "ends");
-  ValueId r = binary(l, "aten.sub.Tensor", total, with_scalar(l, "aten.mul.Scalar", ends, 0.5, m.dtype, "half_ends"),
-                     m.dtype, "inner");
+                        yt, "ends");
+  ValueId r = binary(l, "aten.sub.Tensor", total,
+                     with_scalar(l, "aten.mul.Scalar", l.convert(ends, m.dtype), 0.5, m.dtype, "half_ends"), m.dtype, "inner");
   l.bind(n, l.view(with_scalar(l, "aten.mul.Scalar", r, dx, m.dtype, "trapezoid"), m.sizes));
 }
 

@@ -104,4 +104,37 @@ inline uint16_t float_to_half_bits_rne(float f) {
   return static_cast<uint16_t>(sign | ((u - (112u << 23)) >> 13));
 }
 
+// torch.promote_types over the real dtypes and bool (c10::promoteTypes): the one rule the lowering passes and
+// the portable kernels share. Floating beats integral; two 16-bit floats of different kinds meet at float32;
+// uint8 with int8 meets at int16; otherwise the wider type.
+inline ScalarType promote_types(ScalarType a, ScalarType b) {
+  if (a == b) return a;
+  auto floating = [](ScalarType t) {
+    return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float || t == ScalarType::Double;
+  };
+  auto float_rank = [](ScalarType t) { return t == ScalarType::Double ? 2 : t == ScalarType::Float ? 1 : 0; };
+  if (floating(a) || floating(b)) {
+    if (!floating(b)) return a;
+    if (!floating(a)) return b;
+    const int ra = float_rank(a), rb = float_rank(b);
+    if (ra == 0 && rb == 0) return ScalarType::Float;  // float16 with bfloat16
+    return ra >= rb ? a : b;
+  }
+  if (a == ScalarType::Bool) return b;
+  if (b == ScalarType::Bool) return a;
+  if (a == ScalarType::Byte || b == ScalarType::Byte) {
+    const ScalarType other = a == ScalarType::Byte ? b : a;
+    return other == ScalarType::Char ? ScalarType::Short : other;
+  }
+  auto int_rank = [](ScalarType t) {
+    switch (t) {
+      case ScalarType::Char: return 0;
+      case ScalarType::Short: return 1;
+      case ScalarType::Int: return 2;
+      default: return 3;
+    }
+  };
+  return int_rank(a) >= int_rank(b) ? a : b;
+}
+
 }  // namespace kiln

@@ -7,33 +7,8 @@
 
 namespace kiln::rt::kernels {
 
-// Promotion of two supported dtypes (torch.promote_types).
-inline ScalarType promote_types(ScalarType a, ScalarType b) {
-  if (a == b) return a;
-  auto float_rank = [](ScalarType t) { return t == ScalarType::Double ? 2 : t == ScalarType::Float ? 1 : 0; };
-  if (is_floating(a) || is_floating(b)) {
-    if (!is_floating(b)) return a;
-    if (!is_floating(a)) return b;
-    int ra = float_rank(a), rb = float_rank(b);
-    if (ra == 0 && rb == 0) return ScalarType::Float;  // float16 with bfloat16
-    return ra >= rb ? a : b;
-  }
-  if (a == ScalarType::Bool) return b;
-  if (b == ScalarType::Bool) return a;
-  if (a == ScalarType::Byte || b == ScalarType::Byte) {
-    ScalarType other = a == ScalarType::Byte ? b : a;
-    return other == ScalarType::Char ? ScalarType::Short : other;
-  }
-  auto int_rank = [](ScalarType t) {
-    switch (t) {
-      case ScalarType::Char: return 0;
-      case ScalarType::Short: return 1;
-      case ScalarType::Int: return 2;
-      default: return 3;
-    }
-  };
-  return int_rank(a) >= int_rank(b) ? a : b;
-}
+// Promotion of two supported dtypes (torch.promote_types): the rule in kiln/core/dtype.h.
+using kiln::promote_types;
 
 // torch.can_cast: no floating -> integral, no non-bool -> bool.
 inline bool can_cast(ScalarType from, ScalarType to) {
