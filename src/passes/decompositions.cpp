@@ -500,7 +500,7 @@ void sgn(L& l, const Node& n) {  // of a real tensor: sign
   l.bind(n, l.emit("aten.sign.default", {NA("self", tensor_arg(l.tensor_in(n, "self")))}, l.out_meta(n)));
 }
 
-// nan_to_num: NaN -> nan (0), +inf -> posinf (the dtype's max), -inf -> neginf (its lowest); float32, float16, bfloat16
+// nan_to_num: NaN -> nan (0), +inf -> posinf (the dtype's max), -inf -> neginf (its lowest); every float type
 void nan_to_num(L& l, const Node& n) {
   Ops o = ops_of(l, n);
   ValueId x = l.tensor_in(n, "self");
@@ -509,15 +509,16 @@ void nan_to_num(L& l, const Node& n) {
     l.bind(n, x);  // integers and bools have no NaN or infinity
     return;
   }
-  if (o.dt != ScalarType::Float && o.dt != ScalarType::Half && o.dt != ScalarType::BFloat16)
-    l.unsupported(n, "nan_to_num of a float type other than float32, float16 or bfloat16");
+  if (!is_float(o.dt)) l.unsupported(n, "nan_to_num of a tensor that is neither floating point, an integer nor bool");
   auto value = [&](const char* name, double dflt) {
     const Argument* a = l.opt(n, name);
     return a && a->kind != Argument::Kind::None ? l.number_in(n, name, dflt) : dflt;
   };
   // the dtype's largest finite value
-  const double kMax = o.dt == ScalarType::Half ? 65504.0 : o.dt == ScalarType::BFloat16 ? 3.3895313892515355e38
-                                                                                         : 3.4028234663852886e38;
+  const double kMax = o.dt == ScalarType::Half       ? 65504.0
+                      : o.dt == ScalarType::BFloat16 ? 3.3895313892515355e38
+                      : o.dt == ScalarType::Double   ? std::numeric_limits<double>::max()
+                                                     : 3.4028234663852886e38;
   const TensorMeta bm = contiguous(ScalarType::Bool, l.meta_of(x).sizes);
   ValueId inf = l.emit("aten.isinf.default", {NA("self", tensor_arg(x))}, bm, "inf");
   ValueId pos = l.emit("aten.logical_and.default", {NA("self", tensor_arg(inf)),

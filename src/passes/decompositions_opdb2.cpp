@@ -138,16 +138,15 @@ void isin(L& l, const Node& n) {  // any(elements[:, None] == test[None, :]), in
 // linspace / logspace as eager computes them (float32): step = (end - start) / (steps - 1); the first half
 // start + i * step, the second end - (steps - 1 - i) * step; logspace base to those powers.
 void linspace(L& l, const Node& n) {
-  // float16 / bfloat16: computed in float32 and rounded once at the end
+  // float16 / bfloat16: computed in float32 and rounded once at the end; float64 in float64
   // integer types as eager's kernel computes them: start and end converted to the type (truncated), the steps in
   // float64, each value truncated
   TensorMeta m = l.out_meta(n);
   const ScalarType want = m.dtype;
   const bool integral = want == ScalarType::Long || want == ScalarType::Int || want == ScalarType::Short ||
                         want == ScalarType::Char || want == ScalarType::Byte;
-  if (want != ScalarType::Float && want != ScalarType::Half && want != ScalarType::BFloat16 && !integral)
-    l.unsupported(n, "linspace / logspace of a dtype other than float32, float16, bfloat16 or an integer type");
-  m.dtype = integral ? ScalarType::Double : ScalarType::Float;
+  if (!is_float(want) && !integral) l.unsupported(n, "linspace / logspace of a dtype that is neither floating point nor an integer");
+  m.dtype = integral || want == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
   auto done = [&](ValueId r) { l.bind(n, l.convert(r, want)); };
   const int64_t steps = l.int_in(n, "steps");
   auto bound = [&](const char* name) {

@@ -92,7 +92,8 @@ ValueId lower_sdpa(Lowerer& L, const Node& n, const Attention& a, const TensorMe
     return L.convert(lower_sdpa(L, n, w, wide), out.dtype);
   }
   if (qm.dtype != ScalarType::Float || km.dtype != qm.dtype || vm.dtype != qm.dtype)
-    L.unsupported(n, "attention over tensors that are not all float32, float16 or bfloat16 alike");
+    L.unsupported(n, "attention over tensors that are not all float32, float16 or bfloat16 alike (float64 attention "
+                     "is not computed: kiln would compute it in float32)");
   int64_t Lq = qm.sizes[r - 2], E = qm.sizes[r - 1];
   int64_t S = km.sizes[r - 2], Ev = vm.sizes[r - 1];
   if (km.sizes[r - 1] != E || vm.sizes[r - 2] != S) L.unsupported(n, "attention with mismatched key/value shapes");
@@ -334,16 +335,19 @@ ValueId lower_rms_norm(Lowerer& L, const Node& n) {
   size_t r = xm.sizes.size();
   if (shape.empty() || shape.size() > r || !std::equal(shape.begin(), shape.end(), xm.sizes.end() - static_cast<std::ptrdiff_t>(shape.size())))
     L.unsupported(n, "rms_norm whose normalized_shape is not the input's trailing dims");
-  // float16 / bfloat16: computed in float32 (the weight too) and rounded once, as torch's rms_norm does
+  // float16 / bfloat16: computed in float32 (the weight too) and rounded once, as torch's rms_norm does; float64
+  // in float64 (its eps default float64's epsilon)
   const ScalarType want = xm.dtype;
-  if (want != ScalarType::Float && want != ScalarType::Half && want != ScalarType::BFloat16)
+  if (want != ScalarType::Float && want != ScalarType::Double && want != ScalarType::Half && want != ScalarType::BFloat16)
     L.unsupported(n, "rms_norm of a tensor that is not floating point");
-  if (want != ScalarType::Float) x = L.convert(x, ScalarType::Float);
-  double eps = float_value(L, n, "eps", static_cast<double>(std::numeric_limits<float>::epsilon()));
+  const ScalarType ct = want == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+  if (want != ct) x = L.convert(x, ct);
+  double eps = float_value(L, n, "eps", ct == ScalarType::Double ? std::numeric_limits<double>::epsilon()
+                                                                 : static_cast<double>(std::numeric_limits<float>::epsilon()));
   std::vector<int64_t> dims, stat = xm.sizes;
   for (size_t i = r - shape.size(); i < r; ++i) dims.push_back(static_cast<int64_t>(i)), stat[i] = 1;
-  TensorMeta m = contiguous(xm), sm = contiguous(ScalarType::Float, stat);
-  m.dtype = ScalarType::Float;
+  TensorMeta m = contiguous(xm), sm = contiguous(ct, stat);
+  m.dtype = ct;
   ValueId sq = L.emit("aten.pow.Tensor_Scalar", {NA("self", tensor_arg(x)), NA("exponent", int_arg(2))}, m, "square");
   ValueId ms = L.emit("aten.mean.dim", {NA("self", tensor_arg(sq)), NA("dim", ints_arg(dims)), NA("keepdim", bool_arg(true))},
                       sm, "mean_square");
@@ -353,12 +357,12 @@ ValueId lower_rms_norm(Lowerer& L, const Node& n) {
   if (auto w = L.opt_tensor_in(n, "weight")) {
     TensorMeta ym = L.out_meta(n);
     const ScalarType wt = L.meta_of(*w).dtype;
-    ym.dtype = ScalarType::Float;
-    const ValueId wf = wt == ScalarType::Float ? *w : L.convert(*w, ScalarType::Float);
+    ym.dtype = ct;
+    const ValueId wf = wt == ct ? *w : L.convert(*w, ct);
     y = L.emit("aten.mul.Tensor", {NA("self", tensor_arg(y)), NA("other", tensor_arg(wf))}, ym, "scaled");
   }
   const ScalarType out = L.out_meta(n).dtype;
-  return out == ScalarType::Float ? y : L.convert(y, out);
+  return out == ct ? y : L.convert(y, out);
 }
 
 // hardsigmoid(x) = clamp(x + 3, 0, 6) / 6; hardswish(x) = x * clamp(x + 3, 0, 6) / 6;
@@ -368,7 +372,7 @@ ValueId lower_rms_norm(Lowerer& L, const Node& n) {
 // the float32 input and meta; the returned function rounds a float32 result back.
 std::function<ValueId(ValueId)> in_float32(Lowerer& L, const Node& n, ValueId& x, TensorMeta& m) {
   const ScalarType want = m.dtype;
-  if (want == ScalarType::Float) return [](ValueId r) { return r; };
+  if (want == ScalarType::Float || want == ScalarType::Double) return [](ValueId r) { return r; };  // in its own type
   if (want != ScalarType::Half && want != ScalarType::BFloat16)
     L.unsupported(n, "activation of a tensor that is not floating point");
   x = L.convert(x, ScalarType::Float);

@@ -545,7 +545,8 @@ bool Lowerer::lower_conv(const Node& n) {
       const bool interpolates = mode == Resize::Linear || mode == Resize::Cubic;
       const bool half = xm.dtype == ScalarType::Half || xm.dtype == ScalarType::BFloat16;
       if (interpolates && xm.dtype != ScalarType::Float && !half)
-        unsupported(n, "linear/cubic resizing of a tensor other than float32, float16 or bfloat16");
+        unsupported(n, "linear/cubic resizing of a tensor other than float32, float16 or bfloat16 (its tap weights are "
+                       "float32: a float64 resize would lose its precision)");
       bool align = false;
       if (const Argument* a = opt(n, "align_corners"); a && a->kind == Argument::Kind::Bool)
         align = std::get<bool>(a->payload);

@@ -480,6 +480,36 @@ def test_narrow_integer_samples_wrap_as_eager_in_both_runtimes(key, kiln_bin, tm
                 assert r[runtime]["status"] == "ok", f"{key} ({desc}) kiln {backend} {runtime}: {r[runtime]}"
 
 
+# The float64 sweep (`--dtypes float64`): kiln's own kernels that took float32 only (pooling, convolution, group
+# norm, bilinear upsampling) and rewrites that refused float64 (activations, rms_norm,
+# nan_to_num, linspace / logspace), since fixed: one float64 sample each, both backends, both runtimes.
+# ExecuTorch's portable library has no 3-D convolution: its runtime cannot run those programs (nor its own).
+FLOAT64_SAMPLES = ["nn.functional.avg_pool2d", "nn.functional.max_pool2d", "nn.functional.adaptive_avg_pool2d",
+                   "nn.functional.adaptive_max_pool3d", "nn.functional.local_response_norm", "nn.functional.conv2d",
+                   "nn.functional.conv_transpose1d", "nn.functional.conv3d", "nn.functional.group_norm",
+                   "nn.functional.instance_norm", "nn.functional.upsample_bilinear",
+                   "nn.functional.mish", "nn.functional.hardswish",
+                   "nn.functional.logsigmoid", "nn.functional.rms_norm", "nan_to_num", "linspace", "logspace"]
+FLOAT64_NOT_IN_ET = {"nn.functional.conv3d"}
+_F64 = {key: o for key, _, o in sweep.select_ops(FLOAT64_SAMPLES, "all")}
+
+
+@pytest.mark.parametrize("key", FLOAT64_SAMPLES)
+def test_float64_samples_lower_and_run_correctly(key, kiln_bin, tmp_path):
+    assert key in _F64, f"{key} is not in op_db"
+    samples = sweep.samples_of(key, _F64[key], 1, ["float64"])
+    assert samples, f"{key}: no float64 sample"
+    for desc, module, inputs in samples:
+        rec = sweep.run_sample(kiln_bin, module, inputs, tmp_path, et_lowering=False)
+        assert rec["export"]["status"] == "ok", f"{key} ({desc}): torch.export: {rec['export']}"
+        for backend in sweep.BACKENDS:
+            r = rec[f"kiln_{backend}"]
+            assert r["lower"]["status"] == "ok", f"{key} ({desc}) {backend}: lower {r['lower']}"
+            assert r["kiln_run"]["status"] == "ok", f"{key} ({desc}) kiln {backend} in kiln: {r['kiln_run']}"
+            if key not in FLOAT64_NOT_IN_ET:
+                assert r["et_run"]["status"] == "ok", f"{key} ({desc}) kiln {backend} in ET: {r['et_run']}"
+
+
 class _IntPools3d(__import__("torch").nn.Module):
     def forward(self, x):
         import torch.nn.functional as F

@@ -1,6 +1,6 @@
 // convolution.out: 1-D, 2-D and 3-D convolutions and transposed convolutions
-// (groups, stride, padding, dilation, output_padding), float32 (float16 / bfloat16 widened; integer types by
-// direct loops, below).
+// (groups, stride, padding, dilation, output_padding), float32 (float16 / bfloat16 widened; integer types and
+// float64 by direct loops, below).
 //
 // Every case is a GEMM per (batch, group) through kiln::cpu::sgemm:
 //   forward     out_g[OCg, P] = W_g[OCg, K] · col[K, P]        (K = Cg·kd·kh·kw, P output pixels)
@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <type_traits>
 
 namespace kiln::rt::kernels {
 namespace {
@@ -121,22 +122,26 @@ void conv_transpose_group(const ConvGeom& g, const float* x, const float* w, flo
   }
 }
 
-// Integer convolution (torch's CPU convolution takes integer tensors: int64 programs do it), direct loops: the
-// products summed modulo 2^64 (unsigned: no signed overflow) and the result cast to T, which wraps as torch's
-// integer arithmetic does. False when the per-row sums cannot be allocated.
+// Integer and float64 convolution (torch's CPU convolution takes integer tensors: int64 programs do it), direct
+// loops. Integers: the products summed modulo 2^64 (unsigned: no signed overflow) and the result cast to T, which
+// wraps as torch's integer arithmetic does; float64: summed in double (kiln's GEMMs are float32's). False when the
+// per-row sums cannot be allocated.
 template <typename T>
-bool conv_integer(const ConvGeom& g, bool transposed, const T* x, const T* w, const T* bias, T* y) {
+bool conv_direct(const ConvGeom& g, bool transposed, const T* x, const T* w, const T* bias, T* y) {
+  using Acc = std::conditional_t<std::is_floating_point_v<T>, T, uint64_t>;
   const int64_t cg = g.c / g.groups, ocg = g.oc / g.groups, kvol = g.kernel_size();
   const int64_t Pin = g.in_pixels(), Pout = g.out_pixels();
-  auto mul = [](T a, T b) {
-    return static_cast<uint64_t>(static_cast<int64_t>(a)) * static_cast<uint64_t>(static_cast<int64_t>(b));
+  auto widen = [](T a) -> Acc {
+    if constexpr (std::is_floating_point_v<T>) return a;
+    else return static_cast<uint64_t>(static_cast<int64_t>(a));
   };
-  std::unique_ptr<uint64_t[]> acc(new (std::nothrow) uint64_t[static_cast<size_t>(std::max<int64_t>(Pout, 1))]);
+  auto mul = [&](T a, T b) -> Acc { return widen(a) * widen(b); };
+  std::unique_ptr<Acc[]> acc(new (std::nothrow) Acc[static_cast<size_t>(std::max<int64_t>(Pout, 1))]);
   if (!acc) return false;
   for (int64_t b = 0; b < g.n; ++b)
     for (int64_t gi = 0; gi < g.groups; ++gi)
       for (int64_t o = 0; o < ocg; ++o) {
-        std::fill(acc.get(), acc.get() + Pout, uint64_t{0});
+        std::fill(acc.get(), acc.get() + Pout, Acc{0});
         const int64_t oc = gi * ocg + o;
         for (int64_t c = 0; c < cg; ++c) {
           const T* xc = x + (b * g.c + gi * cg + c) * Pin;
@@ -164,10 +169,12 @@ bool conv_integer(const ConvGeom& g, bool transposed, const T* x, const T* w, co
             }
           }
         }
-        const uint64_t bv = bias != nullptr ? static_cast<uint64_t>(static_cast<int64_t>(bias[oc])) : 0;
+        const Acc bv = bias != nullptr ? widen(bias[oc]) : Acc{0};
         T* row = y + (b * g.oc + oc) * Pout;
-        for (int64_t p = 0; p < Pout; ++p)
-          row[p] = static_cast<T>(static_cast<int64_t>(acc[static_cast<size_t>(p)] + bv));
+        for (int64_t p = 0; p < Pout; ++p) {
+          if constexpr (std::is_floating_point_v<T>) row[p] = acc[static_cast<size_t>(p)] + bv;
+          else row[p] = static_cast<T>(static_cast<int64_t>(acc[static_cast<size_t>(p)] + bv));
+        }
       }
   return true;
 }
@@ -177,10 +184,10 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
                      IntArrayRef output_padding, int64_t groups, Tensor& out) {
   const char* name = "aten::convolution.out";
   const ScalarType dt = input.dtype;
-  const bool integer = in_set(dt, kIntTypes);
-  if ((dt != ScalarType::Float && dt != ScalarType::Half && dt != ScalarType::BFloat16 && !integer) ||
+  const bool direct = in_set(dt, kIntTypes) || dt == ScalarType::Double;
+  if ((dt != ScalarType::Float && dt != ScalarType::Half && dt != ScalarType::BFloat16 && !direct) ||
       weight.dtype != dt || (bias != nullptr && bias->dtype != dt)) {
-    ctx.fail(Status::NotSupported, "%s: float32, float16, bfloat16 or integer input, weight and bias of one dtype are "
+    ctx.fail(Status::NotSupported, "%s: floating or integer input, weight and bias of one dtype are "
              "supported, got input %s and weight %s", name, dtype_str(input.dtype), dtype_str(weight.dtype));
     return;
   }
@@ -273,14 +280,15 @@ void convolution_out(KernelContext& ctx, const Tensor& input, const Tensor& weig
   for (int64_t d = 0; d < spatial; ++d) shape[2 + d] = g.out[3 - spatial + d];
   if (!resize_out(ctx, out, {shape, static_cast<size_t>(rank)}, name)) return;
   if (out.numel == 0) return;
-  if (integer) {
+  if (direct) {
     bool ok = true;
-    dispatch<kIntTypes>(dt, [&](auto tag) {
+    dispatch<kIntTypes | kFloatTypes>(dt, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      ok = conv_integer<T>(g, transposed, input.data_as<const T>(), weight.data_as<const T>(),
+      if constexpr (!std::is_same_v<T, float>)  // float32 takes the GEMM path below
+        ok = conv_direct<T>(g, transposed, input.data_as<const T>(), weight.data_as<const T>(),
                       bias != nullptr ? bias->data_as<const T>() : nullptr, out.data_as<T>());
     });
-    if (!ok) ctx.fail(Status::OutOfMemory, "%s: out of memory for an integer convolution's sums", name);
+    if (!ok) ctx.fail(Status::OutOfMemory, "%s: out of memory for a direct convolution's sums", name);
     return;
   }
   // float16 / bfloat16: the operands widened, the float32 result rounded once (nearest even), as torch's CPU

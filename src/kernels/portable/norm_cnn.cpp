@@ -1,7 +1,7 @@
-// Channel normalizations of CNNs and their activations, float32:
+// Channel normalizations of CNNs, float32 and float64 (float16/bfloat16 widened to float32):
 // _native_batch_norm_legit_no_training.out (running statistics),
 // _native_batch_norm_legit.no_stats_out (batch statistics: instance norm's lowering),
-// native_group_norm.out, hardswish.out, hardsigmoid.out, hardtanh.out.
+// native_group_norm.out.
 // Layout: [N, C, *] contiguous; statistics accumulate in double.
 #include "util/register.h"
 
@@ -12,10 +12,13 @@
 namespace kiln::rt::kernels {
 namespace {
 
+// Every given tensor float32, or every one float64 (the input's type).
 bool all_float(KernelContext& ctx, const char* name, std::initializer_list<const Tensor*> ts) {
+  const ScalarType dt = (*ts.begin())->dtype;
   for (const Tensor* t : ts) {
-    if (t != nullptr && t->dtype != ScalarType::Float) {
-      ctx.fail(Status::NotSupported, "%s: only float32 is supported, got %s", name, dtype_str(t->dtype));
+    if (t != nullptr && (t->dtype != dt || !in_set(t->dtype, kFloatTypes))) {
+      ctx.fail(Status::NotSupported, "%s: float32 or float64 tensors are supported (all of one), got %s", name,
+               dtype_str(t->dtype));
       return false;
     }
   }
@@ -33,22 +36,25 @@ bool per_channel(KernelContext& ctx, const char* name, std::initializer_list<con
   return true;
 }
 
-const float* data_or_null(const Tensor* t) { return t != nullptr ? t->data_as<const float>() : nullptr; }
+template <typename T>
+const T* data_or_null(const Tensor* t) {
+  return t != nullptr ? t->data_as<const T>() : nullptr;
+}
 
 // y[n, c, :] = (x[n, c, :] - mean(c)) * invstd(c) * w[c] + b[c]; stats(c) gives (mean, invstd)
-template <typename Stats>
-void normalize_channels(const Tensor& in, Stats stats, const float* w, const float* b, Tensor& out) {
+template <typename T, typename Stats>
+void normalize_channels(const Tensor& in, Stats stats, const T* w, const T* b, Tensor& out) {
   const int64_t n = in.sizes[0], c = in.dim > 1 ? in.sizes[1] : 1;
   const int64_t inner = in.numel / std::max<int64_t>(1, n * c);
-  const float* x = in.data_as<const float>();
-  float* y = out.data_as<float>();
+  const T* x = in.data_as<const T>();
+  T* y = out.data_as<T>();
   for (int64_t ch = 0; ch < c; ++ch) {
     const auto [mean, invstd] = stats(ch);
-    const float scale = static_cast<float>(invstd) * (w ? w[ch] : 1.0f);
-    const float shift = (b ? b[ch] : 0.0f) - static_cast<float>(mean) * scale;
+    const T scale = static_cast<T>(invstd) * (w ? w[ch] : T(1));
+    const T shift = (b ? b[ch] : T(0)) - static_cast<T>(mean) * scale;
     for (int64_t i = 0; i < n; ++i) {
-      const float* xr = x + (i * c + ch) * inner;
-      float* yr = y + (i * c + ch) * inner;
+      const T* xr = x + (i * c + ch) * inner;
+      T* yr = y + (i * c + ch) * inner;
       for (int64_t j = 0; j < inner; ++j) yr[j] = xr[j] * scale + shift;
     }
   }
@@ -69,11 +75,14 @@ void batch_norm_no_training_out(KernelContext& ctx, const Tensor& input, const T
   if (!resize_out(ctx, out0, input.shape(), name) || !resize_out(ctx, out1, {empty, 1}, name) ||
       !resize_out(ctx, out2, {empty, 1}, name))
     return;
-  const float* rm = running_mean.data_as<const float>();
-  const float* rv = running_var.data_as<const float>();
-  normalize_channels(
-      input, [&](int64_t ch) { return std::make_pair(double{rm[ch]}, 1.0 / std::sqrt(double{rv[ch]} + eps)); },
-      data_or_null(weight), data_or_null(bias), out0);
+  dispatch<kFloatTypes>(input.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* rm = running_mean.data_as<const T>();
+    const T* rv = running_var.data_as<const T>();
+    normalize_channels<T>(
+        input, [&](int64_t ch) { return std::make_pair(double{rm[ch]}, 1.0 / std::sqrt(double{rv[ch]} + eps)); },
+        data_or_null<T>(weight), data_or_null<T>(bias), out0);
+  });
 }
 
 void batch_norm_no_stats_out(KernelContext& ctx, const Tensor& input, const Tensor* weight, const Tensor* bias,
@@ -92,27 +101,30 @@ void batch_norm_no_stats_out(KernelContext& ctx, const Tensor& input, const Tens
       !resize_out(ctx, save_invstd, {stat, 1}, name))
     return;
   const int64_t inner = input.numel / std::max<int64_t>(1, n * c);
-  const float* x = input.data_as<const float>();
-  const double count = static_cast<double>(n * inner);
-  for (int64_t ch = 0; ch < c; ++ch) {
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < inner; ++j) s += x[(i * c + ch) * inner + j];
-    const double m = count > 0 ? s / count : 0.0;
-    double sq = 0;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < inner; ++j) {
-        const double d = x[(i * c + ch) * inner + j] - m;
-        sq += d * d;
-      }
-    save_mean.data_as<float>()[ch] = static_cast<float>(m);
-    save_invstd.data_as<float>()[ch] = static_cast<float>(1.0 / std::sqrt((count > 0 ? sq / count : 0.0) + eps));
-  }
-  const float* sm = save_mean.data_as<const float>();
-  const float* si = save_invstd.data_as<const float>();
-  normalize_channels(
-      input, [&](int64_t ch) { return std::make_pair(double{sm[ch]}, double{si[ch]}); }, data_or_null(weight),
-      data_or_null(bias), out);
+  dispatch<kFloatTypes>(input.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = input.data_as<const T>();
+    const double count = static_cast<double>(n * inner);
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < inner; ++j) s += x[(i * c + ch) * inner + j];
+      const double m = count > 0 ? s / count : 0.0;
+      double sq = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < inner; ++j) {
+          const double d = x[(i * c + ch) * inner + j] - m;
+          sq += d * d;
+        }
+      save_mean.data_as<T>()[ch] = static_cast<T>(m);
+      save_invstd.data_as<T>()[ch] = static_cast<T>(1.0 / std::sqrt((count > 0 ? sq / count : 0.0) + eps));
+    }
+    const T* sm = save_mean.data_as<const T>();
+    const T* si = save_invstd.data_as<const T>();
+    normalize_channels<T>(
+        input, [&](int64_t ch) { return std::make_pair(double{sm[ch]}, double{si[ch]}); }, data_or_null<T>(weight),
+        data_or_null<T>(bias), out);
+  });
 }
 
 void native_group_norm_out(KernelContext& ctx, const Tensor& input, const Tensor* weight, const Tensor* bias,
@@ -132,35 +144,37 @@ void native_group_norm_out(KernelContext& ctx, const Tensor& input, const Tensor
       !resize_out(ctx, out2, {stat, 2}, name))
     return;
   const int64_t cpg = C / group, span = cpg * HxW;
-  const float* x = input.data_as<const float>();
-  float* y = out0.data_as<float>();
-  const float* w = data_or_null(weight);
-  const float* b = data_or_null(bias);
-  for (int64_t i = 0; i < N; ++i)
-    for (int64_t g = 0; g < group; ++g) {
-      const float* xs = x + (i * C + g * cpg) * HxW;
-      double s = 0;
-      for (int64_t j = 0; j < span; ++j) s += xs[j];
-      const double m = span > 0 ? s / static_cast<double>(span) : 0.0;
-      double sq = 0;
-      for (int64_t j = 0; j < span; ++j) {
-        const double d = xs[j] - m;
-        sq += d * d;
+  dispatch<kFloatTypes>(input.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = input.data_as<const T>();
+    T* y = out0.data_as<T>();
+    const T* w = data_or_null<T>(weight);
+    const T* b = data_or_null<T>(bias);
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t g = 0; g < group; ++g) {
+        const T* xs = x + (i * C + g * cpg) * HxW;
+        double s = 0;
+        for (int64_t j = 0; j < span; ++j) s += xs[j];
+        const double m = span > 0 ? s / static_cast<double>(span) : 0.0;
+        double sq = 0;
+        for (int64_t j = 0; j < span; ++j) {
+          const double d = xs[j] - m;
+          sq += d * d;
+        }
+        const double rstd = 1.0 / std::sqrt((span > 0 ? sq / static_cast<double>(span) : 0.0) + eps);
+        out1.data_as<T>()[i * group + g] = static_cast<T>(m);
+        out2.data_as<T>()[i * group + g] = static_cast<T>(rstd);
+        for (int64_t cc = 0; cc < cpg; ++cc) {
+          const int64_t ch = g * cpg + cc;
+          const T scale = static_cast<T>(rstd) * (w ? w[ch] : T(1));
+          const T shift = (b ? b[ch] : T(0)) - static_cast<T>(m) * scale;
+          const T* xr = xs + cc * HxW;
+          T* yr = y + (i * C + ch) * HxW;
+          for (int64_t j = 0; j < HxW; ++j) yr[j] = xr[j] * scale + shift;
+        }
       }
-      const double rstd = 1.0 / std::sqrt((span > 0 ? sq / static_cast<double>(span) : 0.0) + eps);
-      out1.data_as<float>()[i * group + g] = static_cast<float>(m);
-      out2.data_as<float>()[i * group + g] = static_cast<float>(rstd);
-      for (int64_t cc = 0; cc < cpg; ++cc) {
-        const int64_t ch = g * cpg + cc;
-        const float scale = static_cast<float>(rstd) * (w ? w[ch] : 1.0f);
-        const float shift = (b ? b[ch] : 0.0f) - static_cast<float>(m) * scale;
-        const float* xr = xs + cc * HxW;
-        float* yr = y + (i * C + ch) * HxW;
-        for (int64_t j = 0; j < HxW; ++j) yr[j] = xr[j] * scale + shift;
-      }
-    }
+  });
 }
-
 
 }  // namespace
 

@@ -55,8 +55,9 @@ int64_t pooled_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t 
 
 bool setup(KernelContext& ctx, const char* name, const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
            IntArrayRef padding, IntArrayRef dilation, bool ceil_mode, Tensor& out, Pool2d& p, int64_t* shape) {
-  if (self.dtype != ScalarType::Float && !in_set(self.dtype, kIntTypes)) {
-    ctx.fail(Status::NotSupported, "%s: float32 and integer tensors are supported, got %s", name, dtype_str(self.dtype));
+  if (!in_set(self.dtype, kFloatTypes | kIntTypes)) {
+    ctx.fail(Status::NotSupported, "%s: float32, float64 and integer tensors are supported, got %s", name,
+             dtype_str(self.dtype));
     return false;
   }
   if (!check_out_dtype(ctx, out, self.dtype, name)) return false;
@@ -161,7 +162,7 @@ void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_s
   }
   dispatch<kFloatTypes | kIntTypes>(self.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using Acc = std::conditional_t<std::is_floating_point_v<T>, float, int64_t>;
+    using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;  // eager's: float, double, int64
     const T* x = self.data_as<const T>();
     T* y = out.data_as<T>();
     for (int64_t c = 0; c < p.planes; ++c) {
@@ -188,7 +189,7 @@ void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_s
           int64_t div = divisor_override ? *divisor_override : count_include_pad ? pool : (y1 - y0) * (x1 - x0);
           T& o = y[(c * p.oh + oy) * p.ow + ox];
           if constexpr (std::is_floating_point_v<T>)
-            o = div == 0 ? T(0) : static_cast<T>(sum / static_cast<float>(div));
+            o = div == 0 ? T(0) : static_cast<T>(sum / static_cast<Acc>(div));
           else if (div == 0 || (div == -1 && sum == std::numeric_limits<int64_t>::min()))
             o = T(0);  // INT64_MIN / -1 would trap (the sums wrap as torch's int64 sums do)
           else
@@ -201,11 +202,11 @@ void avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef kernel_s
 
 void adaptive_avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef output_size, Tensor& out) {
   const char* name = "aten::_adaptive_avg_pool2d.out";
-  if (self.dtype != ScalarType::Float) {
-    ctx.fail(Status::NotSupported, "%s: only float32 is supported, got %s", name, dtype_str(self.dtype));
+  if (!in_set(self.dtype, kFloatTypes)) {
+    ctx.fail(Status::NotSupported, "%s: only float32 and float64 are supported, got %s", name, dtype_str(self.dtype));
     return;
   }
-  if (!check_out_dtype(ctx, out, ScalarType::Float, name)) return;
+  if (!check_out_dtype(ctx, out, self.dtype, name)) return;
   if ((self.dim != 3 && self.dim != 4) || output_size.size() != 2 || output_size[0] < 1 || output_size[1] < 1) {
     ctx.fail(Status::InvalidArgument, "%s: expected a rank 3 or 4 input and two positive output sizes", name);
     return;
@@ -218,21 +219,24 @@ void adaptive_avg_pool2d_out(KernelContext& ctx, const Tensor& self, IntArrayRef
   shape[self.dim - 2] = oh;
   shape[self.dim - 1] = ow;
   if (!resize_out(ctx, out, {shape, static_cast<size_t>(self.dim)}, name)) return;
-  const float* x = self.data_as<const float>();
-  float* y = out.data_as<float>();
-  for (int64_t c = 0; c < planes; ++c) {
-    const float* xp = x + c * ih * iw;
-    for (int64_t oy = 0; oy < oh; ++oy) {
-      const int64_t y0 = oy * ih / oh, y1 = ((oy + 1) * ih + oh - 1) / oh;
-      for (int64_t ox = 0; ox < ow; ++ox) {
-        const int64_t x0 = ox * iw / ow, x1 = ((ox + 1) * iw + ow - 1) / ow;
-        float sum = 0.0f;
-        for (int64_t iy = y0; iy < y1; ++iy)
-          for (int64_t ix = x0; ix < x1; ++ix) sum += xp[iy * iw + ix];
-        y[(c * oh + oy) * ow + ox] = sum / static_cast<float>((y1 - y0) * (x1 - x0));
+  dispatch<kFloatTypes>(self.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = self.data_as<const T>();
+    T* y = out.data_as<T>();
+    for (int64_t c = 0; c < planes; ++c) {
+      const T* xp = x + c * ih * iw;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        const int64_t y0 = oy * ih / oh, y1 = ((oy + 1) * ih + oh - 1) / oh;
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          const int64_t x0 = ox * iw / ow, x1 = ((ox + 1) * iw + ow - 1) / ow;
+          T sum = 0;
+          for (int64_t iy = y0; iy < y1; ++iy)
+            for (int64_t ix = x0; ix < x1; ++ix) sum += xp[iy * iw + ix];
+          y[(c * oh + oy) * ow + ox] = sum / static_cast<T>((y1 - y0) * (x1 - x0));
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Resizing and spatial padding, float32: upsample_nearest2d.vec_out,
+// Resizing and spatial padding, float32 and float64 (float16/bfloat16 widened): upsample_nearest2d.vec_out,
 // upsample_bilinear2d.vec_out (align_corners both ways), pixel_shuffle.out,
 // reflection_pad{1,2}d.out, replication_pad{1,2}d.out. Source indices follow
 // torch's CPU kernels (area_pixel_compute_scale / source_index).
@@ -11,15 +11,15 @@ namespace kiln::rt::kernels {
 namespace {
 
 bool float_io(KernelContext& ctx, const char* name, const Tensor& self, const Tensor& out, int32_t min_rank) {
-  if (self.dtype != ScalarType::Float) {
-    ctx.fail(Status::NotSupported, "%s: only float32 is supported, got %s", name, dtype_str(self.dtype));
+  if (!in_set(self.dtype, kFloatTypes)) {
+    ctx.fail(Status::NotSupported, "%s: only float32 and float64 are supported, got %s", name, dtype_str(self.dtype));
     return false;
   }
   if (self.dim < min_rank) {
     ctx.fail(Status::InvalidArgument, "%s: input must have rank >= %d, got %d", name, min_rank, self.dim);
     return false;
   }
-  return check_out_dtype(ctx, out, ScalarType::Float, name);
+  return check_out_dtype(ctx, out, self.dtype, name);
 }
 
 // The output size and the per-dim scale torch passes down (scale factor given, or none: 0).
@@ -50,10 +50,12 @@ bool upsample_sizes(KernelContext& ctx, const char* name, const Tensor& in, std:
   return true;
 }
 
-// in/out, or 1/scale when a scale factor was given (torch's compute_scales_value)
-float scale_of(int64_t in, int64_t out, double scale, bool align_corners) {
-  if (align_corners) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
-  return scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
+// in/out, or 1/scale when a scale factor was given (torch's compute_scales_value), in the type torch computes it
+// in: float for float32 data and for every nearest index, double for float64's linear weights
+template <typename F = float>
+F scale_of(int64_t in, int64_t out, double scale, bool align_corners) {
+  if (align_corners) return out > 1 ? static_cast<F>(in - 1) / static_cast<F>(out - 1) : F(0);
+  return scale > 0 ? static_cast<F>(1.0 / scale) : static_cast<F>(in) / static_cast<F>(out);
 }
 
 bool resize_spatial(KernelContext& ctx, const char* name, const Tensor& in, Tensor& out, int64_t h, int64_t w) {
@@ -65,84 +67,85 @@ bool resize_spatial(KernelContext& ctx, const char* name, const Tensor& in, Tens
 }
 
 // What both upsampling kernels start with: float input and out of rank >= 3, the output size (given, or
-// the input's scaled), out resized; the input's spatial size, its count of [H, W] planes, the source
-// step per output pixel in each direction (scale_of), the data.
+// the input's scaled), out resized; the input's spatial size, its count of [H, W] planes, the scale factors.
 struct Upsample2d {
   int64_t oh, ow, ih, iw, planes;
-  float fh, fw;
-  const float* x;
-  float* y;
+  double sh, sw;  // the scale factors given (0: none)
 };
 
 bool upsample_setup(KernelContext& ctx, const char* name, const Tensor& input, std::optional<IntArrayRef> output_size,
-                    std::optional<FloatArrayRef> scale_factors, bool align_corners, Tensor& out, Upsample2d* u) {
-  double sh = 0, sw = 0;
+                    std::optional<FloatArrayRef> scale_factors, Tensor& out, Upsample2d* u) {
   if (!float_io(ctx, name, input, out, 3)) return false;
-  if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &u->oh, &u->ow, &sh, &sw)) return false;
+  if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &u->oh, &u->ow, &u->sh, &u->sw)) return false;
   if (!resize_spatial(ctx, name, input, out, u->oh, u->ow)) return false;
   u->ih = input.sizes[input.dim - 2];
   u->iw = input.sizes[input.dim - 1];
   u->planes = input.numel / std::max<int64_t>(1, u->ih * u->iw);
-  u->fh = scale_of(u->ih, u->oh, sh, align_corners);
-  u->fw = scale_of(u->iw, u->ow, sw, align_corners);
-  u->x = input.data_as<const float>();
-  u->y = out.data_as<float>();
   return true;
 }
 
 void upsample_nearest2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                 std::optional<FloatArrayRef> scale_factors, Tensor& out) {
   Upsample2d u;
-  if (!upsample_setup(ctx, "aten::upsample_nearest2d.vec_out", input, output_size, scale_factors, false, out, &u))
+  if (!upsample_setup(ctx, "aten::upsample_nearest2d.vec_out", input, output_size, scale_factors, out, &u))
     return;
   const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
-  const float fh = u.fh, fw = u.fw, *x = u.x;
-  float* y = u.y;
-  for (int64_t c = 0; c < planes; ++c)
-    for (int64_t oy = 0; oy < oh; ++oy) {
-      const int64_t iy = std::min(static_cast<int64_t>(std::floor(static_cast<float>(oy) * fh)), ih - 1);
-      const float* row = x + (c * ih + iy) * iw;
-      float* dst = y + (c * oh + oy) * ow;
-      for (int64_t ox = 0; ox < ow; ++ox)
-        dst[ox] = row[std::min(static_cast<int64_t>(std::floor(static_cast<float>(ox) * fw)), iw - 1)];
-    }
+  const float fh = scale_of(ih, oh, u.sh, false), fw = scale_of(iw, ow, u.sw, false);
+  dispatch<kFloatTypes>(input.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = input.data_as<const T>();
+    T* y = out.data_as<T>();
+    for (int64_t c = 0; c < planes; ++c)
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        const int64_t iy = std::min(static_cast<int64_t>(std::floor(static_cast<float>(oy) * fh)), ih - 1);
+        const T* row = x + (c * ih + iy) * iw;
+        T* dst = y + (c * oh + oy) * ow;
+        for (int64_t ox = 0; ox < ow; ++ox)
+          dst[ox] = row[std::min(static_cast<int64_t>(std::floor(static_cast<float>(ox) * fw)), iw - 1)];
+      }
+  });
 }
 
+template <typename F>
 struct Lerp {
   int64_t i0, i1;
-  float l0, l1;
+  F l0, l1;
 };
 
-Lerp lerp_of(int64_t o, int64_t in, float scale, bool align_corners) {
-  float src = align_corners ? scale * static_cast<float>(o) : scale * (static_cast<float>(o) + 0.5f) - 0.5f;
+template <typename F>
+Lerp<F> lerp_of(int64_t o, int64_t in, F scale, bool align_corners) {
+  F src = align_corners ? scale * static_cast<F>(o) : scale * (static_cast<F>(o) + F(0.5)) - F(0.5);
   if (src < 0) src = 0;
   const auto i0 = std::min(static_cast<int64_t>(src), in - 1);
   const int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);
-  const float l1 = std::min(std::max(src - static_cast<float>(i0), 0.0f), 1.0f);
-  return {i0, i1, 1.0f - l1, l1};
+  const F l1 = std::min(std::max(src - static_cast<F>(i0), F(0)), F(1));
+  return {i0, i1, F(1) - l1, l1};
 }
 
 void upsample_bilinear2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                  bool align_corners, std::optional<FloatArrayRef> scale_factors, Tensor& out) {
   Upsample2d u;
-  if (!upsample_setup(ctx, "aten::upsample_bilinear2d.vec_out", input, output_size, scale_factors, align_corners, out,
-                      &u))
+  if (!upsample_setup(ctx, "aten::upsample_bilinear2d.vec_out", input, output_size, scale_factors, out, &u))
     return;
   const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
-  const float fh = u.fh, fw = u.fw, *x = u.x;
-  float* y = u.y;
-  for (int64_t c = 0; c < planes; ++c) {
-    const float* xp = x + c * ih * iw;
-    for (int64_t oy = 0; oy < oh; ++oy) {
-      const Lerp ly = lerp_of(oy, ih, fh, align_corners);
-      float* dst = y + (c * oh + oy) * ow;
-      for (int64_t ox = 0; ox < ow; ++ox) {
-        const Lerp lx = lerp_of(ox, iw, fw, align_corners);
-        dst[ox] = ly.l0 * (lx.l0 * xp[ly.i0 * iw + lx.i0] + lx.l1 * xp[ly.i0 * iw + lx.i1]) +
-                  ly.l1 * (lx.l0 * xp[ly.i1 * iw + lx.i0] + lx.l1 * xp[ly.i1 * iw + lx.i1]);
+  dispatch<kFloatTypes>(input.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;  // float32 computes its weights in float, float64 in double
+    const T fh = scale_of<T>(ih, oh, u.sh, align_corners), fw = scale_of<T>(iw, ow, u.sw, align_corners);
+    const T* x = input.data_as<const T>();
+    T* y = out.data_as<T>();
+    for (int64_t c = 0; c < planes; ++c) {
+      const T* xp = x + c * ih * iw;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        const Lerp<T> ly = lerp_of<T>(oy, ih, fh, align_corners);
+        T* dst = y + (c * oh + oy) * ow;
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          const Lerp<T> lx = lerp_of<T>(ox, iw, fw, align_corners);
+          dst[ox] = ly.l0 * (lx.l0 * xp[ly.i0 * iw + lx.i0] + lx.l1 * xp[ly.i0 * iw + lx.i1]) +
+                    ly.l1 * (lx.l0 * xp[ly.i1 * iw + lx.i0] + lx.l1 * xp[ly.i1 * iw + lx.i1]);
+        }
       }
     }
-  }
+  });
 }
 
 void pixel_shuffle_out(KernelContext& ctx, const Tensor& self, int64_t r, Tensor& out) {
@@ -162,15 +165,18 @@ void pixel_shuffle_out(KernelContext& ctx, const Tensor& self, int64_t r, Tensor
   shape[self.dim - 1] = w * r;
   if (!resize_out(ctx, out, {shape, static_cast<size_t>(self.dim)}, name)) return;
   const int64_t batch = self.numel / std::max<int64_t>(1, c * h * w);
-  const float* x = self.data_as<const float>();
-  float* y = out.data_as<float>();
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t o = 0; o < oc; ++o)
-      for (int64_t yy = 0; yy < h * r; ++yy)
-        for (int64_t xx = 0; xx < w * r; ++xx) {
-          const int64_t ci = o * r * r + (yy % r) * r + (xx % r);
-          y[((b * oc + o) * h * r + yy) * w * r + xx] = x[((b * c + ci) * h + yy / r) * w + xx / r];
-        }
+  dispatch<kFloatTypes>(self.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* x = self.data_as<const T>();
+    T* y = out.data_as<T>();
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t o = 0; o < oc; ++o)
+        for (int64_t yy = 0; yy < h * r; ++yy)
+          for (int64_t xx = 0; xx < w * r; ++xx) {
+            const int64_t ci = o * r * r + (yy % r) * r + (xx % r);
+            y[((b * oc + o) * h * r + yy) * w * r + xx] = x[((b * c + ci) * h + yy / r) * w + xx / r];
+          }
+  });
 }
 
 enum class PadMode { Reflect, Replicate };
