@@ -54,6 +54,15 @@ REFUSAL_REASONS = {
     "_upsample_bilinear2d_aa": "antialiased bilinear resize: not done (a resize_dim with antialias weights, "
                                "rewrites_conv.cpp, outside this change)",
     "_chunk_cat": "not done (FSDP's gradient-bucketing op, not a model forward's)",
+    # float64 (--dtypes float64, 2026-12-06): refused for that dtype only (float32 and 16-bit lower)
+    "nn.functional.interpolate.linear": "float64 only: the resize's tap weights are float32 constants, so kiln "
+                                        "refuses rather than compute a float64 resize at float32 precision",
+    "nn.functional.interpolate.bicubic": "float64 only: the resize's tap weights are float32 constants, so kiln "
+                                         "refuses rather than compute a float64 resize at float32 precision",
+    "nn.functional.interpolate.trilinear": "float64 only: the resize's tap weights are float32 constants, so kiln "
+                                           "refuses rather than compute a float64 resize at float32 precision",
+    "nn.functional.scaled_dot_product_attention": "float64 only: kiln's attention rewrite computes in float32 (its "
+                                                  "masks and softmax), so it refuses rather than lose float64's precision",
     "resize_": "an in-place shape change of an input: kiln's functionalization does not carry it (a view rewrite "
                "returned the old shape, so it stays refused)",
 }

@@ -767,8 +767,8 @@ void scatter_reduce(L& l, const Node& n) {
   // 'mean' of integers: the sum divided by the count rounding down, as eager's
   const bool integral = out.dtype == ScalarType::Long || out.dtype == ScalarType::Int || out.dtype == ScalarType::Short ||
                         out.dtype == ScalarType::Char || out.dtype == ScalarType::Byte;
-  if (reduce == "mean" && out.dtype != ScalarType::Float && !wide && !integral)
-    l.unsupported(n, "scatter_reduce 'mean' of a tensor other than float32, float16, bfloat16 or an integer type");
+  if (reduce == "mean" && out.dtype != ScalarType::Float && out.dtype != ScalarType::Double && !wide && !integral)
+    l.unsupported(n, "scatter_reduce 'mean' of a tensor that is neither floating point nor an integer");
   TensorMeta m = out;
   if (wide) m.dtype = ScalarType::Float;
   Ops o{l, m.dtype};

@@ -107,10 +107,12 @@ bool Lowerer::lower_sequence(const Node& n) {
   if (t == "aten.var.dim" || t == "aten.var.correction" || t == "aten.var.default") {
     // sum((x - mean)^2) / (N - correction) over the reduced dims (correction: 1 unbiased, 0 population)
     ValueId x = tensor_in(n, "self");
-    // float16 / bfloat16: computed in float32 and rounded once, as eager's CPU kernel does
+    // float16 / bfloat16: computed in float32 and rounded once, as eager's CPU kernel does; float64 in float64
     const ScalarType want = meta_of(x).dtype;
     if (want == ScalarType::Half || want == ScalarType::BFloat16) x = convert(x, ScalarType::Float);
-    else if (want != ScalarType::Float) unsupported(n, "var of a tensor that is not floating point");
+    else if (want != ScalarType::Float && want != ScalarType::Double)
+      unsupported(n, "var of a tensor that is not floating point");
+    const ScalarType ct = meta_of(x).dtype;
     const TensorMeta xm = meta_of(x);  // a copy: emit() adds values
     std::vector<int64_t> dims;
     if (const Argument* d = opt(n, "dim"); d && d->kind != Argument::Kind::None) dims = ints_in(n, "dim");
@@ -141,13 +143,13 @@ bool Lowerer::lower_sequence(const Node& n) {
     const ValueId sq = emit("aten.mul.Tensor", {NA("self", tensor_arg(dev)), NA("other", tensor_arg(dev))},
                             contiguous(xm), "square");
     TensorMeta om = out_meta(n);
-    om.dtype = ScalarType::Float;
+    om.dtype = ct;
     const ValueId sum = emit("aten.sum.dim_IntList", {NA("self", tensor_arg(sq)), NA("dim", ints_arg(dims)),
                                                       NA("keepdim", bool_arg(keepdim))}, om, "sum");
     // torch divides by max(N - correction, 0): inf or nan when that is 0 (x / 0, 0 / 0; an empty input too)
     const double divisor = std::max(static_cast<double>(count) - correction, 0.0);
     const ValueId var = emit("aten.div.Scalar", {NA("self", tensor_arg(sum)), NA("other", float_arg(divisor))}, om, "var");
-    bind(n, want == ScalarType::Float ? var : convert(var, want));
+    bind(n, want == ct ? var : convert(var, want));
     return true;
   }
   if (t == "aten.fill.Scalar") {  // a tensor of self's shape and dtype, every element the value

@@ -481,15 +481,16 @@ def test_narrow_integer_samples_wrap_as_eager_in_both_runtimes(key, kiln_bin, tm
 
 
 # The float64 sweep (`--dtypes float64`): kiln's own kernels that took float32 only (pooling, convolution, group
-# norm, bilinear upsampling) and rewrites that refused float64 (activations, rms_norm,
-# nan_to_num, linspace / logspace), since fixed: one float64 sample each, both backends, both runtimes.
+# norm, bilinear upsampling, grid sampling) and rewrites that refused float64 (activations, rms_norm, var, std,
+# nan_to_num, linspace / logspace, scatter_reduce mean), since fixed: one float64 sample each, both backends, both runtimes.
 # ExecuTorch's portable library has no 3-D convolution: its runtime cannot run those programs (nor its own).
 FLOAT64_SAMPLES = ["nn.functional.avg_pool2d", "nn.functional.max_pool2d", "nn.functional.adaptive_avg_pool2d",
                    "nn.functional.adaptive_max_pool3d", "nn.functional.local_response_norm", "nn.functional.conv2d",
                    "nn.functional.conv_transpose1d", "nn.functional.conv3d", "nn.functional.group_norm",
                    "nn.functional.instance_norm", "nn.functional.upsample_bilinear",
                    "nn.functional.mish", "nn.functional.hardswish",
-                   "nn.functional.logsigmoid", "nn.functional.rms_norm", "nan_to_num", "linspace", "logspace"]
+                   "nn.functional.logsigmoid", "nn.functional.rms_norm", "nan_to_num", "linspace", "logspace",
+                   "nn.functional.grid_sample", "var", "std", "scatter_reduce.mean"]
 FLOAT64_NOT_IN_ET = {"nn.functional.conv3d"}
 _F64 = {key: o for key, _, o in sweep.select_ops(FLOAT64_SAMPLES, "all")}
 
