@@ -63,6 +63,13 @@ REFUSAL_REASONS = {
                                            "refuses rather than compute a float64 resize at float32 precision",
     "nn.functional.scaled_dot_product_attention": "float64 only: kiln's attention rewrite computes in float32 (its "
                                                   "masks and softmax), so it refuses rather than lose float64's precision",
+    # uint8 (--dtypes uint8,int8,int16, 2026-12-06): refused for integer tensors only
+    "nn.functional.interpolate.bilinear": "uint8 only: eager's uint8 kernel computes with int16 fixed-point weights "
+                                          "and rounds between its passes; ExecuTorch's uint8 kernel gives other "
+                                          "numbers (its own program is wrong in its runtime), so kiln refuses it",
+    "nn.functional.upsample_bilinear": "uint8 only: eager's uint8 kernel computes with int16 fixed-point weights "
+                                       "and rounds between its passes; ExecuTorch's uint8 kernel gives other "
+                                       "numbers (its own program is wrong in its runtime), so kiln refuses it",
     "resize_": "an in-place shape change of an input: kiln's functionalization does not carry it (a view rewrite "
                "returned the old shape, so it stays refused)",
 }

@@ -502,6 +502,14 @@ bool Lowerer::lower_conv(const Node& n) {
   }
 
   // ---- resizing
+
+  // Bilinear resizing of an integer tensor: eager's uint8 kernel computes with int16 fixed-point weights and
+  // rounds between its two passes, which neither kiln's kernel nor ExecuTorch's reproduces (ExecuTorch's uint8
+  // kernel gives other numbers, on its own program too), so kiln refuses it rather than write a wrong program.
+  if ((t == "aten.upsample_bilinear2d.default" || t == "aten.upsample_bilinear2d.vec") &&
+      !is_floating_type(meta_of(tensor_in(n, t.ends_with(".vec") ? "input" : "self")).dtype))
+    unsupported(n, "bilinear resizing of an integer tensor (eager's uint8 kernel rounds int16 fixed-point weights "
+                   "between its passes; no runtime kernel here reproduces it)");
   if (t == "aten.upsample_nearest2d.default" || t == "aten.upsample_bilinear2d.default") {
     ValueId x = tensor_in(n, "self");
     const bool bilinear = t == "aten.upsample_bilinear2d.default";

@@ -549,3 +549,36 @@ def test_remainder_takes_the_divisors_sign_in_both_runtimes(kiln_bin, tmp_path):
     rec = sweep.run_sample(kiln_bin, _Remainders().eval(), (a, b, torch.linspace(-4, 4, 8)), tmp_path,
                            et_lowering=False)
     _assert_lowers_and_runs_in_both_runtimes(rec)
+
+
+class _NearestInt(__import__("torch").nn.Module):
+    def forward(self, x):
+        import torch.nn.functional as F
+
+        return F.interpolate(x, size=(5, 7), mode="nearest"), F.interpolate(x, scale_factor=2.0, mode="nearest")
+
+
+class _BilinearInt(__import__("torch").nn.Module):
+    def forward(self, x):
+        import torch.nn.functional as F
+
+        return F.interpolate(x, size=(5, 7), mode="bilinear")
+
+
+def test_integer_nearest_resize_runs_and_integer_bilinear_is_refused(kiln_bin, tmp_path):
+    """Nearest 2-D resizing of uint8 tensors (a copy; eager's only integer type there) matches eager in both
+    runtimes; bilinear resizing of them
+    (eager's uint8 kernel rounds fixed-point weights between passes, which no kernel here reproduces) is refused
+    with its reason, never written as a wrong program."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randint(0, 200, (1, 2, 3, 4), dtype=torch.uint8)
+    (tmp_path / "nearest").mkdir()
+    (tmp_path / "bilinear").mkdir()
+    rec = sweep.run_sample(kiln_bin, _NearestInt().eval(), (x,), tmp_path / "nearest", et_lowering=False)
+    _assert_lowers_and_runs_in_both_runtimes(rec)
+    rec = sweep.run_sample(kiln_bin, _BilinearInt().eval(), (x,), tmp_path / "bilinear", et_lowering=False)
+    for backend in sweep.BACKENDS:
+        r = rec[f"kiln_{backend}"]["lower"]
+        assert r["status"] == "error" and "bilinear resizing of an integer tensor" in r["msg"], r

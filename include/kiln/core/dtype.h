@@ -104,14 +104,17 @@ inline uint16_t float_to_half_bits_rne(float f) {
   return static_cast<uint16_t>(sign | ((u - (112u << 23)) >> 13));
 }
 
+// float16, bfloat16, float32 or float64.
+inline bool is_floating_type(ScalarType t) {
+  return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float || t == ScalarType::Double;
+}
+
 // torch.promote_types over the real dtypes and bool (c10::promoteTypes): the one rule the lowering passes and
 // the portable kernels share. Floating beats integral; two 16-bit floats of different kinds meet at float32;
 // uint8 with int8 meets at int16; otherwise the wider type.
 inline ScalarType promote_types(ScalarType a, ScalarType b) {
   if (a == b) return a;
-  auto floating = [](ScalarType t) {
-    return t == ScalarType::Half || t == ScalarType::BFloat16 || t == ScalarType::Float || t == ScalarType::Double;
-  };
+  auto floating = is_floating_type;
   auto float_rank = [](ScalarType t) { return t == ScalarType::Double ? 2 : t == ScalarType::Float ? 1 : 0; };
   if (floating(a) || floating(b)) {
     if (!floating(b)) return a;

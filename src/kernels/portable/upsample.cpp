@@ -1,4 +1,5 @@
-// Resizing and spatial padding, float32 and float64 (float16/bfloat16 widened): upsample_nearest2d.vec_out,
+// Resizing and spatial padding, float32 and float64 (float16/bfloat16 widened; nearest resizing and the pads any
+// dtype): upsample_nearest2d.vec_out,
 // upsample_bilinear2d.vec_out (align_corners both ways), pixel_shuffle.out,
 // reflection_pad{1,2}d.out, replication_pad{1,2}d.out. Source indices follow
 // torch's CPU kernels (area_pixel_compute_scale / source_index).
@@ -10,9 +11,11 @@
 namespace kiln::rt::kernels {
 namespace {
 
-bool float_io(KernelContext& ctx, const char* name, const Tensor& self, const Tensor& out, int32_t min_rank) {
-  if (!in_set(self.dtype, kFloatTypes)) {
-    ctx.fail(Status::NotSupported, "%s: only float32 and float64 are supported, got %s", name, dtype_str(self.dtype));
+// float32 / float64 input and out of one dtype (any dtype with any_dtype: nearest resizing only copies)
+bool float_io(KernelContext& ctx, const char* name, const Tensor& self, const Tensor& out, int32_t min_rank,
+              bool any_dtype = false) {
+  if (any_dtype ? !is_supported_dtype(self.dtype) : !in_set(self.dtype, kFloatTypes)) {
+    ctx.fail(Status::NotSupported, "%s: dtype %s is not supported", name, dtype_str(self.dtype));
     return false;
   }
   if (self.dim < min_rank) {
@@ -74,8 +77,8 @@ struct Upsample2d {
 };
 
 bool upsample_setup(KernelContext& ctx, const char* name, const Tensor& input, std::optional<IntArrayRef> output_size,
-                    std::optional<FloatArrayRef> scale_factors, Tensor& out, Upsample2d* u) {
-  if (!float_io(ctx, name, input, out, 3)) return false;
+                    std::optional<FloatArrayRef> scale_factors, Tensor& out, Upsample2d* u, bool any_dtype) {
+  if (!float_io(ctx, name, input, out, 3, any_dtype)) return false;
   if (!upsample_sizes(ctx, name, input, output_size, scale_factors, &u->oh, &u->ow, &u->sh, &u->sw)) return false;
   if (!resize_spatial(ctx, name, input, out, u->oh, u->ow)) return false;
   u->ih = input.sizes[input.dim - 2];
@@ -87,11 +90,12 @@ bool upsample_setup(KernelContext& ctx, const char* name, const Tensor& input, s
 void upsample_nearest2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                 std::optional<FloatArrayRef> scale_factors, Tensor& out) {
   Upsample2d u;
-  if (!upsample_setup(ctx, "aten::upsample_nearest2d.vec_out", input, output_size, scale_factors, out, &u))
+  if (!upsample_setup(ctx, "aten::upsample_nearest2d.vec_out", input, output_size, scale_factors, out, &u,
+                      /*any_dtype=*/true))
     return;
   const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
   const float fh = scale_of(ih, oh, u.sh, false), fw = scale_of(iw, ow, u.sw, false);
-  dispatch<kFloatTypes>(input.dtype, [&](auto tag) {
+  dispatch(input.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* x = input.data_as<const T>();
     T* y = out.data_as<T>();
@@ -125,7 +129,7 @@ Lerp<F> lerp_of(int64_t o, int64_t in, F scale, bool align_corners) {
 void upsample_bilinear2d_vec_out(KernelContext& ctx, const Tensor& input, std::optional<IntArrayRef> output_size,
                                  bool align_corners, std::optional<FloatArrayRef> scale_factors, Tensor& out) {
   Upsample2d u;
-  if (!upsample_setup(ctx, "aten::upsample_bilinear2d.vec_out", input, output_size, scale_factors, out, &u))
+  if (!upsample_setup(ctx, "aten::upsample_bilinear2d.vec_out", input, output_size, scale_factors, out, &u, false))
     return;
   const int64_t oh = u.oh, ow = u.ow, ih = u.ih, iw = u.iw, planes = u.planes;
   dispatch<kFloatTypes>(input.dtype, [&](auto tag) {
