@@ -219,13 +219,14 @@ int run_lower(const LowerOptions& given) {
                r.calibration->run_seconds, r.calibration->search_seconds);
   if (r.calibration && r.calibration->gptq_layers > 0)
     fmt::print("  GPTQ ({}): {} layers, objective sum (w - q) H (w - q)^T {:+.1f}% against the plain rule (sampled "
-               "rows), Gram matrices {:.0f} MB, {:.1f} s\n",
+               "rows), Gram matrices {:.0f} MB, {:.1f} s{}\n",
                r.calibration->method, r.calibration->gptq_layers,
                r.calibration->gptq_objective_plain > 0
                    ? 100.0 * (r.calibration->gptq_objective - r.calibration->gptq_objective_plain) /
                          r.calibration->gptq_objective_plain
                    : 0.0,
-               static_cast<double>(r.calibration->gram_bytes) / 1e6, r.calibration->gptq_seconds);
+               static_cast<double>(r.calibration->gram_bytes) / 1e6, r.calibration->gptq_seconds,
+               r.calibration->gptq_stages > 0 ? fmt::format(" ({} stages)", r.calibration->gptq_stages) : "");
   if (r.auto_plan) {
     const auto& a = *r.auto_plan;
     int64_t int8 = 0;
@@ -315,7 +316,9 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "(AWQ's channel scales and activation-weighted int4 groups) or gptq (GPTQ's error feedback on "
                   "each input's X^T X); gptq-act, awq+gptq-act: the same with GPTQ's act-order (static groups); any GPTQ "
                   "method with +refit (e.g. awq+gptq-act+refit): GPTQ's int4 group scales then re-fitted to its "
-                  "objective. --quantize auto takes any of them: AWQ's scales, then the plan, then GPTQ to each "
+                  "objective; and/or +seq (e.g. awq+gptq-act+refit+seq): sequential GPTQ, each stage of layers "
+                  "calibrated on a run of the program with the layers before it already quantized (about one run "
+                  "per transformer block). --quantize auto takes any of them: AWQ's scales, then the plan, then GPTQ to each "
                   "layer's chosen form");
   cmd->add_flag("!--no-verify", opts->verify, "skip loading the written program with kiln's runtime before renaming it into place");
   cmd->add_flag("!--no-debug-map", opts->debug_map,

@@ -76,6 +76,8 @@ struct Group {
   int64_t rows = 0;
   std::vector<float> s;  // the chosen scales (1 when alpha is 0)
   std::vector<float> gram;  // GPTQ: sum x x^T over every token, the upper triangle (row i: columns i..k-1)
+  size_t first_node = SIZE_MAX;  // the first of its products in the program (sequential GPTQ's order)
+  bool gram_folded = false;      // the gram is of x' = x / s (a run of the program with AWQ's fold in it)
 };
 
 struct Graph {
@@ -536,15 +538,9 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     const auto it = per_weight.find(w);
     return it != per_weight.end() ? it->second : scheme;
   };
-  result.method = std::string(calibration_method_name(method));
-  using M = CalibrationMethod;
-  const bool gptq = method != M::Awq,
-             awq = method != M::Gptq && method != M::GptqAct && method != M::GptqRefit && method != M::GptqActRefit;
-  const bool act_order = method == M::GptqAct || method == M::AwqGptqAct || method == M::GptqActRefit ||
-                         method == M::AwqGptqActRefit;
-  const bool refit = method == M::GptqRefit || method == M::AwqGptqRefit || method == M::GptqActRefit ||
-                     method == M::AwqGptqActRefit;
-  check(!scales_only || method == CalibrationMethod::Awq || plan, "internal: calibration scales only with awq");
+  result.method = calibration_method_name(method);
+  const bool gptq = method.gptq, awq = method.awq, act_order = method.act_order, refit = method.refit;
+  check(!scales_only || !gptq || plan, "internal: calibration scales only with awq");
   check(scheme.kind == QuantScheme::Kind::Int4Groups || scheme.kind == QuantScheme::Kind::Int8Channels,
         "--calibrate needs --quantize 8da4w or 8da8w");
   std::vector<int32_t> ids;
@@ -617,7 +613,10 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
       groups.back().root = root;
       groups.back().k = sites[s].k;
     }
-    if (groups[it->second].k == sites[s].k) groups[it->second].sites.push_back(s);
+    if (groups[it->second].k == sites[s].k) {
+      groups[it->second].sites.push_back(s);
+      groups[it->second].first_node = std::min(groups[it->second].first_node, sites[s].node);
+    }
   }
   std::map<size_t, size_t> site_of_node;
   for (size_t s = 0; s < sites.size(); ++s) site_of_node[sites[s].node] = s;
@@ -663,10 +662,28 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
   result.inputs_found =
       std::count_if(groups.begin(), groups.end(), [](const Group& gr) { return gr.fold != Group::Fold::None; });
   if (groups.empty()) return result;
+  // sequential GPTQ: the inputs whose layers GPTQ quantizes, in program order, cut into stages of consecutive inputs
+  // (kGptqStages at most: about one per transformer block); the first stage's H from the first run, each later
+  // stage's from a run of the program with the stages before it quantized
+  std::vector<std::vector<ValueId>> stages;  // by root
+  if (gptq && method.sequential) {
+    std::vector<const Group*> ordered;
+    for (const Group& gr : groups)
+      if (std::any_of(gr.sites.begin(), gr.sites.end(), [&](size_t si) { return sites[si].quantized; }))
+        ordered.push_back(&gr);
+    std::stable_sort(ordered.begin(), ordered.end(),
+                     [](const Group* a, const Group* b) { return a->first_node < b->first_node; });
+    static constexpr size_t kGptqStages = 32;
+    const size_t per_stage = std::max<size_t>(1, (ordered.size() + kGptqStages - 1) / kGptqStages);
+    for (size_t at = 0; at < ordered.size(); at += per_stage) {
+      stages.emplace_back();
+      for (size_t i = at; i < std::min(ordered.size(), at + per_stage); ++i) stages.back().push_back(ordered[i]->root);
+    }
+  }
   for (Group& gr : groups) {
     gr.abs_sum.assign(static_cast<size_t>(gr.k), 0.0), gr.sq_sum.assign(static_cast<size_t>(gr.k), 0.0);
     gr.s.assign(static_cast<size_t>(gr.k), 1.0f);
-    if (gptq) {
+    if (gptq && (stages.empty() || std::find(stages[0].begin(), stages[0].end(), gr.root) != stages[0].end())) {
       gr.gram.assign(static_cast<size_t>(gr.k * gr.k), 0.0f);
       result.gram_bytes += gr.k * gr.k * static_cast<int64_t>(sizeof(float));
     }
@@ -822,17 +839,26 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
     // diagonal, factorised once for every layer reading it; then each layer's rows with error feedback
     if (progress) progress("calibrating: GPTQ (error feedback on each input's X^T X)");
     const auto t1 = std::chrono::steady_clock::now();
-    for (Group& gr : groups) {
+    // sequential GPTQ writes each quantized weight into the program (dequantized) for the next stages' runs; what
+    // the program held before is put back at the end (the payload stores result.precomputed for those weights)
+    std::map<ValueId, passes::ConstantData> saved;
+    auto write_weight = [&](ValueId w, const std::vector<float>& nk) {  // nk: [N, K]
+      saved.try_emplace(w, edge.constants.at(w));
+      const Site& st = *site_of_weight.at(w);
+      set_floats(edge, w, st.form == Site::Form::Transposed ? transpose(nk, st.n, st.k) : nk);
+    };
+    auto gptq_input = [&](Group& gr) {
       const int64_t k = gr.k;
       std::vector<size_t> todo;
       for (size_t si : gr.sites)
         if (sites[si].quantized) todo.push_back(si);
-      if (todo.empty() || gr.rows == 0) continue;
+      if (todo.empty() || gr.rows == 0) return;
       std::vector<double> h(static_cast<size_t>(k * k));
       for (int64_t i = 0; i < k; ++i)
         for (int64_t j = i; j < k; ++j) {
           const double v = static_cast<double>(gr.gram[static_cast<size_t>(i * k + j)]) / static_cast<double>(gr.rows) /
-                           (static_cast<double>(gr.s[static_cast<size_t>(i)]) * gr.s[static_cast<size_t>(j)]);
+                           (gr.gram_folded ? 1.0
+                                           : static_cast<double>(gr.s[static_cast<size_t>(i)]) * gr.s[static_cast<size_t>(j)]);
           h[static_cast<size_t>(i * k + j)] = h[static_cast<size_t>(j * k + i)] = v;
         }
       std::vector<float>().swap(gr.gram);
@@ -895,7 +921,49 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
         result.gptq_objective += objective(fed, w);
         result.precomputed[st.weight] = {sw, std::move(qw)};
         ++result.gptq_layers;
+        if (method.sequential) write_weight(st.weight, fed);
       }
+    };
+    if (!method.sequential) {
+      for (Group& gr : groups) gptq_input(gr);
+    } else {
+      std::map<ValueId, Group*> by_root;
+      for (Group& gr : groups) by_root[gr.root] = &gr;
+      for (size_t stage = 0; stage < stages.size(); ++stage) {
+        if (stage > 0) {
+          if (stage == 1)  // AWQ's rescaled weights into the program once (its norms' folds are in already)
+            for (auto& [w, f] : current)
+              if (rescaled.contains(w)) write_weight(w, f);
+          // this stage's inputs from the program with every earlier stage's layers quantized
+          std::vector<Group> probe;
+          int64_t bytes = 0;
+          for (ValueId root : stages[stage]) {
+            const Group& gr = *by_root.at(root);
+            probe.emplace_back();
+            probe.back().root = root, probe.back().k = gr.k;
+            probe.back().abs_sum.assign(static_cast<size_t>(gr.k), 0.0);
+            probe.back().sq_sum.assign(static_cast<size_t>(gr.k), 0.0);
+            probe.back().gram.assign(static_cast<size_t>(gr.k * gr.k), 0.0f);
+            bytes += gr.k * gr.k * static_cast<int64_t>(sizeof(float));
+          }
+          result.gram_bytes = std::max(result.gram_bytes, bytes);
+          if (progress)
+            progress(fmt::format("calibrating: sequential GPTQ, stage {} of {} (running the program with {} layers "
+                                 "quantized)",
+                                 stage + 1, stages.size(), result.gptq_layers));
+          const auto t2 = std::chrono::steady_clock::now();
+          collect(edge, probe, ids, max_positions);
+          result.run_seconds += seconds_since(t2);
+          for (Group& pr : probe) {
+            Group& gr = *by_root.at(pr.root);
+            gr.gram = std::move(pr.gram), gr.rows = pr.rows, gr.gram_folded = true;
+          }
+        }
+        for (ValueId root : stages[stage]) gptq_input(*by_root.at(root));
+        ++result.gptq_stages;
+      }
+      for (auto& [w, c] : saved)
+        if (!rescaled.contains(w)) edge.constants.at(w) = c;  // (rescaled ones: written below, as without +seq)
     }
     result.gptq_seconds = seconds_since(t1);
   }
@@ -909,32 +977,47 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
 }
 
 std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error) {
-  if (text == "awq") return CalibrationMethod::Awq;
-  if (text == "gptq") return CalibrationMethod::Gptq;
-  if (text == "awq+gptq") return CalibrationMethod::AwqGptq;
-  if (text == "gptq-act") return CalibrationMethod::GptqAct;
-  if (text == "awq+gptq-act") return CalibrationMethod::AwqGptqAct;
-  if (text == "gptq+refit") return CalibrationMethod::GptqRefit;
-  if (text == "awq+gptq+refit") return CalibrationMethod::AwqGptqRefit;
-  if (text == "gptq-act+refit") return CalibrationMethod::GptqActRefit;
-  if (text == "awq+gptq-act+refit") return CalibrationMethod::AwqGptqActRefit;
-  *error = fmt::format("unknown calibration method '{}' in --calibrate-method (awq, gptq, awq+gptq, gptq-act or awq+gptq-act, the GPTQ ones with +refit)", text);
-  return std::nullopt;
+  // parts joined by '+': awq, gptq or gptq-act (at most one each, awq first), then the modifiers refit and seq
+  CalibrationMethod m{.awq = false};
+  bool gptq_named = false, modifier_seen = false;
+  std::string_view rest = text;
+  auto fail = [&](std::string_view why) -> std::optional<CalibrationMethod> {
+    *error = fmt::format("unknown calibration method '{}' in --calibrate-method ({}; the methods: awq, gptq, "
+                         "awq+gptq, gptq-act or awq+gptq-act, the GPTQ ones with +refit and/or +seq, e.g. "
+                         "awq+gptq-act+refit+seq)",
+                         text, why);
+    return std::nullopt;
+  };
+  while (true) {
+    const size_t plus = rest.find('+');
+    const std::string_view part = rest.substr(0, plus);
+    if (part == "awq") {
+      if (m.awq || gptq_named || modifier_seen) return fail("awq comes first, once");
+      m.awq = true;
+    } else if (part == "gptq" || part == "gptq-act") {
+      if (gptq_named || modifier_seen) return fail("one of gptq or gptq-act, before the modifiers");
+      gptq_named = m.gptq = true;
+      m.act_order = part == "gptq-act";
+    } else if (part == "refit" || part == "seq") {
+      if (!m.gptq) return fail(fmt::format("+{} modifies a GPTQ method", part));
+      bool& flag = part == "refit" ? m.refit : m.sequential;
+      if (flag || (part == "refit" && m.sequential)) return fail("the modifiers once each, refit before seq");
+      flag = modifier_seen = true;
+    } else {
+      return fail(part.empty() ? std::string("an empty part") : fmt::format("'{}' is not a part of one", part));
+    }
+    if (plus == std::string_view::npos) break;
+    rest.remove_prefix(plus + 1);
+  }
+  return m;
 }
 
-std::string_view calibration_method_name(CalibrationMethod m) {
-  switch (m) {
-    case CalibrationMethod::Awq: return "awq";
-    case CalibrationMethod::Gptq: return "gptq";
-    case CalibrationMethod::AwqGptq: return "awq+gptq";
-    case CalibrationMethod::GptqAct: return "gptq-act";
-    case CalibrationMethod::AwqGptqAct: return "awq+gptq-act";
-    case CalibrationMethod::GptqRefit: return "gptq+refit";
-    case CalibrationMethod::AwqGptqRefit: return "awq+gptq+refit";
-    case CalibrationMethod::GptqActRefit: return "gptq-act+refit";
-    case CalibrationMethod::AwqGptqActRefit: return "awq+gptq-act+refit";
-  }
-  return "awq+gptq";
+std::string calibration_method_name(const CalibrationMethod& m) {
+  std::string name = m.awq ? "awq" : "";
+  if (m.gptq) name += std::string(name.empty() ? "" : "+") + (m.act_order ? "gptq-act" : "gptq");
+  if (m.refit) name += "+refit";
+  if (m.sequential) name += "+seq";
+  return name;
 }
 
 }  // namespace kiln::compiler

@@ -84,7 +84,8 @@ std::string metadata(const LowerResult& r) {
                            {"gram_bytes", c.gram_bytes},
                            {"gptq_objective_plain", c.gptq_objective_plain},
                            {"gptq_objective", c.gptq_objective},
-                           {"gptq_seconds", c.gptq_seconds}};
+                           {"gptq_seconds", c.gptq_seconds},
+                           {"gptq_stages", c.gptq_stages}};
   }
   // "io": the type the program's 16-bit user inputs and outputs have in the .pte (kept unless widened too)
   meta["dtype"] = {{"program", r.program_dtype},

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import assert_close, et_execute, run_kiln
-from test_calibrate import CALIBRATION, D, H, T, TinyLM, _byte_tokenizer
+from test_calibrate import CALIBRATION, D, H, T, V, TinyLM, _byte_tokenizer
 from test_xnnpack_runtime import kiln_run
 
 
@@ -124,7 +124,7 @@ def test_gptq_act_order_keeps_the_plain_scales_and_cuts_the_objective(tiny, tmp_
     assert np.linalg.norm(act - w) < 0.4 * np.linalg.norm(w)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq+gptq", "awq+gptq-act", "awq+gptq-act+refit"])
+@pytest.mark.parametrize("method", ["gptq", "awq+gptq", "awq+gptq-act", "awq+gptq-act+refit", "awq+gptq-act+refit+seq"])
 def test_gptq_cuts_the_output_error_on_calibration_text(tiny, tmp_path, method):
     out, _, windows, refs, _ = tiny
     plain = _lower(out, tmp_path / "plain.pte")
@@ -150,6 +150,10 @@ def test_bad_calibration_method_is_one_error_line(tiny, tmp_path):
     out = tiny[0]
     for args, message in [(["--calibrate", out / "calibration.txt", "--calibrate-method", "sgd"],
                            "unknown calibration method 'sgd'"),
+                          (["--calibrate", out / "calibration.txt", "--calibrate-method", "awq+seq"],
+                           "+seq modifies a GPTQ method"),
+                          (["--calibrate", out / "calibration.txt", "--calibrate-method", "gptq+awq"],
+                           "awq comes first"),
                           (["--calibrate-method", "gptq"], "--calibrate-method needs --calibrate"),
                           (["--calibrate", out / "calibration.txt", "--calibrate-self", "8"], "not both"),
                           (["--calibrate-self", "8"], "one token per call")]:
@@ -218,3 +222,45 @@ def test_gptq_refit_scales_cut_the_objective_below_gptq(tiny, tmp_path, base):
     e_gptq, e_refit = _objective(w, gptq, h), _objective(w, refit, h)
     print(f"{base}+refit: objective {e_refit:.4g} vs {e_gptq:.4g} without the refit")
     assert e_refit < 0.95 * e_gptq, (e_refit, e_gptq)
+
+
+def test_sequential_gptq_calibrates_later_layers_on_the_quantized_ones(tiny, tmp_path):
+    """--calibrate-method gptq+seq: the inputs in program order, in stages; the first stage's layers (here `up`) are
+    GPTQ's one-pass result byte for byte, and a later stage's (the head) is calibrated on the program with `up`
+    already quantized. Oracle: PyTorch eager with the file's own int4 `up` gives the head's inputs X~; on
+    H~ = X~^T X~, the sequential head's GPTQ objective is below the one-pass head's (which saw the fp32 inputs: 1.3%
+    here, where `up`'s int4 error moves the head's inputs little), and far below the plain rounding's. ExecuTorch's runtime runs the file and kiln's runtime agrees with it."""
+    out, model, windows, refs, _ = tiny
+    skip = ["--quantize-skip", "gate|down"]
+    plain = _lower(out, tmp_path / "plain.pte", *skip)
+    one = _lower(out, tmp_path / "one.pte", *skip, "--calibrate", out / "calibration.txt", "--calibrate-method", "gptq")
+    seq = _lower(out, tmp_path / "seq.pte", *skip, "--calibrate", out / "calibration.txt",
+                 "--calibrate-method", "gptq+seq")
+    c = seq["calibration"]
+    assert c["method"] == "gptq+seq" and c["gptq_layers"] == 2 and c["gptq_stages"] == 2, c
+    assert one["calibration"]["gptq_stages"] == 0
+    assert plain["delegation"]["quantized_nodes"] == seq["delegation"]["quantized_nodes"] == 2
+    up_one, up_seq = _int4_weight(tmp_path / "one.pte", H, D), _int4_weight(tmp_path / "seq.pte", H, D)
+    assert np.array_equal(up_one, up_seq), "the first stage is one-pass GPTQ's"
+    # the head's inputs in eager with the file's int4 `up` in place of the fp32 one
+    xs = []
+    with torch.no_grad():
+        saved = model.up.weight.detach().clone()
+        model.up.weight.copy_(torch.from_numpy(up_seq).float())
+        hook = model.head.register_forward_pre_hook(lambda m, a: xs.append(a[0].reshape(-1, D).double().numpy()))
+        try:
+            for w in windows:
+                model(torch.from_numpy(w), torch.arange(T))
+        finally:
+            hook.remove()
+            model.up.weight.copy_(saved)
+    x = np.concatenate(xs)
+    h_seq = x.T @ x
+    w = model.head.weight.detach().numpy()
+    e = {name: _objective(w, _int4_weight(tmp_path / f"{name}.pte", V, D), h_seq) for name in ("plain", "one", "seq")}
+    print(f"gptq+seq: head objective on the quantized program's inputs {e}")
+    assert e["seq"] < e["one"] and e["seq"] < 0.5 * e["plain"], e
+    for win in windows[:2]:
+        et = et_execute(tmp_path / "seq.pte", [win, np.arange(T)])[0]
+        got = kiln_run(tmp_path / "seq.pte", [win, np.arange(T)], tmp_path)[0]
+        assert_close(got, et, "gptq+seq: kiln's runtime vs ExecuTorch's runtime, same file")

@@ -41,32 +41,37 @@ struct CalibrationResult {
   int64_t groups = 0, groups_kept = 0;
   double run_seconds = 0, search_seconds = 0;
   std::vector<std::string> choices;  // one line per input: the producer, the layers, alpha, the proxy's change
-  // GPTQ (CalibrationMethod::Gptq, AwqGptq): the layers quantized with error feedback, the inputs never seen
+  // GPTQ (CalibrationMethod::gptq): the layers quantized with error feedback, the inputs never seen
   // (zero diagonal), the Gram matrices' memory (float, k^2 per input, all held from the run to the search), the
   // GPTQ objective sum (w - q) H (w - q)^T over a sample of rows (every 32nd) for the plain rule's q and GPTQ's
   std::string method;
   int64_t gptq_layers = 0, gptq_dead_inputs = 0, gram_bytes = 0;
+  int64_t gptq_stages = 0;  // +seq: the stages (one run of the program each but the first)
   double gptq_objective_plain = 0, gptq_objective = 0, gptq_seconds = 0;
   // per weight: its quantization (GPTQ), for PayloadOptions::precomputed
   std::map<graph::ValueId, std::pair<backends::xnnpack::QuantScheme, backends::xnnpack::QuantizedWeights>> precomputed;
 };
 
+// What --calibrate-method names, its parts joined by '+' (parse_calibration_method):
 // awq: AWQ channel scales + output-aware int4 groups (the diagonal mean x^2 proxy); gptq: GPTQ's error feedback on
-// the Gram matrix X^T X per input (quantize.h: quantize_weights_gptq; one pass: every layer's H from the fp32
-// program's activations, not sequential); awq+gptq: AWQ's scales, then GPTQ on the rescaled weights and H.
-// GPTQ's damping: 1% of H's mean diagonal with at least 2k calibration tokens for k inputs, 10% with at least k, else
-// 100% (calibrate.cpp).
-// gptq-act / awq+gptq-act: the same with GPTQ's act-order in its "static groups" form (the columns in decreasing
-// diag(H) order, every group's scale the plain rule's on the original weights).
-// "+refit" (gptq+refit, awq+gptq+refit, gptq-act+refit, awq+gptq-act+refit): after GPTQ, with its int4 codes kept,
-// each row's bf16 group scales re-fitted jointly to the layer objective (w - Q s)^T H (w - Q s), H damped as GPTQ's
-// (exact least squares over the row's scales; kept per row only where the stored scales lower it). Same file format;
-// 8da4w layers only.
-enum class CalibrationMethod : uint8_t {
-  Awq, Gptq, AwqGptq, GptqAct, AwqGptqAct, GptqRefit, AwqGptqRefit, GptqActRefit, AwqGptqActRefit
+// the Gram matrix X^T X per input (quantize.h: quantize_weights_gptq); awq+gptq: AWQ's scales, then GPTQ on the
+// rescaled weights and H. GPTQ's damping: 1% of H's mean diagonal with at least 2k calibration tokens for k inputs,
+// 10% with at least k, else 100% (calibrate.cpp).
+// gptq-act: GPTQ with its act-order in the "static groups" form (the columns in decreasing diag(H) order, every
+// group's scale the plain rule's on the original weights).
+// +refit: after GPTQ, with its int4 codes kept, each row's bf16 group scales re-fitted jointly to the layer objective
+// (w - Q s)^T H (w - Q s), H damped as GPTQ's (exact least squares over the row's scales; kept per row only where
+// the stored scales lower it). Same file format; 8da4w layers only.
+// +seq: sequential GPTQ: without it every layer's H comes from one run of the fp32 program; with it the inputs are
+// taken in the program's order, in stages, and each stage's H from a run of the program whose earlier layers already
+// hold their quantized weights (GPTQ's own procedure: a layer compensates the error of the layers before it). One run
+// of the program per stage (calibrate.cpp: about one per transformer block).
+struct CalibrationMethod {
+  bool awq = true, gptq = false, act_order = false, refit = false, sequential = false;
+  bool operator==(const CalibrationMethod&) const = default;
 };
 std::optional<CalibrationMethod> parse_calibration_method(std::string_view text, std::string* error);
-std::string_view calibration_method_name(CalibrationMethod m);
+std::string calibration_method_name(const CalibrationMethod& m);
 
 // `scheme` is the lowering's (8da4w or 8da8w); `keep_fp32` the --quantize-skip test (layers it keeps count no
 // error, their weights are still rescaled so the product is unchanged); `max_positions` the KV cache's length
@@ -81,7 +86,7 @@ CalibrationResult calibrate_awq(passes::EdgeProgram& edge, const std::string& te
                                 const backends::xnnpack::QuantScheme& scheme,
                                 const std::function<bool(const graph::Node&, graph::ValueId)>& keep_fp32,
                                 const std::function<void(std::string_view)>& progress,
-                                CalibrationMethod method = CalibrationMethod::Awq, int64_t self_tokens = 0,
+                                CalibrationMethod method = {}, int64_t self_tokens = 0,
                                 bool scales_only = false,
                                 const std::map<graph::ValueId, backends::xnnpack::QuantScheme>& per_weight = {},
                                 const CalibrationPlanner& plan = {});

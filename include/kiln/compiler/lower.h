@@ -78,7 +78,7 @@ struct LowerOptions {
   // With `quantize`: a text file the fp32 program runs over (kiln's runtime) before quantizing; its linear
   // layers' input statistics rescale their weights (compiler/calibrate.h). Empty: none.
   std::string calibrate;
-  // With `calibrate`: "awq", "gptq" or "awq+gptq" (compiler/calibrate.h: CalibrationMethod). Empty: awq+gptq
+  // With `calibrate`: a method as compiler/calibrate.h parses it (awq, gptq, awq+gptq, gptq-act, +refit, +seq). Empty: awq+gptq
   // (--quantize auto too: the plan after AWQ's scales, GPTQ to each layer's chosen form).
   std::string calibrate_method;
   // Data-free self-calibration (--calibrate-self N): instead of a text, N tokens the fp32 program samples itself
