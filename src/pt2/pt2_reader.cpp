@@ -257,6 +257,7 @@ void ExportedProgram::read_constant(const ConstantTensor& c, std::span<std::byte
         c.name, out.size(), c.meta.nbytes());
   size_t pos = 0;
   stream_constant(c, [&](std::span<const std::byte> chunk) {
+    if (chunk.empty()) return;
     std::memcpy(out.data() + pos, chunk.data(), chunk.size());
     pos += chunk.size();
   });
@@ -266,6 +267,7 @@ void ExportedProgram::read_constant_range(const ConstantTensor& c, uint64_t offs
   const auto nbytes = static_cast<uint64_t>(c.meta.nbytes());
   check(offset <= nbytes && out.size() <= nbytes - offset, "read_constant_range('{}'): {} bytes at {} past its {} bytes",
         c.name, out.size(), offset, nbytes);
+  if (out.empty()) return;  // (an empty span's data() may be null: no memcpy of it, even of 0 bytes)
   if (c.stored_dtype && c.meta.is_contiguous() && offset % 4 == 0 && out.size() % 4 == 0) {
     // whole elements: read as stored into the back half of `out`, widened in place (no buffer the size of the range:
     // a table streams through here in blocks of 32 MB)
