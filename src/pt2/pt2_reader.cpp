@@ -358,7 +358,35 @@ std::vector<graph::Symbol> read_symbols(const Reader& r, const json& doc) {
   return out;
 }
 
+namespace {
+// a schema version's part as the file gives it: an integer, else "?" (informational: never a reason to refuse, and
+// never converted from a float or a string, whose conversion to int is undefined or throws)
+std::string version_part(const json& v, const char* key) {
+  const auto it = v.find(key);
+  if (it == v.end()) return "0";
+  if (it->is_number_unsigned()) return std::to_string(it->get<uint64_t>());
+  if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
+  return "?";
+}
+}  // namespace
+
+namespace {
+ExportedProgram read_pt2_entries(const std::string& path, const SymbolBinding* binding);
+}  // namespace
+
+// Every field is read through Reader's checked accessors; this catch is the net under them: a JSON value of a type
+// the reading did not expect (nlohmann's type_error or out_of_range from a path not yet written that way) is one
+// kiln::Error naming the archive, never a foreign exception out of the reader (fuzz_pt2_graph, docs/FUZZING.md).
 ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) {
+  try {
+    return read_pt2_entries(path, binding);
+  } catch (const json::exception& e) {
+    fail("{}: a JSON entry of the archive is not of the form kiln reads ({})", path, e.what());
+  }
+}
+
+namespace {
+ExportedProgram read_pt2_entries(const std::string& path, const SymbolBinding* binding) {
   ExportedProgram ep;
   ep.path = path;
   auto archive = std::make_shared<Pt2Archive>(path);
@@ -387,7 +415,7 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) 
 
   if (auto it = doc.find("torch_version"); it != doc.end() && it->is_string()) ep.torch_version = *it;
   if (auto it = doc.find("schema_version"); it != doc.end() && it->is_object())
-    ep.schema_version = fmt::format("{}.{}", it->value("major", 0), it->value("minor", 0));
+    ep.schema_version = fmt::format("{}.{}", version_part(*it, "major"), version_part(*it, "minor"));
   if (auto it = doc.find("verifiers"); it != doc.end() && it->is_array() && !it->empty() && (*it)[0].is_string())
     ep.dialect = (*it)[0].get<std::string>();
   else if (auto d = doc.find("dialect"); d != doc.end() && d->is_string())
@@ -481,7 +509,9 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) 
   // Pytree specs of the root module's call (ExecuTorch programs carry them too).
   if (auto mcg = gm.find("module_call_graph"); mcg != gm.end() && mcg->is_array()) {
     for (const auto& entry : *mcg) {
-      if (!entry.is_object() || entry.value("fqn", std::string("?")) != "") continue;
+      const auto fqn = entry.is_object() ? entry.find("fqn") : entry.end();
+      if (!entry.is_object() || fqn == entry.end() || !fqn->is_string() || !fqn->get_ref<const std::string&>().empty())
+        continue;
       if (auto s = entry.find("signature"); s != entry.end() && s->is_object()) {
         if (auto i = s->find("in_spec"); i != s->end() && i->is_string()) ep.inputs_spec = *i;
         if (auto o = s->find("out_spec"); o != s->end() && o->is_string()) ep.outputs_spec = *o;
@@ -576,7 +606,7 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) 
     if (p == payloads.end()) r.bad(where, "has no entry in the archive's weights or constants config");
     const json& meta = p->second.second;
     const std::string& dir = p->second.first;
-    if (meta.value("use_pickle", false))
+    if (auto u = meta.find("use_pickle"); u != meta.end() && r.as_bool(*u, where + " use_pickle"))
       r.bad(where, "is stored pickled, and the graph does not read it as a tensor subclass's inner tensors; kiln reads "
                    "plain dense tensors and tensor subclasses' parts only");
     c.entry = dir + r.as_string(r.field(meta, "path_name", where), where);
@@ -587,9 +617,14 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) 
     if (!archive->contains(c.entry)) r.bad(where, fmt::format("storage entry '{}' is missing", c.entry));
     c.entry_bytes = archive->entry_size(c.entry);
     if (auto off = meta.find("kiln_member_offset"); off != meta.end()) {  // a subclass's part (unwrap_subclass_parameters)
-      c.entry_offset = off->get<uint64_t>();
-      c.entry_bytes = meta.at("kiln_member_bytes").get<uint64_t>();
-      if (meta.at("kiln_element_bytes").get<int64_t>() != element_size(c.meta.dtype))
+      auto non_negative = [&](const json& j, const char* name) {
+        const int64_t v = r.as_int(j, where + " " + name);
+        if (v < 0) r.bad(where, fmt::format("{} is negative", name));
+        return static_cast<uint64_t>(v);
+      };
+      c.entry_offset = non_negative(*off, "kiln_member_offset");
+      c.entry_bytes = non_negative(r.field(meta, "kiln_member_bytes", where), "kiln_member_bytes");
+      if (r.as_int(r.field(meta, "kiln_element_bytes", where), where) != element_size(c.meta.dtype))
         r.bad(where, "its storage's element size disagrees with its dtype");
     }
     const uint64_t need = static_cast<uint64_t>(c.meta.storage_extent()) * static_cast<uint64_t>(element_size(c.meta.dtype));
@@ -599,5 +634,6 @@ ExportedProgram read_pt2(const std::string& path, const SymbolBinding* binding) 
   }
   return ep;
 }
+}  // namespace
 
 }  // namespace kiln::pt2

@@ -74,7 +74,9 @@ void unwrap_subclass_parameters(const Reader& r, const Pt2Archive& archive, json
                                 std::map<std::string, std::pair<std::string, json>>& payloads) {
   std::vector<std::string> pickled;
   for (const auto& [fqn, p] : payloads)
-    if (p.second.is_object() && p.second.value("use_pickle", false)) pickled.push_back(fqn);
+    if (const auto u = p.second.is_object() ? p.second.find("use_pickle") : p.second.end();
+        p.second.is_object() && u != p.second.end() && u->is_boolean() && u->get<bool>())  // (not a boolean: refused later)
+      pickled.push_back(fqn);
   if (pickled.empty()) return;
   json& specs = signature["input_specs"];
   json& inputs = graph_json["inputs"];

@@ -266,3 +266,75 @@ def test_diff_chain_lowers_without_reading_freed_metadata(kiln, tmp_path):
     proc = run(kiln, "run", pte, *args, "--output", y)
     assert proc.returncode == 0 and "runtime error" not in proc.stderr, (proc.returncode, proc.stderr[-3000:])
     compare([np.load(y)], refs, "a chain of 12 diffs with prepend / append")
+
+
+# fuzz_pt2_graph: schema_version {"major": 2.07e55} went through nlohmann's value("major", 0), a float converted
+# to int out of its range (UBSan: undefined behaviour); a string there, a number as a module_call_graph entry's
+# "fqn" or as a weight's "use_pickle", and a string or float as the subclass-part fields kiln reads
+# (kiln_member_offset/bytes, kiln_element_bytes) would each have thrown nlohmann's type_error out of read_pt2.
+# Now: the schema version's part is "?" unless an integer, an entry whose fqn is not a string is not the root's,
+# and the fields are checked (one error line naming the weight).
+def _tiny_pt2(tmp_path: Path) -> Path:
+    import torch
+
+    pt2 = tmp_path / "tiny.pt2"
+    m = torch.nn.Linear(4, 3)
+    torch.export.save(torch.export.export(m, (torch.zeros(2, 4),)), pt2)
+    return pt2
+
+
+def _rewrite_json(src: Path, dst: Path, suffix: str, change) -> None:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        hits = 0
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith(suffix):
+                doc = json.loads(data)
+                change(doc)
+                data = json.dumps(doc).encode()
+                hits += 1
+            zout.writestr(info, data)
+        assert hits == 1, (suffix, hits)
+
+
+@pytest.mark.parametrize("case", ["float_major", "string_minor", "numeric_fqn"])
+def test_graph_fields_of_the_wrong_type_are_read_safely(kiln, tmp_path, case):
+    pt2 = _tiny_pt2(tmp_path)
+    bad = tmp_path / "bad.pt2"
+
+    def change(doc):
+        if case == "float_major":
+            doc["schema_version"] = {"major": 2.06759e55, "minor": 1.5}
+        elif case == "string_minor":
+            doc["schema_version"] = {"major": "eight", "minor": "x"}
+        else:
+            for entry in doc["graph_module"]["module_call_graph"]:
+                entry["fqn"] = 5
+    _rewrite_json(pt2, bad, "models/model.json", change)
+    proc = run(kiln, "inspect", bad)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
+    good = run(kiln, "inspect", pt2)
+    # the same graph either way (the version line and the root call's specs aside)
+    assert [line for line in proc.stdout.splitlines() if "aten." in line] == \
+        [line for line in good.stdout.splitlines() if "aten." in line]
+
+
+@pytest.mark.parametrize("field, value, reason", [("use_pickle", 3, "expected a boolean"),
+                                                  ("kiln_member_offset", "x", "expected an integer"),
+                                                  ("kiln_member_offset", 2.5e40, "expected an integer"),
+                                                  ("kiln_member_offset", -1, "kiln_member_offset is negative")])
+def test_weight_config_fields_of_the_wrong_type_are_one_error_line(kiln, tmp_path, field, value, reason):
+    pt2 = _tiny_pt2(tmp_path)
+    bad = tmp_path / "bad.pt2"
+
+    def change(doc):
+        for meta in doc["config"].values():
+            meta[field] = value
+            if field == "kiln_member_offset":
+                meta["kiln_member_bytes"] = 12
+                meta["kiln_element_bytes"] = 4
+    _rewrite_json(pt2, bad, "model_weights_config.json", change)
+    before = listing(tmp_path)
+    proc = run(kiln, "inspect", bad)
+    assert_refused(proc, reason)
+    assert listing(tmp_path) == before
