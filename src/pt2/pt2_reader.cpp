@@ -368,9 +368,7 @@ std::string version_part(const json& v, const char* key) {
   if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
   return "?";
 }
-}  // namespace
 
-namespace {
 ExportedProgram read_pt2_entries(const std::string& path, const SymbolBinding* binding);
 }  // namespace
 
