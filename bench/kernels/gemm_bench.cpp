@@ -8,7 +8,8 @@
 // The qd8 x qb4w / qc8w products (8da4w / 8da8w) follow, on SmolLM2-135M's and
 // GPT-2's linear shapes: GOP/s (two integer ops per multiply-add) and GB/s of
 // weights (int4: half a byte per weight plus the bf16 scales).
-//   build/kiln_gemm_bench [min_seconds_per_measurement]
+//   build/kiln_gemm_bench [min_seconds_per_measurement [SECTION...]]
+// SECTION: f32-gemm, f32-gemv or qd8-gemm (default: all three).
 #include "kiln/cpu/config.h"
 #include "kiln/cpu/gemm.h"
 #include "kiln/cpu/quant.h"
@@ -141,8 +142,18 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng) {
 int main(int argc, char** argv) {
   using namespace kiln::cpu;
   const double min_seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  if (argc > 2 || !(min_seconds > 0)) {
-    std::fprintf(stderr, "usage: kiln_gemm_bench [min_seconds_per_measurement > 0, default 1]\n");
+  bool want[3] = {argc <= 2, argc <= 2, argc <= 2};  // f32-gemm, f32-gemv, qd8-gemm
+  bool usage_ok = min_seconds > 0;
+  for (int i = 2; i < argc; ++i) {
+    const std::string section = argv[i];
+    if (section == "f32-gemm") want[0] = true;
+    else if (section == "f32-gemv") want[1] = true;
+    else if (section == "qd8-gemm") want[2] = true;
+    else usage_ok = false;
+  }
+  if (!usage_ok) {
+    std::fprintf(stderr, "usage: kiln_gemm_bench [min_seconds_per_measurement > 0, default 1 [SECTION...]]\n"
+                         "  SECTION: f32-gemm, f32-gemv or qd8-gemm (default: all three)\n");
     return 2;
   }
   std::printf("kiln CPU micro-kernels, single thread. This CPU: best ISA %s; selected (KILN_CPU_ISA or best): %s -> %s, %s\n",
@@ -158,6 +169,7 @@ int main(int argc, char** argv) {
     }
 
   std::mt19937 rng(0);
+  if (want[0]) {
   std::printf("\nf32-gemm (seq_len 128; B as rows [K, N], packed per call, then B packed once as the variant's panels: +P)\n%-24s %-20s %-12s %10s %10s %10s %7s %12s\n", "variant", "M x K x N", "layer",
               "ms/call", "GFLOP/s", "(cpu)", "%peak", "max rel err");
   const Shape gemm_shapes[] = {{128, 768, 768, "attn c_proj"}, {128, 768, 2304, "attn c_attn"}, {128, 768, 3072, "mlp c_fc"},
@@ -190,6 +202,9 @@ int main(int argc, char** argv) {
     }
   }
 
+  }
+
+  if (want[1]) {
   std::printf("\nf32-gemv (one token; GB/s: the weights read per second, by CPU time)\n%-24s %-20s %-12s %10s %10s %10s %7s %8s\n",
               "variant", "K x N", "layer", "ms/call", "GFLOP/s", "(cpu)", "%peak", "GB/s");
   const Shape gemv_shapes[] = {{1, 768, 2304, "attn c_attn"}, {1, 768, 768, "attn c_proj"}, {1, 768, 3072, "mlp c_fc"},
@@ -220,6 +235,9 @@ int main(int argc, char** argv) {
                   t.gflops_cpu, 100.0 * t.gflops_cpu / peak[static_cast<int>(v.isa)], gbs);
     }
   }
+  }
+
+  if (want[2]) {
   std::printf("\nqd8 x qb4w (group 32) and qd8 x qc8w; m = 1: one token, m = 128: a prompt (GOP/s and weight GB/s by CPU time)\n"
               "%-24s %-5s %-16s %-12s %5s %10s %10s %8s %10s\n",
               "variant", "w", "M x K x N", "layer", "", "ms/call", "GOP/s", "GB/s", "(quantize ms)");
@@ -271,6 +289,7 @@ int main(int argc, char** argv) {
                     "", t.ms, t.gflops_cpu, wbytes * t.gflops_cpu / ops, tq.ms);
       }
     }
+  }
   }
   return 0;
 }

@@ -10,6 +10,7 @@ Damaged payloads must give one clear line and a non-zero exit.
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 from pathlib import Path
@@ -89,6 +90,27 @@ def test_gpt2_small_matches_eager(gpt2_small, producer, engine, tmp_path):
     out = kiln_run(pte, ins, tmp_path, "--threads", "2", "--engine", engine)[0]
     assert_close(out, refs[0], f"{producer} XNNPACK GPT-2 small ({spec_of(gpt2_small)['ir']}) in kiln's runtime, "
                                f"--engine {engine}")
+
+
+@pytest.mark.parametrize("pipes", ["1", "2"])
+def test_tied_lm_head_packed_once_matches_eager(tiny_gpt2, pipes, tmp_path):
+    """The tied LM head of a static program with many rows (16 here). Where the selected GEMM packs its B
+    once (the two-pipe AVX-512 tile: KILN_FMA512_PIPES=2 on a CPU with AVX-512), the table is packed as
+    Wᵀ's panels at the first call and the logits written in rows; elsewhere W · xᵀ is transposed. Both
+    match eager, at the first call and the next (which reads the packed copy), and the profile names the
+    path the configuration `kiln --version` reports selects."""
+    env = dict(os.environ, KILN_FMA512_PIPES=pipes)
+    pte = kiln_lower(tiny_gpt2, "xnnpack")
+    ins, refs = reference_io(tiny_gpt2)
+    np.save(tmp_path / "ids.npy", ins[0])
+    run_kiln("run", pte, "--steps", "2", "--threads", "2", "--input", tmp_path / "ids.npy", "--input",
+             tmp_path / "ids.npy", "--output", tmp_path / "first.npy", "--output", tmp_path / "second.npy", env=env)
+    for name in ("first", "second"):
+        assert_close(np.load(tmp_path / f"{name}.npy"), refs[0], f"tiny GPT-2, {name} call, KILN_FMA512_PIPES={pipes}")
+    packs_once = "f32_gemm_6x64__avx512" in run_kiln("--version", env=env).stdout
+    profile = run_kiln("profile", pte, "-i", tmp_path / "ids.npy", "--iters", "2", env=env).stdout
+    assert ("kiln LM head (x · Wᵀ, W packed once)" in profile) == packs_once, profile
+    assert ("kiln LM head (x · Wᵀ, tiled)" in profile) == (not packs_once), profile
 
 
 @pytest.mark.parametrize("engine", ["kiln", "xnnpack"])

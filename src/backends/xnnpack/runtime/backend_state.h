@@ -280,6 +280,7 @@ struct State {
   std::unordered_map<uint32_t, const uint8_t*> qb4w_panels;  // int4 weights repacked (in `owned`), by value
   std::unordered_map<uint32_t, const float*> weight_sums;    // quantized weights' row sums (in `owned`), by value
   std::unordered_map<const void*, const uint8_t*> weight_copies;  // fp32 weights copied (weight_memory), by file bytes
+  std::unordered_map<const void*, const float*> lm_head_panels;   // the LM head's table packed (in `owned`), by file bytes
 
   ~State() {
     for (Step& s : steps)
@@ -306,6 +307,12 @@ std::shared_ptr<void> weight_memory(size_t bytes, uint8_t** out);
 // with KILN_HUGE_PAGES=0 (rt::huge_pages_enabled).
 rt::Status copy_to_weight_memory(State& owner, const rt::PteFile* file, std::span<const std::byte> bytes, bool release,
                                  const float** out, rt::ErrorMessage* error);
+// The tied LM head's table W [n, k] (fp32, in the program's file or not) packed as the selected GEMM's
+// column panels of Wᵀ (cpu::sgemm_pack_b), once per delegate: `owner` keeps them, by W's address. The
+// file's pages of W are released a chunk at a time as they are packed (the tied embedding's lookup
+// reads back only its tokens' rows), so resident memory never holds both whole. *out: the panels.
+rt::Status table_panels_once(State& owner, const rt::PteFile* file, const float* w, int64_t n, int64_t k,
+                             const float** out, rt::ErrorMessage* error);
 
 // What the backend's init and execute do, for its tests to read a delegate's plan
 // (tests/xnnpack/xnnpack_planner_test.cpp). plan_payload builds `st` (fresh) from
@@ -337,7 +344,8 @@ constexpr float kMaskedBelow = -1e30f;
 // when some row keeps none (eager's NaN rows for -inf masks, or its uniform rows for finfo.min
 // ones, are then reproduced).
 LiveSpan live_span(const float* mask, int64_t rows, int64_t n);
-void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out);
+// w_panels: Wᵀ packed as cpu::sgemm_pack_b's panels (a static delegate's many rows), or null
+void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* w_panels, const float* xt, float* out);
 void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out);
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out);

@@ -2,6 +2,7 @@
 // delegate, the plan for its sizes) and runs the plan's steps. Allocates nothing, but for a
 // dynamic delegate's first call of new sizes (a new plan).
 #include "builder.h"
+#include "kiln/cpu/gemm.h"
 
 #include <algorithm>
 #include <array>
@@ -85,6 +86,20 @@ Status table_in_weight_memory(State& st, const Step& step, const float** w, Erro
   const size_t bytes = static_cast<size_t>(step.n * step.k) * sizeof(float);
   if (p < file.data() || p + bytes > file.data() + file.size()) return Status::Ok;
   return copy_to_weight_memory(owner, owner.file, std::span<const std::byte>(p, bytes), true, w, error);
+}
+
+// The same table for a GEMM (many rows of a static delegate, where the selected GEMM packs its B once:
+// cpu::sgemm_pack_once): the first call packs Wᵀ as the GEMM's column panels (kiln's memory, the file's
+// pages released: the embedding's lookup reads back only its tokens' rows), later calls read the panels.
+// *panels stays null for a table outside the file (it could change between calls): the product packs x.
+Status table_panels(State& st, const Step& step, const float* w, const float** panels, ErrorMessage* error) {
+  State& owner = st.owner ? *st.owner : st;
+  if (!owner.file) return Status::Ok;
+  const std::span<const std::byte> file = owner.file->bytes();
+  const auto* p = reinterpret_cast<const std::byte*>(w);
+  const size_t bytes = static_cast<size_t>(step.n * step.k) * sizeof(float);
+  if (p < file.data() || p + bytes > file.data() + file.size()) return Status::Ok;
+  return table_panels_once(owner, owner.file, w, step.n, step.k, panels, error);
 }
 
 // Binds the call's tensors and runs the steps of one plan.
@@ -191,10 +206,16 @@ Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error) {
       }
       case StepKind::LmHead: {
         const float* w = in(0);
+        const float* panels = step.weights_panels ? step.weights : nullptr;
         if (step.in[0].group >= 0 &&
-            st.groups[static_cast<size_t>(step.in[0].group)].storage.kind == Storage::Kind::Arg)
-          KILN_TRY(table_in_weight_memory(st, step, &w, error));
-        run_lm_head(st.exec, step, w, in(1), out);
+            st.groups[static_cast<size_t>(step.in[0].group)].storage.kind == Storage::Kind::Arg) {
+          const State& owner = st.owner ? *st.owner : st;
+          if (step.m >= kGemvRows && !owner.dynamic && cpu::sgemm_pack_once())
+            KILN_TRY(table_panels(st, step, w, &panels, error));
+          else
+            KILN_TRY(table_in_weight_memory(st, step, &w, error));
+        }
+        run_lm_head(st.exec, step, w, panels, in(1), out);
         break;
       }
       case StepKind::Transpose: run_transpose(st.exec, step, in(0), out); break;

@@ -133,7 +133,7 @@ static void transpose_tile(const float* tile, int64_t mb, int64_t nb, float* out
   cpu::f32_rows_config().transpose(tile, mb, nb, mb, out, ldo);
 }
 
-void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt, float* out) {
+void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* w_panels, const float* xt, float* out) {
   constexpr int64_t kBlock = 128;
   const int64_t M = s.m, N = s.n, K = s.k;
   if (M < kGemvRows) {  // a few tokens: one pass over W, dot products with x's rows (xt's columns)
@@ -156,6 +156,22 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* xt,
       }
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t m = 0; m < M; ++m) out[m * N + n] = gemv.dot(x[m], w + n * K, K);
+    });
+    return;
+  }
+  if (w_panels) {  // Wᵀ packed once (fuse_lm_head, or the first call: lm_head_panels): x · Wᵀ into the logits' rows, tasks of whole panels
+    // x [M, K] from xt [K, M], in this thread's buffer (M x K floats, small next to the product)
+    static thread_local std::vector<float> x_rows;
+    if (x_rows.size() < static_cast<size_t>(M * K)) x_rows.resize(static_cast<size_t>(M * K));
+    float* x = x_rows.data();
+    for (int64_t p = 0; p < K; ++p)
+      for (int64_t m = 0; m < M; ++m) x[m * K + p] = xt[p * M + m];
+    const int64_t width = cpu::sgemm_panel_width();
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((N + width - 1) / width, kTasksPerThread * ex.threads));
+    const int64_t cols = ((N + tasks - 1) / tasks + width - 1) / width * width;
+    ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
+      const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, N - n0);
+      if (nb > 0) cpu::sgemm_packed(M, nb, K, 1.0f, x, K, w_panels + n0 * K, false, out + n0, N);
     });
     return;
   }

@@ -1,5 +1,6 @@
 // The XNNPACK backend's memory for the weights a one-token step streams (backend_state.h).
 #include "builder.h"
+#include "kiln/cpu/gemm.h"
 
 #include <sys/mman.h>
 
@@ -34,6 +35,29 @@ Status copy_to_weight_memory(State& owner, const rt::PteFile* file, std::span<co
     if (release && file) file->release_pages(bytes);
   }
   *out = reinterpret_cast<const float*>(copy);
+  return Status::Ok;
+}
+
+Status table_panels_once(State& owner, const rt::PteFile* file, const float* w, int64_t n, int64_t k,
+                         const float** out, ErrorMessage* error) {
+  const float*& packed = owner.lm_head_panels[w];
+  if (!packed) {
+    const size_t size = (static_cast<size_t>(cpu::sgemm_packed_floats(k, n)) * sizeof(float) + kArenaAlign - 1) /
+                        kArenaAlign * kArenaAlign;
+    auto* buf = static_cast<float*>(std::aligned_alloc(kArenaAlign, size));
+    if (!buf) return fail(error, Status::OutOfMemory, "out of memory packing the LM head's weights");
+    owner.owned.emplace_back(buf, &std::free);
+    const int64_t chunk = cpu::sgemm_panel_width() * 16;  // rows of W a step (GPT-2: 3 MB), whole panels
+    for (int64_t j = 0; j < n; j += chunk) {
+      const int64_t rows = std::min(chunk, n - j);
+      cpu::sgemm_pack_b(k, rows, w + j * k, k, true, buf + j * k);  // panel j starts at j * k (sgemm_pack_b)
+      if (file)
+        file->release_pages(std::span<const std::byte>(reinterpret_cast<const std::byte*>(w + j * k),
+                                                       static_cast<size_t>(rows * k) * sizeof(float)));
+    }
+    packed = buf;
+  }
+  *out = packed;
   return Status::Ok;
 }
 
