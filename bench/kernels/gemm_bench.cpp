@@ -6,8 +6,9 @@
 // clock and by thread CPU time, and the CPU-time rate as a fraction of the
 // measured fp32 FMA peak of the variant's ISA. Not a test; run by hand:
 // The qd8 x qb4w / qc8w products (8da4w / 8da8w) follow, on SmolLM2-135M's and
-// GPT-2's linear shapes: GOP/s (two integer ops per multiply-add) and GB/s of
-// weights (int4: half a byte per weight plus the bf16 scales).
+// GPT-2's linear shapes: GOP/s (two integer ops per multiply-add), the share of
+// the int8 peak of the variant's product instruction (probed here, as the FMA
+// peak is) and GB/s of weights (int4: half a byte per weight plus the bf16 scales).
 //   build/kiln_gemm_bench [min_seconds_per_measurement [SECTION...]]
 // SECTION: f32-gemm, f32-gemv or qd8-gemm (default: all three).
 #include "kiln/cpu/config.h"
@@ -23,6 +24,10 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -75,6 +80,123 @@ double peak_generic(double s) { return peak_loop<16>(s); }
 __attribute__((target("avx2,fma"))) double peak_avx2(double s) { return peak_loop<32>(s); }
 __attribute__((target("avx512f,fma"))) double peak_avx512(double s) { return peak_loop<64>(s); }
 #endif
+
+// The core's int8 ceiling for each qd8-gemm variant's product instruction: independent chains, no
+// memory traffic; two ops per multiply-add. avx2 / avx512: vpmaddubsw alone (u8 x s8 pairs summed into
+// i16: a bound, since a product also widens its sums to i32); avx512vnni: vpdpbusd; amx: tdpbssd
+// (16 x 64 by 64 x 16 int8, four accumulator tiles), the tile state granted by the library (the amx
+// variant runnable).
+#if defined(__x86_64__) && defined(__GNUC__)
+// Runs BODY (one round of ops_per_round ops) for `seconds` of this thread's CPU time; the GOP/s in `g`.
+// (A macro, not a lambda: a lambda does not take its caller's target ISA.)
+#define KILN_INT8_RATE(g, seconds, ops_per_round, BODY)                              \
+  do {                                                                               \
+    long rounds_ = 0;                                                                \
+    const double c0_ = now_cpu();                                                    \
+    double c1_ = c0_;                                                                \
+    while (c1_ - c0_ < (seconds)) {                                                  \
+      for (int r_ = 0; r_ < 10000; ++r_) { BODY }                                    \
+      rounds_ += 10000;                                                              \
+      c1_ = now_cpu();                                                               \
+    }                                                                                \
+    (g) = static_cast<double>(rounds_) * (ops_per_round) / (c1_ - c0_) * 1e-9;       \
+  } while (0)
+
+__attribute__((target("avx2"))) double int8_peak_avx2(double s) {
+  __m256i acc[12];
+  const __m256i b = _mm256_set1_epi8(1);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi8(static_cast<char>(i + 1));
+  double g = 0;
+  KILN_INT8_RATE(g, s, 12 * 32 * 2, {
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) acc[i] = _mm256_maddubs_epi16(acc[i], b);  // each chain its own input
+  });
+  for (int i = 1; i < 12; ++i) acc[0] = _mm256_add_epi32(acc[0], acc[i]);  // every chain feeds the result
+  alignas(32) int32_t o[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(o), acc[0]);
+  volatile int keep = o[0];
+  (void)keep;
+  return g;
+}
+
+__attribute__((target("avx512f,avx512bw"))) double int8_peak_avx512(double s) {
+  __m512i acc[12];
+  const __m512i b = _mm512_set1_epi8(1);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi8(static_cast<char>(i + 1));
+  double g = 0;
+  KILN_INT8_RATE(g, s, 12 * 64 * 2, {
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) acc[i] = _mm512_maddubs_epi16(acc[i], b);
+  });
+  for (int i = 1; i < 12; ++i) acc[0] = _mm512_add_epi32(acc[0], acc[i]);  // every chain feeds the result
+  alignas(64) int32_t o[16];
+  _mm512_store_si512(o, acc[0]);
+  volatile int keep = o[0];
+  (void)keep;
+  return g;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_peak_vnni(double s) {
+  __m512i acc[12];
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  double g = 0;
+  KILN_INT8_RATE(g, s, 12 * 64 * 2, {
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  });
+  for (int i = 1; i < 12; ++i) acc[0] = _mm512_add_epi32(acc[0], acc[i]);  // every chain feeds the result
+  alignas(64) int32_t o[16];
+  _mm512_store_si512(o, acc[0]);
+  volatile int keep = o[0];
+  (void)keep;
+  return g;
+}
+
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile,amx-int8"))) double int8_peak_amx(double s) {
+  AmxConfig c;  // tmm0-3: 16 x 16 int32 sums; tmm4: 16 x 64 int8 rows; tmm6: 16 x 64 (64 x 16 in fours)
+  for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
+  alignas(64) static int8_t data[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) data[i] = static_cast<int8_t>(i % 7 - 3);
+  _tile_loadconfig(&c);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  __asm__ volatile("" ::: "memory");
+  _tile_loadd(4, data, 64);
+  _tile_loadd(6, data, 64);
+  double g = 0;
+  KILN_INT8_RATE(g, s, 4 * 16.0 * 16 * 64 * 2, {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 6);
+    _tile_dpbssd(2, 4, 6);
+    _tile_dpbssd(3, 4, 6);
+  });
+  alignas(64) static int32_t out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  volatile int keep = out[0];
+  (void)keep;
+  return g;
+}
+#endif
+
+// The int8 peak (GOP/s) of a qd8-gemm variant's product instruction on this core, or 0 where none is probed.
+double int8_peak_gops(const kiln::cpu::Qd8GemmVariant& v, double seconds) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  const std::string name = v.name;
+  if (name == "qd8_gemm__amx") return int8_peak_amx(seconds);
+  if (name == "qd8_gemm__avx512vnni") return int8_peak_vnni(seconds);
+  if (name == "qd8_gemm__avx512") return int8_peak_avx512(seconds);
+  if (name == "qd8_gemm__avx2") return int8_peak_avx2(seconds);
+#endif
+  (void)v, (void)seconds;
+  return 0;
+}
 
 double fma_peak_gflops(Isa isa, double seconds) {
   switch (isa) {
@@ -238,9 +360,16 @@ int main(int argc, char** argv) {
   }
 
   if (want[2]) {
-  std::printf("\nqd8 x qb4w (group 32) and qd8 x qc8w; m = 1: one token, m = 128: a prompt (GOP/s and weight GB/s by CPU time)\n"
-              "%-24s %-5s %-16s %-12s %5s %10s %10s %8s %10s\n",
-              "variant", "w", "M x K x N", "layer", "", "ms/call", "GOP/s", "GB/s", "(quantize ms)");
+  // each variant's product instruction alone: the int8 ceiling %peak is measured against
+  std::vector<double> i8peak;
+  for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
+    i8peak.push_back(qd8_gemm_runnable(v) ? int8_peak_gops(v, min_seconds) : 0.0);
+    if (i8peak.back() > 0) std::printf("int8 peak, %-22s: %.1f GOP/s\n", v.name, i8peak.back());
+  }
+  std::printf("\nqd8 x qb4w (group 32) and qd8 x qc8w; m = 1: one token, m = 128: a prompt (GOP/s and weight GB/s by CPU time;\n"
+              "%%peak: GOP/s over the int8 peak of the variant's product instruction, above; amx below 16 rows: VNNI's)\n"
+              "%-24s %-5s %-16s %-12s %5s %10s %10s %7s %8s %10s\n",
+              "variant", "w", "M x K x N", "layer", "", "ms/call", "GOP/s", "%peak", "GB/s", "(quantize ms)");
   const Shape q_shapes[] = {{1, 576, 1536, "smollm2 up"}, {1, 1536, 576, "smollm2 down"}, {1, 768, 3072, "gpt2 c_fc"},
                             {128, 576, 1536, "smollm2 up"}, {128, 768, 3072, "gpt2 c_fc"}};
   using namespace kiln::cpu;
@@ -269,7 +398,8 @@ int main(int argc, char** argv) {
       const bool b4 = layout != Qd8Layout::Plain, on_panels = layout == Qd8Layout::Signed;
       const Qb4wWeights qb{w4.data(), sc.data(), sums4.data(), group};
       const Qc8wWeights qc{w8.data(), sc8.data(), sums8.data()};
-      for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
+      for (size_t vi = 0; vi < qd8_gemm_variants().size(); ++vi) {
+        const Qd8GemmVariant& v = qd8_gemm_variants()[vi];
         if (!qd8_gemm_runnable(v)) {
           std::printf("%-24s not run: this CPU lacks it\n", v.name);
           continue;
@@ -285,8 +415,14 @@ int main(int argc, char** argv) {
         char dims[64];
         std::snprintf(dims, sizeof(dims), "%lld x %lld x %lld", static_cast<long long>(s.m), static_cast<long long>(s.k),
                       static_cast<long long>(s.n));
-        std::printf("%-24s %-5s %-16s %-12s %5s %10.3f %10.1f %8.1f %10.3f\n", v.name, on_panels ? "qb4wP" : b4 ? "qb4w" : "qc8w", dims, s.what,
-                    "", t.ms, t.gflops_cpu, wbytes * t.gflops_cpu / ops, tq.ms);
+        char share[16] = "-";
+        double peak_of = i8peak[vi];
+        if (std::string(v.name) == "qd8_gemm__amx" && s.m < 16)  // a few rows: the amx variant runs its VNNI code
+          for (size_t u = 0; u < qd8_gemm_variants().size(); ++u)
+            if (std::string(qd8_gemm_variants()[u].name) == "qd8_gemm__avx512vnni") peak_of = i8peak[u];
+        if (peak_of > 0) std::snprintf(share, sizeof(share), "%.1f%%", 100.0 * t.gflops_cpu / peak_of);
+        std::printf("%-24s %-5s %-16s %-12s %5s %10.3f %10.1f %7s %8.1f %10.3f\n", v.name, on_panels ? "qb4wP" : b4 ? "qb4w" : "qc8w", dims, s.what,
+                    "", t.ms, t.gflops_cpu, share, wbytes * t.gflops_cpu / ops, tq.ms);
       }
     }
   }
