@@ -49,7 +49,8 @@ class GemmTester {
   // runs the variant's gemm_bt on Bᵀ ([n, k], its rows padded by b_pad) instead of gemm on B
   GemmTester& transposed_b(bool v) { transposed_b_ = v; return *this; }
   // runs the variant's gemm_packed on B packed as its panels (sgemm_pack_b_width, from B or, with
-  // transposed_b, from Bᵀ), in two calls when n > nr: columns [0, nr) and [nr, n) from the second panel on
+  // transposed_b, from Bᵀ), in two calls when n > nr: columns [0, nr) and [nr, n) from the second panel on,
+  // the second saying B streams from memory (ldb 1)
   GemmTester& packed_b(bool v) { packed_b_ = v; return *this; }
 
   void test(const F32GemmVariant& v) const {
@@ -86,8 +87,8 @@ class GemmTester {
       else sgemm_pack_b_width(v.nr, k_, n_, b.data(), ldb(), false, packed.data());
       const int64_t j0 = n_ > v.nr ? v.nr : n_;
       v.gemm_packed(m_, j0, k_, alpha_, a.data(), lda(), packed.data(), 0, accumulate_, c.data(), ldc());
-      if (j0 < n_)
-        v.gemm_packed(m_, n_ - j0, k_, alpha_, a.data(), lda(), packed.data() + j0 * k_, 0, accumulate_, c.data() + j0,
+      if (j0 < n_)  // ldb 1: B streams from memory (the tile prefetches it among its FMAs), the same products
+        v.gemm_packed(m_, n_ - j0, k_, alpha_, a.data(), lda(), packed.data() + j0 * k_, 1, accumulate_, c.data() + j0,
                       ldc());
     } else if (transposed_b_) {
       v.gemm_bt(m_, n_, k_, alpha_, a.data(), lda(), bt.data(), ldbt, accumulate_, c.data(), ldc());

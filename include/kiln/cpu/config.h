@@ -58,7 +58,8 @@ struct F32GemmVariant {
   int64_t kc;        // K block (rows of a packed B panel)
   F32GemmFn gemm;
   F32GemmFn gemm_bt;  // the same with b given as Bᵀ, [n, k] (sgemm_bt)
-  F32GemmFn gemm_packed;  // the same with B as panels of nr columns, packed once (sgemm_pack_b; ldb unused)
+  F32GemmFn gemm_packed;  // the same with B as panels of nr columns, packed once (sgemm_pack_b; ldb: nonzero
+                          // when B streams from memory, see sgemm_packed)
   // Picked only on cores with two full-width 512-bit FMA pipes, as measured (cpu_fma512_pipes), and
   // skipped there by the variant it tunes: such a core consumes a 4 x 64 tile's B faster than L2 delivers
   // it, so its panel must fit L1, and its tile is written with intrinsics (bench/RESULTS.md, issue 42).

@@ -33,8 +33,11 @@ void sgemm_pack_b_width(int64_t nr, int64_t k, int64_t n, const float* b, int64_
                         float* packed);
 // sgemm over packed B: C[m, n] = alpha * A[m, k] · B[:, j0 : j0 + n] + (accumulate ? C : 0), where `packed`
 // is sgemm_pack_b's output advanced by j0 * k floats and j0 is a multiple of sgemm_panel_width().
+// `b_streams`: B comes from memory, as a linear layer's weights do however few of their columns one call
+// takes (the tile then prefetches B's next block among its FMAs, not in a burst before it); false: the
+// variant judges by B's size here (over 1 MiB: from memory).
 void sgemm_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* packed,
-                  bool accumulate, float* c, int64_t ldc);
+                  bool accumulate, float* c, int64_t ldc, bool b_streams = false);
 
 // The code paths of sgemm are the ISA levels of config.h.
 using SgemmIsa = Isa;

@@ -147,7 +147,7 @@ struct VectorTile {
 
 // B's layout (BL): rows, B [k, n] with row stride ldb; transposed, b is Bᵀ, [n, k] with row stride ldb
 // (C = A · bᵀ); panels, B packed once (gemm.h's sgemm_pack_b): the panel of columns
-// [j, j + NR) is k rows of NR floats at b + j * k (ldb unused), read in place, nothing packed per call.
+// [j, j + NR) is k rows of NR floats at b + j * k (ldb: nonzero where B streams from memory), read in place, nothing packed per call.
 inline constexpr int kRowsB = 0, kTransposedB = 1, kPanelsB = 2;
 
 // KC: rows of a packed B panel; the default keeps the panel at 32 KiB (L1).
@@ -163,7 +163,8 @@ KILN_CPU_INLINE void f32_gemm_blocked(int64_t m, int64_t n, int64_t k, float alp
     // A sweeping the block; each tile prefetches its share of the next block (the next K rows, or the next
     // panel's first ones) into L2.
     const int64_t tiles = (m + MR - 1) / MR;
-    [[maybe_unused]] const bool spread_b = k * n * static_cast<int64_t>(sizeof(float)) > (int64_t{1} << 20);
+    // (ldb, unused by packed panels, says B streams from memory: a slice of a linear layer's weights)
+    [[maybe_unused]] const bool spread_b = ldb != 0 || k * n * static_cast<int64_t>(sizeof(float)) > (int64_t{1} << 20);
     for (int64_t jr = 0; jr < n; jr += NR) {
       const int64_t nr = n - jr < NR ? n - jr : NR;
       for (int64_t pc = 0; pc < k; pc += KC) {

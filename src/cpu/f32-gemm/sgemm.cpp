@@ -97,9 +97,9 @@ void sgemm_pack_b(int64_t k, int64_t n, const float* b, int64_t ldb, bool transp
 }
 
 void sgemm_packed(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* packed,
-                  bool accumulate, float* c, int64_t ldc) {
+                  bool accumulate, float* c, int64_t ldc, bool b_streams) {
   if (sgemm_needs_work(m, n, k, accumulate, c, ldc))
-    f32_gemm_config().gemm_packed(m, n, k, alpha, a, lda, packed, 0, accumulate, c, ldc);
+    f32_gemm_config().gemm_packed(m, n, k, alpha, a, lda, packed, b_streams ? 1 : 0, accumulate, c, ldc);
 }
 
 SgemmIsa sgemm_isa() { return f32_gemm_config().isa; }

@@ -171,7 +171,7 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* w_p
     const int64_t cols = ((N + tasks - 1) / tasks + width - 1) / width * width;
     ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
       const int64_t n0 = static_cast<int64_t>(t) * cols, nb = std::min(cols, N - n0);
-      if (nb > 0) cpu::sgemm_packed(M, nb, K, 1.0f, x, K, w_panels + n0 * K, false, out + n0, N);
+      if (nb > 0) cpu::sgemm_packed(M, nb, K, 1.0f, x, K, w_panels + n0 * K, false, out + n0, N, true);
     });
     return;
   }
@@ -280,7 +280,7 @@ void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* o
     if (s.bias)
       for (int64_t i = 0; i < s.m; ++i) std::memcpy(out + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
     if (s.weights_panels)
-      cpu::sgemm_packed(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0 * s.k, s.bias != nullptr, out + n0, s.n);
+      cpu::sgemm_packed(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0 * s.k, s.bias != nullptr, out + n0, s.n, true);
     else if (s.weights_nk)  // W as the file has it, [n, k] (a dynamic delegate keeps one layout for every size):
       cpu::sgemm_bt(s.m, nb, s.k, 1.0f, x, s.k, s.weights + n0 * s.k, s.k, s.bias != nullptr, out + n0, s.n);
     else
