@@ -270,38 +270,6 @@ void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* o
     });
     return;
   }
-  if (s.weights_panels && ex.threads > 1) {
-    // W packed once as the GEMM's column panels, several threads: tasks of whole panels as below, then
-    // the last 2 x threads panels as tasks of half the rows each (whole register tiles), so that the
-    // threads finish within a short task of each other: with equal tasks, GPT-2's caller waited ~3 ms a
-    // run at 2 threads for the other thread's last task (bench/RESULTS.md, issue 42). The rows split
-    // at a whole register tile; fewer than two tiles' rows stay whole.
-    const int64_t mr = cpu::f32_gemm_config().mr, width = cpu::sgemm_panel_width();
-    const int64_t panels = (s.n + width - 1) / width;
-    const int64_t tail = std::min<int64_t>(panels, 2 * ex.threads), body = panels - tail;
-    const int64_t per = std::max<int64_t>(1, (panels + kTasksPerThread * ex.threads - 1) / (kTasksPerThread * ex.threads));
-    const int64_t body_tasks = (body + per - 1) / per;
-    const int64_t halves = s.m >= 2 * mr ? 2 : 1, half = ((s.m + mr - 1) / mr + 1) / 2 * mr;
-    ex.parallel_for(static_cast<size_t>(body_tasks + halves * tail), [&](size_t ti) {
-      const auto t = static_cast<int64_t>(ti);
-      int64_t p0 = t * per, p1 = std::min(body, p0 + per), m0 = 0, mb = s.m;
-      if (t >= body_tasks) {
-        const int64_t u = t - body_tasks;
-        p0 = body + u / halves, p1 = p0 + 1;
-        if (halves == 2) m0 = u % 2 ? half : 0, mb = u % 2 ? s.m - half : half;
-      }
-      const int64_t n0 = p0 * width, nb = std::min(p1 * width, s.n) - n0;
-      if (nb <= 0 || mb <= 0) return;
-      float* o = out + m0 * s.n;
-      if (s.bias)
-        for (int64_t i = 0; i < mb; ++i) std::memcpy(o + i * s.n + n0, s.bias + n0, static_cast<size_t>(nb) * sizeof(float));
-      cpu::sgemm_packed(mb, nb, s.k, 1.0f, x + m0 * s.k, s.k, s.weights + n0 * s.k, s.bias != nullptr, o + n0, s.n, true);
-      if (s.lo != -INFINITY || s.hi != INFINITY)
-        for (int64_t i = 0; i < mb; ++i)
-          for (int64_t j = n0; j < n0 + nb; ++j) o[i * s.n + j] = std::min(std::max(o[i * s.n + j], s.lo), s.hi);
-    });
-    return;
-  }
   // columns in whole panels of the packed weights (64 otherwise: the AVX-512 tiles' width)
   const int64_t width = s.weights_panels ? cpu::sgemm_panel_width() : 64;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>((s.n + width - 1) / width, kTasksPerThread * ex.threads));
