@@ -92,22 +92,25 @@ def test_gpt2_small_matches_eager(gpt2_small, producer, engine, tmp_path):
                                f"--engine {engine}")
 
 
-@pytest.mark.parametrize("pipes", ["1", "2"])
-def test_tied_lm_head_packed_once_matches_eager(tiny_gpt2, pipes, tmp_path):
+@pytest.mark.parametrize("config", ["KILN_FMA512_PIPES=1", "KILN_FMA512_PIPES=2", "KILN_CPU_ISA=avx2"])
+def test_tied_lm_head_packed_once_matches_eager(tiny_gpt2, config, tmp_path):
     """The tied LM head of a static program with many rows (16 here). Where the selected GEMM packs its B
-    once (the two-pipe AVX-512 tile: KILN_FMA512_PIPES=2 on a CPU with AVX-512), the table is packed as
-    Wᵀ's panels at the first call and the logits written in rows; elsewhere W · xᵀ is transposed. Both
-    match eager, at the first call and the next (which reads the packed copy), and the profile names the
-    path the configuration `kiln --version` reports selects."""
-    env = dict(os.environ, KILN_FMA512_PIPES=pipes)
+    once (the AVX-512 tiles: 4x64, or 6x64 where KILN_FMA512_PIPES=2 on a CPU with AVX-512), the table is
+    packed as Wᵀ's panels at the first call and the logits written in rows; elsewhere (the AVX2 tile, forced
+    with KILN_CPU_ISA=avx2) W · xᵀ is transposed. Both match eager, at the first call and the next (which
+    reads the packed copy), and the profile names the path the configuration `kiln --version` reports
+    selects."""
+    name, value = config.split("=")
+    env = dict(os.environ, **{name: value})
     pte = kiln_lower(tiny_gpt2, "xnnpack")
     ins, refs = reference_io(tiny_gpt2)
     np.save(tmp_path / "ids.npy", ins[0])
     run_kiln("run", pte, "--steps", "2", "--threads", "2", "--input", tmp_path / "ids.npy", "--input",
              tmp_path / "ids.npy", "--output", tmp_path / "first.npy", "--output", tmp_path / "second.npy", env=env)
-    for name in ("first", "second"):
-        assert_close(np.load(tmp_path / f"{name}.npy"), refs[0], f"tiny GPT-2, {name} call, KILN_FMA512_PIPES={pipes}")
-    packs_once = "f32_gemm_6x64__avx512" in run_kiln("--version", env=env).stdout
+    for call in ("first", "second"):
+        assert_close(np.load(tmp_path / f"{call}.npy"), refs[0], f"tiny GPT-2, {call} call, {config}")
+    version = run_kiln("--version", env=env).stdout
+    packs_once = "f32_gemm_6x64__avx512" in version or "f32_gemm_4x64__avx512" in version
     profile = run_kiln("profile", pte, "-i", tmp_path / "ids.npy", "--iters", "2", env=env).stdout
     assert ("kiln LM head (x · Wᵀ, W packed once)" in profile) == packs_once, profile
     assert ("kiln LM head (x · Wᵀ, tiled)" in profile) == (not packs_once), profile

@@ -65,8 +65,10 @@ struct F32GemmVariant {
   // it, so its panel must fit L1, and its tile is written with intrinsics (bench/RESULTS.md, issue 42).
   bool two_pipes = false;
   // Callers with a constant B (linear layers' weights) pack it once for this row (sgemm_pack_b, at load)
-  // rather than per call: measured faster for it (bench/RESULTS.md, issue 42). The rows tuned on AMD keep
-  // the per-call packing they were measured with until measured there.
+  // rather than per call: measured faster for it (bench/RESULTS.md, issue 42): both AVX-512 rows (the
+  // 6x64 on an Intel Xeon, the 4x64 on AMD's Zen 4: GPT-2 small 6-7% faster at 128 tokens). The AVX2,
+  // NEON and generic rows keep the per-call packing they were measured with (AVX2 on Zen 4: mixed,
+  // -6% to +5% per shape in kiln_gemm_bench).
   bool pack_once = false;
 };
 

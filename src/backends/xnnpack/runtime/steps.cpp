@@ -146,8 +146,8 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* w_p
       if (K > 1024) return;  // checked at init
       for (int64_t m = 0; m < M; ++m)
         for (int64_t p = 0; p < K; ++p) x[m][p] = xt[p * M + m];
-      // Where the GEMM is the two-pipe one (cpu::sgemm_pack_once: measured there, the other cores keep the
-      // loop they were measured with): blocks of W's rows against every row of x (AVX-512: 16 rows at a
+      // Where the GEMM packs its weights once (cpu::sgemm_pack_once: the AVX-512 rows, measured there; the
+      // other rows keep the loop they were measured with): blocks of W's rows against every row of x (AVX-512: 16 rows at a
       // time, one transposing reduction per 16 sums; a dot product and its horizontal sum per output ran at
       // 11 GB/s of W on a Xeon).
       if (cpu::sgemm_pack_once()) {
@@ -179,7 +179,7 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* w_p
   // its two ends (one block per task, the two threads wrote neighbouring blocks' edges into the same lines of
   // every output row at once).
   auto tasks_of = [&](int64_t blocks) { return std::max<int64_t>(1, std::min(blocks, kTasksPerThread * ex.threads)); };
-  if (!cpu::sgemm_pack_once()) {  // the GEMM rows tuned on AMD: B (xt) packed per call, as measured there
+  if (!cpu::sgemm_pack_once()) {  // the AVX2, NEON and generic rows: B (xt) packed per call, as measured there
     const int64_t blocks = (N + kBlock - 1) / kBlock, tasks = tasks_of(blocks), per = (blocks + tasks - 1) / tasks;
     ex.parallel_for(static_cast<size_t>(tasks), [&](size_t t) {
       alignas(64) float tile[kBlock * 256];  // kBlock KiB of the worker's stack
