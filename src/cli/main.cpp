@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
     namespace cpu = kiln::cpu;
     return std::string("kiln 0.1.0 (kernels for ") + cpu::isa_name(cpu::active_isa()) + ", the CPU's best: " +
            cpu::isa_name(cpu::best_isa()) + ", KILN_CPU_ISA picks; f32-gemm " + cpu::f32_gemm_config().name +
-           ", 512-bit FMA pipes " + std::to_string(cpu::cpu_fma512_pipes()) + "; qd8-gemm " +
+           ", 512-bit FMA pipes " + std::to_string(cpu::cpu_fma512_pipes()) + "; f32-gemv " +
+           cpu::f32_gemv_config().name + "; qd8-gemm " +
            cpu::qd8_gemm_config().name + ")";
   });
   std::function<int()> run;

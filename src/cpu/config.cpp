@@ -241,7 +241,11 @@ const Tables& tables() {
         gemm = &v;
         break;
       }
-    return Tables{isa, gemm, pick(kF32Gemv, isa), pick(kF32VUnary, isa), pick(kF32VBinary, isa),
+    // f32-gemv streams weights from memory: where the core measures one 512-bit FMA pipe (AMD's Zen 4 splits
+    // 512-bit operations in halves) the AVX2 row, whose 256-bit loads stream weights faster there (a
+    // one-token GPT-2: 28 against 23-25 GB/s; bench/RESULTS.md, issue 42)
+    const Isa gemv_isa = (isa == Isa::Avx512 || isa == Isa::Amx) && cpu_fma512_pipes() == 1 ? Isa::Avx2 : isa;
+    return Tables{isa, gemm, pick(kF32Gemv, gemv_isa), pick(kF32VUnary, isa), pick(kF32VBinary, isa),
                   pick(kF32Rows, isa), qd8};
   }();
   return t;
