@@ -60,12 +60,10 @@ def int8_channels(w: torch.Tensor) -> torch.Tensor:
     return (w / s).round().clamp(-128, 127) * s
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work", default=str(REPO / "artifacts" / "quality"))
-    ap.add_argument("--window", type=int, default=512)
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
-    args = ap.parse_args()
+def load_model_and_reference(work: str, window: int):
+    """SmolLM2 in fp32 eager with its LM head untied (its own Linear holding a copy of the table, so quantizing it
+    leaves the lookup fp32), the evaluation windows, quality.py's cached fp32 reference for them (checked to be for
+    these tokens), the targets and their count."""
     torch.set_num_threads(2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -76,19 +74,39 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
                                                  attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
     ids = tok(quality.TEXT.read_text(), add_special_tokens=False)["input_ids"]
-    wins = quality.windows(ids, args.window)
-    cached = Path(args.work) / f"reference_{args.window}.npz"
-    key = np.frombuffer(hashlib.sha256(repr((ids, args.window)).encode()).digest(), dtype=np.uint8)
+    wins = quality.windows(ids, window)
+    cached = Path(work) / f"reference_{window}.npz"
+    key = np.frombuffer(hashlib.sha256(repr((ids, window)).encode()).digest(), dtype=np.uint8)
     with np.load(cached) as z:
         assert np.array_equal(z["key"], key), "the reference is for other tokens: run quality.py --only fp32"
         ref = [z[f"w{i}"] for i in range(len(wins))]
     targets = [np.array(w[1:]) for w in wins]
     n = sum(len(t) for t in targets)
-
-    # the untied head: its own Linear with a copy of the table, so quantizing it leaves the lookup fp32
     head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
     head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     model.lm_head = head
+    return model, wins, ref, targets, n
+
+
+def score(model, wins, ref, targets, n) -> tuple[float, float, float]:
+    """Perplexity, mean KL(fp32 || model) and top-1 agreement with fp32 over the windows."""
+    nll, kl, agree = 0.0, 0.0, 0
+    with torch.no_grad():
+        for w, r, t in zip(wins, ref, targets, strict=True):
+            lp = quality.log_softmax(model(torch.tensor([w])).logits[0, :-1].numpy())
+            nll -= float(lp[np.arange(len(t)), t].sum())
+            kl += float((np.exp(r.astype(np.float64)) * (r - lp)).sum())
+            agree += int((lp.argmax(-1) == r.argmax(-1)).sum())
+    return math.exp(nll / n), kl / n, agree / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default=str(REPO / "artifacts" / "quality"))
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    model, wins, ref, targets, n = load_model_and_reference(args.work, args.window)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     fp32 = {name: m.weight.detach().clone() for name, m in linears.items()}
     q4 = {name: int4_groups(w) for name, w in fp32.items()}
@@ -101,15 +119,8 @@ def main() -> None:
         t0 = time.time()
         for name, m in linears.items():
             m.weight.data = {"fp32": fp32, "int4": q4, "int8": q8}[scheme(name)][name]
-        nll, kl, agree = 0.0, 0.0, 0
-        with torch.no_grad():
-            for w, r, t in zip(wins, ref, targets, strict=True):
-                lp = quality.log_softmax(model(torch.tensor([w])).logits[0, :-1].numpy())
-                nll -= float(lp[np.arange(len(t)), t].sum())
-                kl += float((np.exp(r.astype(np.float64)) * (r - lp)).sum())
-                agree += int((lp.argmax(-1) == r.argmax(-1)).sum())
-        res = {"config": label, "perplexity": math.exp(nll / n), "kl": kl / n, "top1": agree / n,
-               "seconds": time.time() - t0}
+        ppl, kl, top1 = score(model, wins, ref, targets, n)
+        res = {"config": label, "perplexity": ppl, "kl": kl, "top1": top1, "seconds": time.time() - t0}
         print(f"layer_error: {label}: perplexity {res['perplexity']:.3f}, KL {res['kl']:.4f}, top-1 "
               f"{100 * res['top1']:.1f}% ({res['seconds']:.0f} s)", file=sys.stderr, flush=True)
         return res

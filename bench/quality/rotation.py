@@ -20,7 +20,7 @@ import numpy as np, torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python")); sys.path.insert(0, str(REPO / "bench/quality"))
 import quality
-from layer_error import int4_groups, int8_channels
+from layer_error import int4_groups, int8_channels, load_model_and_reference, score
 
 def paley(q):
     # Paley I: q prime, q = 3 mod 4 -> Hadamard of order q+1
@@ -58,22 +58,7 @@ def rot(n, kind, seed):
 def main():
     kind = sys.argv[1] if len(sys.argv) > 1 else "had"
     r2 = "r2" in sys.argv
-    torch.set_num_threads(2)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from kiln_export import llm
-    folder, fname = os.path.split(llm.smollm2_gguf())
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
-                                                 attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
-    ids = tok(quality.TEXT.read_text(), add_special_tokens=False)["input_ids"]
-    wins = quality.windows(ids, 512)
-    with np.load(REPO / "artifacts/quality/reference_512.npz") as z:
-        ref = [z[f"w{i}"] for i in range(len(wins))]
-    targets = [np.array(w[1:]) for w in wins]
-    n = sum(len(t) for t in targets)
-    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
-    head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    model.lm_head = head
+    model, wins, ref, targets, n = load_model_and_reference(str(REPO / "artifacts" / "quality"), 512)
     emb = model.model.embed_tokens
     emb.weight = torch.nn.Parameter(emb.weight.detach().clone())
     d = model.config.hidden_size
@@ -111,14 +96,8 @@ def main():
         t0 = time.time()
         for nm, m in linears.items():
             m.weight.data = {"fp32": fp, "int4": q4, "int8": q8}[scheme(nm)][nm]
-        nll = kl = 0.0; agree = 0
-        with torch.no_grad():
-            for w, r, t in zip(wins, ref, targets):
-                lp = quality.log_softmax(model(torch.tensor([w])).logits[0, :-1].numpy())
-                nll -= float(lp[np.arange(len(t)), t].sum())
-                kl += float((np.exp(r.astype(np.float64)) * (r - lp)).sum())
-                agree += int((lp.argmax(-1) == r.argmax(-1)).sum())
-        print(f"{kind}{' r2' if r2 else ''}: {label}: ppl {math.exp(nll/n):.3f} KL {kl/n:.4f} top1 {100*agree/n:.1f}% ({time.time()-t0:.0f}s)", flush=True)
+        ppl, kl, top1 = score(model, wins, ref, targets, n)
+        print(f"{kind}{' r2' if r2 else ''}: {label}: ppl {ppl:.3f} KL {kl:.4f} top1 {100*top1:.1f}% ({time.time()-t0:.0f}s)", flush=True)
     evaluate("fp32", lambda nm: "fp32")
     evaluate("all int4", lambda nm: "int4")
     evaluate("int4, head int8", lambda nm: "int8" if nm == "lm_head" else "int4")
