@@ -21,7 +21,7 @@ KILN_VECTOR_CLONES void softmax_rows_f32(const float* in, float* out, int64_t ro
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = in + r * n;
     float* y = out + r * n;
-    const float mx = max_nan(x, n, -std::numeric_limits<float>::infinity());
+    const float mx = ::kiln::cpu::max_nan(x, n, -std::numeric_limits<float>::infinity());
     double sum = 0;
     for (int64_t s = 0; s < n; s += kChunk) {
       const int64_t m = n - s < kChunk ? n - s : kChunk;
@@ -59,7 +59,7 @@ void softmax_lines(const Tensor& in, Tensor& out, const Lines& l) {
     C mx = -std::numeric_limits<C>::infinity();
     for_each_chunk(l.n, [&](int64_t s, int64_t m) {
       load(s, m);
-      mx = max_nan(buf, m, mx);
+      mx = ::kiln::cpu::max_nan(buf, m, mx);
     });
     double sum = 0;
     for_each_chunk(l.n, [&](int64_t s, int64_t m) {
