@@ -21,6 +21,7 @@
 #include "../vmath.h"
 
 #include <cstdint>
+#include <utility>  // std::integer_sequence (the clang path of transpose_round)
 
 namespace kiln::cpu {
 namespace {
@@ -142,6 +143,17 @@ KILN_CPU_INLINE void f32_softmax_scaled(const float* in, float scale, const floa
 // j & S set in row r trade places with the lanes without it in row r + S.
 template <int W, int S>
 KILN_CPU_INLINE void transpose_round(typename VF<W>::f (&r)[W]) {
+#if defined(__clang__)
+  // clang (scripts/fuzz's build) has no __builtin_shuffle with a mask vector: the same lanes as constants
+  [&]<int... J>(std::integer_sequence<int, J...>) {
+    for (int i = 0; i < W; ++i)
+      if ((i & S) == 0) {
+        const typename VF<W>::f a = r[i], b = r[i + S];
+        r[i] = __builtin_shufflevector(a, b, ((J & S) ? W + J - S : J)...);
+        r[i + S] = __builtin_shufflevector(a, b, ((J & S) ? W + J : J + S)...);
+      }
+  }(std::make_integer_sequence<int, W>{});
+#else
   using I = typename VF<W>::i;
   I lo, hi;  // lo: a's lanes j (j & S == 0), b's lanes j - S (j & S); hi: a's lanes j + S, b's lanes j (indices into a:b)
   for (int j = 0; j < W; ++j) {
@@ -154,6 +166,7 @@ KILN_CPU_INLINE void transpose_round(typename VF<W>::f (&r)[W]) {
       r[i] = __builtin_shuffle(a, b, lo);
       r[i + S] = __builtin_shuffle(a, b, hi);
     }
+#endif
 }
 
 template <int W, int S>
