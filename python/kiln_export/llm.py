@@ -279,7 +279,9 @@ def export(module, max_seq_len: int, dynamic: bool):
     return ep
 
 
-def main(argv=None) -> int:
+def main(argv=None, built=None) -> int:
+    """`kiln_export llm ARGV`. `built`: (model, tokenizer or None, model id) as build_model(args) makes them, when
+    the caller holds that model already (the tests' SmolLM2: transformers reads its GGUF once a session, ~30 s)."""
     args = parse(argv)
     if args.max_seq_len < 2:
         print("kiln_export llm: error: --max-seq-len must be at least 2", file=sys.stderr)
@@ -294,7 +296,7 @@ def main(argv=None) -> int:
     args.materialize = None
     t0 = time.perf_counter()
     try:
-        model, tok, model_id = build_model(args)
+        model, tok, model_id = built if built is not None else build_model(args)
     except (ValueError, OSError, ImportError) as e:
         print(f"kiln_export llm: error: {e}", file=sys.stderr)
         return 2

@@ -31,13 +31,23 @@ def run_kiln(*args, check=True, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+def run_export(*argv) -> None:
+    """`python -m kiln_export ARGV`, run in this process (the front end's own main): a new interpreter would import
+    torch and transformers and warm torch.export's tracer again for every export, 6-8 s of the 9-13 s a tiny model
+    takes (the worker pays that once). A failed export raises with its exit code; its messages are in the test's
+    captured output. (Tests of kiln_export's command line itself, its errors and exit codes, run it as a process.)"""
+    if str(REPO / "python") not in sys.path:
+        sys.path.insert(0, str(REPO / "python"))
+    from kiln_export.__main__ import main
+
+    rc = main([str(a) for a in argv])
+    if rc != 0:
+        raise AssertionError(f"export failed ({rc}): kiln_export {' '.join(map(str, argv))}")
+
+
 def export_model(out: Path, *extra: str) -> Path:
     """Runs the export front end; returns the model_spec.json path."""
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "gpt2", "--out", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise AssertionError(f"export failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    run_export("gpt2", "--out", out, *extra)
     return out / "model_spec.json"
 
 
@@ -53,11 +63,7 @@ def tiny_gpt2(request, tmp_path_factory) -> Path:
 
 def export_named(out: Path, model: str, *extra: str) -> Path:
     """Runs the export front end for `model`; returns the model_spec.json path."""
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", model, "--out", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise AssertionError(f"export failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    run_export(model, "--out", out, *extra)
     return out / "model_spec.json"
 
 
@@ -181,30 +187,50 @@ def assert_greedy_up_to_near_ties(rows, want, tokens, start: int, what: str, max
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory):
-    """(spec path, kiln's xnnpack .pte, transformers model, transformers tokenizer) for SmolLM2, fp32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """(spec path, kiln's xnnpack .pte, transformers model, transformers tokenizer) for SmolLM2, fp32, exported with a
+    dynamic token count (`--dynamic`: the form scripts/demo and bench/quality ship, a call takes 1 to 160 tokens).
+    One export for every SmolLM2 test: the tests feed it one token a call as well as a whole prompt. The static
+    form (one token a call) is tested at tiny size in both runtimes and ExecuTorch's TextLLMRunner
+    (test_llm_programs.py, test_gemma4.py's buffers-static form)."""
     sys.path.insert(0, str(REPO / "python"))
     from kiln_export import llm
 
+    class Args:
+        arch, config, gguf, seed, dtype = "smollm2", None, None, 0, None
+
+    # the oracle's model, which the export (in this process, `kiln_export llm`'s main) wraps and traces: transformers
+    # reads the GGUF once (~30 s; the model is fp32 with kiln_export's attention implementation either way)
+    model, tok, model_id = llm.build_model(Args)
     out = tmp_path_factory.mktemp("smollm2")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len",
-                           str(SMOLLM2_MAX_SEQ), "--out", str(out)], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    rc = llm.main(["--arch", "smollm2", "--max-seq-len", str(SMOLLM2_MAX_SEQ), "--dynamic", "--out", str(out)],
+                  built=(model, tok, model_id))
+    assert rc == 0
     pte = out / "smollm2_xnnpack.pte"
     run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--out", pte, "-q")
-    folder, fname = os.path.split(llm.smollm2_gguf())
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
-                                                 attn_implementation=llm.ATTN_IMPLEMENTATION).eval()
     return out / "model_spec.json", pte, model, tok
 
 
-def greedy_chat_reference(model, tok, chat, new_tokens: int):
+_GREEDY: list = []
+
+
+def greedy_chat_reference(model, tok, chat, new_tokens: int, memo: bool = False):
     """(prompt ids, transformers' next `new_tokens` greedy ids) for a chat, past the end of the answer:
-    the model's eos is switched off for the call (and given back after)."""
+    the model's eos is switched off for the call (and given back after). `memo`: once per session for this model
+    object, chat and count (for a model no test changes: the session's SmolLM2)."""
+    import json
+
+    if not memo:
+        return _greedy_chat_reference(model, tok, chat, new_tokens)
+    key = (json.dumps(chat), new_tokens)
+    for m, k, value in _GREEDY:
+        if m is model and k == key:
+            return list(value[0]), list(value[1])
+    prompt, ids = _greedy_chat_reference(model, tok, chat, new_tokens)
+    _GREEDY.append((model, key, (list(prompt), list(ids))))
+    return list(prompt), list(ids)
+
+
+def _greedy_chat_reference(model, tok, chat, new_tokens: int):
     import torch
 
     prompt = tok.apply_chat_template(chat, add_generation_prompt=True)

@@ -7,14 +7,12 @@ thresholds."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, export_model, run_kiln
+from conftest import REPO, export_model, run_export, run_kiln
 
 MAX_SEQ = 32
 
@@ -30,10 +28,7 @@ def llm_ptes(tmp_path_factory):
     from kiln_export import llm
 
     out = tmp_path_factory.mktemp("bench_llm")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny",
-                           "--max-seq-len", str(MAX_SEQ), "--out", str(out)], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_export("llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", MAX_SEQ, "--out", out)
     spec = out / "model_spec.json"
     kiln_pte = out / "kiln.pte"
     run_kiln("lower", "--spec", spec, "--backend", "xnnpack", "--out", kiln_pte, "-q")

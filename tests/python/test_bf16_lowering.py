@@ -13,25 +13,20 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO, run_kiln
+from conftest import REPO, run_export, run_kiln
 
 MAX_SEQ = 24
 TOKENS = [3, 17, 42, 5, 99, 7, 250, 31, 64, 128]
 
 
 def _export(out, arch="llama", dtype="bf16"):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", arch, "--config", "tiny", "--max-seq-len",
-           str(MAX_SEQ), "--seed", "0", "--dtype", dtype, "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("llm", "--arch", arch, "--config", "tiny", "--max-seq-len", MAX_SEQ, "--seed", "0", "--dtype", dtype,
+               "--out", out)
     return out / "model_spec.json"
 
 

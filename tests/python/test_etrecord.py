@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, run_kiln, spec_of
+from conftest import REPO, run_export, run_kiln, spec_of
 
 warnings.filterwarnings("ignore")
 
@@ -266,11 +264,7 @@ def test_executorch_runtime_etdump_with_kiln_etrecord(tiny_gpt2, tmp_path):
 def tiny_llm(tmp_path_factory):
     """A tiny Llama LLM program (static KV cache) with reference inputs (one token at position 0)."""
     out = tmp_path_factory.mktemp("llm_etrecord")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", "32",
-           "--seed", "0", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", "32", "--seed", "0", "--out", out)
     np.save(out / "tokens.npy", np.array([[5]], dtype=np.int64))
     np.save(out / "pos.npy", np.array([0], dtype=np.int64))
     s = json.loads((out / "model_spec.json").read_text())

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, assert_close, greedy_chat_reference, run_kiln
+from conftest import REPO, assert_close, greedy_chat_reference, run_export, run_kiln
 
 MAX_SEQ = 48
 WINDOW = 8  # the tiny configuration's sliding window (asserted below)
@@ -47,12 +47,8 @@ FORM_IDS = [f"{c}-{'dynamic' if d else 'static'}" for c, d in FORMS]
 
 
 def _export(out: Path, *extra: str) -> Path:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "gemma4", "--config", "tiny", "--max-seq-len",
-           str(MAX_SEQ), "--seed", "0", "--out", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise AssertionError(f"export failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    run_export("llm", "--arch", "gemma4", "--config", "tiny", "--max-seq-len", MAX_SEQ, "--seed", "0", "--out", out,
+               *extra)
     return out / "model_spec.json"
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, export_model, greedy_chat_reference, run_kiln
+from conftest import export_model, greedy_chat_reference, run_export, run_kiln
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers."]
 NEW = 64
@@ -92,10 +90,8 @@ def test_bad_input_is_one_clear_line(smollm2, tmp_path):
     gpt2_pte = tmp_path / "gpt2.pte"  # any program that is not an LLM's (one IR flavor is enough)
     gpt2_spec = export_model(tmp_path / "gpt2", "--config", "tiny", "--seq-len", "16")
     run_kiln("lower", "--spec", gpt2_spec, "--backend", "portable", "--out", gpt2_pte, "-q")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     tiny = tmp_path / "tiny"
-    subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny",
-                    "--max-seq-len", "16", "--out", str(tiny)], check=True, capture_output=True, env=env)
+    run_export("llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", "16", "--out", tiny)
     tiny_pte = tmp_path / "tiny.pte"
     run_kiln("lower", "--spec", tiny / "model_spec.json", "--backend", "portable", "--out", tiny_pte, "-q")
     long_prompt = tmp_path / "long.txt"

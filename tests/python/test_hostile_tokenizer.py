@@ -14,12 +14,11 @@ import json
 import os
 import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, _kiln_bin
+from conftest import REPO, _kiln_bin, run_export
 
 # Time is measured in CPU seconds of the child (steadier than wall time on a loaded machine). The release
 # build takes under half a second for every case (the longest, a render stopped at its 10 M step budget:
@@ -300,9 +299,7 @@ def test_bpe_of_a_100kb_word_is_fast_and_right(kiln, good_tokenizer, tmp_path):
 def tiny_llama(tmp_path_factory) -> Path:
     """A tiny Llama program (vocab 256, KV cache 16) with a 256-byte byte-level tokenizer.json beside it."""
     out = tmp_path_factory.mktemp("tiny_llama")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny",
-                    "--max-seq-len", "16", "--out", str(out)], check=True, capture_output=True, env=env)
+    run_export("llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", "16", "--out", out)
     pte = out / "tiny.pte"
     subprocess.run([str(_kiln_bin()), "lower", "--spec", str(out / "model_spec.json"), "--backend", "portable",
                     "--out", str(pte), "-q"], check=True, capture_output=True)

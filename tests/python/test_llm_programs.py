@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, SMOLLM2_MAX_SEQ, assert_close, greedy_chat_reference, run_kiln
+from conftest import REPO, SMOLLM2_MAX_SEQ, assert_close, greedy_chat_reference, run_export, run_kiln
 
 MAX_SEQ = 24
 PROMPT = [3, 17, 42, 5, 99]
@@ -27,12 +27,7 @@ NEW_TOKENS = 10
 
 
 def _export_llm(out: Path, arch: str) -> Path:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", arch, "--config", "tiny", "--max-seq-len",
-           str(MAX_SEQ), "--seed", "0", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise AssertionError(f"export failed: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    run_export("llm", "--arch", arch, "--config", "tiny", "--max-seq-len", MAX_SEQ, "--seed", "0", "--out", out)
     return out / "model_spec.json"
 
 
@@ -180,11 +175,8 @@ def test_dynamic_prefill_then_decode_both_runtimes(arch, backend, tmp_path):
     import torch
 
     out = tmp_path / "export"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", arch, "--config", "tiny", "--max-seq-len",
-           str(MAX_SEQ), "--seed", "0", "--dynamic", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("llm", "--arch", arch, "--config", "tiny", "--max-seq-len", MAX_SEQ, "--seed", "0", "--dynamic",
+               "--out", out)
     sys.path.insert(0, str(REPO / "python"))
     from kiln_export import llm
 
@@ -274,11 +266,8 @@ def test_external_cache_form_both_runtimes(arch, tmp_path):
     copies no cache; ExecuTorch's runtime: each step's returned caches are the next step's inputs. Oracle: the
     same weights in eager (the buffers form's wrapper), token by token, and transformers' greedy tokens."""
     out = tmp_path / "export"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", arch, "--config", "tiny", "--max-seq-len",
-           str(MAX_SEQ), "--seed", "0", "--cache", "external", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("llm", "--arch", arch, "--config", "tiny", "--max-seq-len", MAX_SEQ, "--seed", "0", "--cache",
+               "external", "--out", out)
     spec = out / "model_spec.json"
     s = json.loads(spec.read_text())
     assert s["llm"]["cache"] == "external" and len(s["inputs"]) == 2 + 4, s["inputs"]
@@ -332,11 +321,8 @@ def test_external_cache_dynamic_form_both_runtimes(backend, tmp_path):
     import torch
 
     out = tmp_path / "export"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny", "--max-seq-len",
-           str(MAX_SEQ), "--seed", "0", "--cache", "external", "--dynamic", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", MAX_SEQ, "--seed", "0", "--cache",
+               "external", "--dynamic", "--out", out)
     s = json.loads((out / "model_spec.json").read_text())
     assert s["llm"]["cache"] == "external" and s["llm"]["dynamic"] and len(s["inputs"]) == 2 + 4, s["inputs"]
     sys.path.insert(0, str(REPO / "python"))
@@ -472,10 +458,12 @@ def _check_text_llm_runner(pte: Path, tokenizer: Path, model, tok, chat, want):
 
 
 def test_smollm2_64_greedy_tokens_match_transformers(smollm2, tmp_path):
+    """SmolLM2 fed one token a call (teacher forcing with transformers' tokens), prompt included: the greedy tokens
+    are transformers' in kiln's runtime and in ExecuTorch's (the whole prompt in one call, and ExecuTorch's
+    TextLLMRunner: the test below)."""
     spec, pte, model, tok = smollm2
-    out = spec.parent
     chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
-    prompt, want = greedy_chat_reference(model, tok, chat, SMOL_NEW)  # 64 tokens, past the end of the answer
+    prompt, want = greedy_chat_reference(model, tok, chat, SMOL_NEW, memo=True)  # 64 tokens, past the end of the answer
     tokens = prompt + want
     assert len(want) == SMOL_NEW
     feed = tokens[:-1]
@@ -486,30 +474,22 @@ def test_smollm2_64_greedy_tokens_match_transformers(smollm2, tmp_path):
     got_et = [int(l[0, -1].argmax()) for l in _et_steps(pte, feed)[len(prompt) - 1:]]
     assert got_et == want, f"ExecuTorch runtime: {tok.decode(got_et)!r} != {tok.decode(want)!r}"
 
-    # ExecuTorch's LLM runner (constant methods, forward(tokens, start_pos), token-by-token prefill) on kiln's
-    # .pte: greedy until the end-of-turn token, as transformers generates it
-    _check_text_llm_runner(pte, out / "tokenizer.json", model, tok, chat, want)
-
 
 PER_OP_NEW = 12
 
 
 def test_smollm2_dynamic_prefill_then_64_greedy_tokens_match_transformers(smollm2, tmp_path):
-    """SmolLM2 exported with a dynamic token count and lowered for XNNPACK: the whole chat prompt in one call, then
-    one call per token; the greedy tokens are transformers' in kiln's runtime and in ExecuTorch's, and ExecuTorch's
-    TextLLMRunner (which prefills such a program in one call) writes transformers' answer."""
+    """SmolLM2 exported with a dynamic token count (the session's export) and lowered for XNNPACK: the whole chat
+    prompt in one call, then one call per token; the greedy tokens are transformers' in kiln's runtime and in
+    ExecuTorch's, and ExecuTorch's TextLLMRunner (which prefills such a program in one call) writes transformers'
+    answer."""
     import torch
 
-    _, _, model, tok = smollm2
-    out = tmp_path / "export"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", "--arch", "smollm2", "--max-seq-len", "128",
-                           "--dynamic", "--out", str(out)], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    pte = out / "smollm2_dynamic.pte"
-    run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "xnnpack", "--out", pte, "-q")
+    spec, pte, model, tok = smollm2
+    out = spec.parent
+    assert json.loads(spec.read_text())["llm"]["dynamic"] is True
     chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
-    prompt, want = greedy_chat_reference(model, tok, chat, SMOL_NEW)
+    prompt, want = greedy_chat_reference(model, tok, chat, SMOL_NEW, memo=True)
     calls = [(prompt, 0)] + [([t], len(prompt) + k) for k, t in enumerate(want[:-1])]
     args = []
     for k, (t, p) in enumerate(calls):
@@ -616,12 +596,9 @@ def test_torchao_quantized_llm_export_both_runtimes(scheme, tmp_path):
 
     import torch
 
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     out = tmp_path / "ao"
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny", "--max-seq-len",
-           str(MAX_SEQ), "--seed", "0", "--torchao", scheme, "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", MAX_SEQ, "--seed", "0", "--torchao",
+               scheme, "--out", out)
     spec = out / "model_spec.json"
     assert json.loads(spec.read_text())["torchao_quantization"] == scheme
     pte = tmp_path / f"ao_{scheme}.pte"

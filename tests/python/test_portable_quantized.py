@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, assert_greedy_up_to_near_ties, run_kiln
+from conftest import REPO, assert_greedy_up_to_near_ties, run_export, run_kiln
 from kernel_harness import NONE, Int, KernelError, T, out_like, run_kernel
 from test_gemma4 import FORM_IDS, FORMS, PROMPT, _calls, _et_calls, _exported, _kiln_calls, reference, \
     torchao_reference  # noqa: F401  (fixtures)
@@ -214,11 +214,7 @@ LLAMA_NEW = 24
 def llama(tmp_path_factory):
     """(spec, the fp32 model) of the tiny Llama, KV cache as buffers, one token a call."""
     out = tmp_path_factory.mktemp("llama_q")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    cmd = [sys.executable, "-m", "kiln_export", "llm", "--arch", "llama", "--config", "tiny", "--max-seq-len",
-           str(LLAMA_SEQ), "--seed", "0", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("llm", "--arch", "llama", "--config", "tiny", "--max-seq-len", LLAMA_SEQ, "--seed", "0", "--out", out)
     sys.path.insert(0, str(REPO / "python"))
     from kiln_export import llm
 
@@ -280,10 +276,7 @@ def test_portable_quantize_refusals(llama, tmp_path):
 @pytest.fixture(scope="module")
 def gpt2_tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpt2_q")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "kiln_export", "gpt2", "--config", "tiny", "--out", str(out)],
-                          capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_export("gpt2", "--config", "tiny", "--out", out)
     return out
 
 

@@ -17,6 +17,8 @@ import pytest
 import torch
 from executorch.runtime import Runtime
 
+from conftest import run_export
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "reference" / "lower_with_executorch.py"
 SEQ_LEN = 16
@@ -43,9 +45,7 @@ def _run(args, **kw):
 @pytest.fixture(scope="module")
 def tiny_spec(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gpt2_tiny")
-    r = _run(["-m", "kiln_export", "gpt2", "--config", "tiny", "--seq-len", str(SEQ_LEN),
-              "--out", str(out)])
-    assert r.returncode == 0, f"export failed:\n{r.stdout}\n{r.stderr}"
+    run_export("gpt2", "--config", "tiny", "--seq-len", SEQ_LEN, "--out", out)
     spec = out / "model_spec.json"
     assert spec.is_file()
     return spec

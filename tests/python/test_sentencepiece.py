@@ -6,14 +6,12 @@ gives transformers' greedy tokens for the prompt the package encodes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_kiln
+from conftest import REPO, run_export, run_kiln
 
 CORPUS = """The quick brown fox jumps over the lazy dog. It's 2026, naïve café — 日本語のテキストです。
     def f(x):
@@ -97,9 +95,7 @@ def tiny_llama(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("tiny_llama_sp")
     argv = ["--arch", "llama", "--config", "tiny", "--max-seq-len", "64", "--out", str(out)]
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "kiln_export", "llm", *argv], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_export("llm", *argv)
     pte = out / "tiny.pte"
     run_kiln("lower", "--spec", out / "model_spec.json", "--backend", "portable", "--out", pte, "-q")
     model, _, _ = llm.build_model(llm.parse(argv))  # the same seeded weights
