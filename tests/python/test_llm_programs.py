@@ -741,9 +741,11 @@ def test_smollm2_quantized_matches_torchao(smollm2, scheme, tmp_path):
 @pytest.mark.parametrize("scheme", ["8da4w", "8da8w"])
 def test_quantized_lowering_never_holds_the_fp32_weights(smollm2, kiln_bin, scheme, tmp_path):
     """`kiln lower --quantize` reads each linear weight from the .pt2 while it quantizes it and frees the quantized
-    bytes once written: the process never holds the fp32 model. Its peak RSS (wait4) stays under 60% of the
-    .pt2 (561 MB, nearly all fp32 weights); holding the weights whole, as the lowering did before (a transposed
-    copy of each), needs more than 100%. SmolLM2 peaks near 180 MB (8da4w) and 215 MB (8da8w)."""
+    bytes once written: the process never holds the fp32 model. Its peak RSS (wait4) stays under 75% of the
+    .pt2 (557 MB, nearly all fp32 weights); holding the weights whole, as the lowering did before (a transposed
+    copy of each), needs more than 100% (747 MB then for 8da4w). The session's SmolLM2 is the dynamic form, whose
+    lowering also plans and checks calls of up to 160 tokens (40 MB of planned activations, XNNPACK's own buffers
+    beside them): it peaks at 290-335 MB (8da4w, 8da8w) where the one-token form peaks at 207-226 MB."""
     spec = smollm2[0]
     pt2 = spec.parent / json.loads(spec.read_text())["exported_program"]
     out = tmp_path / f"smollm2_{scheme}.pte"
@@ -759,7 +761,7 @@ def test_quantized_lowering_never_holds_the_fp32_weights(smollm2, kiln_bin, sche
     rc, maxrss_kb = json.loads(proc.stdout.strip().splitlines()[-1])
     assert rc == 0, proc.stderr
     peak = maxrss_kb * 1024
-    assert peak < 0.6 * pt2.stat().st_size, (peak, pt2.stat().st_size)
+    assert peak < 0.75 * pt2.stat().st_size, (peak, pt2.stat().st_size)
     assert out.stat().st_size > 0
 
 
