@@ -211,6 +211,24 @@ KILN_FLAGS = {
     "kiln-8da4w-head8-emb4-cal": ["--quantize", "8da4w", "--quantize-head", "8", "--quantize-embedding", "4",
                                   "--calibrate", "{calibration}", "--calibrate-method", "awq+gptq"],
     "kiln-8da4w-head8": ["--quantize", "8da4w", "--quantize-head", "8"],  # the lookup fp32 (113 MB)
+    # --quantize-scales asym: an affine int4 grid per group (scale q + offset; the offsets fp32, applied by two small
+    # fp32 products on the input's group sums)
+    "kiln-8da4w-asym": ["--quantize", "8da4w", "--quantize-scales", "asym"],
+    "kiln-8da4w-asym-head8-emb8": ["--quantize", "8da4w", "--quantize-scales", "asym", "--quantize-head", "8",
+                                   "--quantize-embedding", "8"],
+    "kiln-8da4w-asym-head8-emb4": ["--quantize", "8da4w", "--quantize-scales", "asym", "--quantize-head", "8",
+                                   "--quantize-embedding", "4"],
+    "kiln-auto-130-asym-emb4": ["--quantize", "auto", "--max-size", "130", "--quantize-embedding", "4",
+                                "--quantize-scales", "asym"],
+    # asym with --calibrate: GPTQ on the affine grid (each group's scale and offset from the error-fed values)
+    "kiln-8da4w-asym-cal": ["--quantize", "8da4w", "--quantize-scales", "asym", "--calibrate", "{calibration}"],
+    "kiln-8da4w-asym-cal-gptq": ["--quantize", "8da4w", "--quantize-scales", "asym", "--calibrate", "{calibration}",
+                                 "--calibrate-method", "gptq"],
+    "kiln-8da4w-asym-head8-emb8-cal-gptq": ["--quantize", "8da4w", "--quantize-scales", "asym", "--quantize-head", "8",
+                                            "--quantize-embedding", "8", "--calibrate", "{calibration}",
+                                            "--calibrate-method", "gptq"],
+    "kiln-auto-112-asym-emb4": ["--quantize", "auto", "--max-size", "112", "--quantize-embedding", "4",
+                                "--quantize-scales", "asym"],
 }
 # llama.cpp's rows: SmolLM2's fp32 weights (the ones transformers loads) written as an f32 GGUF by
 # bench/llm_compare/gguf_llama.py, quantized by llama.cpp's own quantizer (llama_cpp.llama_model_quantize); "-imatrix":
@@ -224,7 +242,7 @@ ROWS = ["fp32", *KILN_FLAGS, "torchao-8da4w", "torchao-8da4w-hqq", *LLAMACPP]
 def dynamic(row: str) -> bool:
     """lowered from the dynamic export: every calibrated row (many tokens per calibration call) and its control"""
     return (row in ("kiln-8da4w-mse-dynamic", "kiln-auto-130-emb4") or row.startswith("kiln-8da4w-self")
-            or row.startswith("kiln-8da4w-head8")
+            or row.startswith("kiln-8da4w-head8") or "-asym" in row
             or any("{calibration" in f for f in KILN_FLAGS.get(row, [])))
 
 

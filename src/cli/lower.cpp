@@ -93,8 +93,9 @@ void print_delegation(const backends::xnnpack::DelegationSummary& d, const emit:
              report.named_data, static_cast<double>(report.named_data_bytes) / 1e6, d.constant_inputs,
              d.constant_inputs == 1 ? "" : "s");
   if (d.quantization != "none")
-    fmt::print("  quantized: {} fully connected node{} ({}){}\n", d.quantized_nodes, d.quantized_nodes == 1 ? "" : "s",
+    fmt::print("  quantized: {} fully connected node{} ({}{}){}\n", d.quantized_nodes, d.quantized_nodes == 1 ? "" : "s",
                d.quantization,
+               d.affine_nodes ? fmt::format("; {} int4 with offsets", d.affine_nodes) : "",
                untied ? fmt::format("; {} tied weight{} quantized for the linear products, fp32 for its other "
                                     "readers (an embedding lookup)", untied, untied == 1 ? "" : "s")
                       : "");
@@ -275,8 +276,11 @@ void add_lower_options(CLI::App* cmd, std::function<int()>& run) {
                   "with --quantize auto: the file's size budget in MB (10^6 bytes); the layers whose int8 form cuts "
                   "the most error per extra byte are int8, the others int4");
   cmd->add_option("--quantize-scales", opts->quantize_scales,
-                  "with --quantize: mse (default: each scale minimises its weights' squared error) or minmax "
-                  "(torchao's max(|w|) rule)");
+                  "with --quantize: mse (default: each scale minimises its weights' squared error), minmax "
+                  "(torchao's max(|w|) rule), or asym (8da4w and auto, xnnpack: an affine int4 grid per group, "
+                  "w ~ scale q + offset, the fp32 offsets applied by two small fp32 products on the input's group "
+                  "sums in the same XNNPACK region; +4 bytes per group of weights; the form of a 4-bit GGUF's "
+                  "Q4_1 / Q4_K weights, which a symmetric grid cannot hold)");
   cmd->add_option("--quantize-embedding", opts->quantize_embedding,
                   "4[:GROUP] (int4, groups of 32 columns by default) or 8[:GROUP] (int8, one scale per row by "
                   "default): embedding tables as ExecuTorch's quantized embedding lookups");

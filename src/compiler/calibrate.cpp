@@ -297,12 +297,14 @@ std::vector<float> dequantize(const backends::xnnpack::QuantizedWeights& q, int6
         uint16_t b16;
         std::memcpy(&b16, q.scales.data() + static_cast<size_t>(r * groups + b) * 2, 2);
         const uint32_t u = static_cast<uint32_t>(b16) << 16;
-        float scale;
+        float scale, offset = 0.0f;  // (--quantize-scales asym: scale q + offset)
         std::memcpy(&scale, &u, 4);
+        if (backends::xnnpack::has_offsets(s))
+          std::memcpy(&offset, q.offsets.data() + static_cast<size_t>(r * groups + b) * 4, 4);
         for (int64_t c = b * s.group; c < (b + 1) * s.group; c += 2) {  // the even input in the low nibble
           const uint8_t byte = bytes[r * (k / 2) + c / 2];
-          w[static_cast<size_t>(r * k + c)] = static_cast<float>((byte & 15) - 8) * scale;
-          w[static_cast<size_t>(r * k + c + 1)] = static_cast<float>((byte >> 4) - 8) * scale;
+          w[static_cast<size_t>(r * k + c)] = static_cast<float>((byte & 15) - 8) * scale + offset;
+          w[static_cast<size_t>(r * k + c + 1)] = static_cast<float>((byte >> 4) - 8) * scale + offset;
         }
       }
   } else {

@@ -67,6 +67,7 @@ std::string metadata(const LowerResult& r) {
                           {"quantization", d.quantization},
                           {"quantized_nodes", d.quantized_nodes},
                           {"prequantized_nodes", d.prequantized_nodes},
+                          {"int4_offset_nodes", d.affine_nodes},
                           {"kept_fp32_nodes", d.kept_fp32_nodes},
                           {"untied_weights", r.untied_weights}};
   }
@@ -239,6 +240,15 @@ LowerResult lower(const pt2::ModelSpec& spec, const LowerOptions& o) {
     auto rule = backends::xnnpack::parse_scale_rule(o.quantize_scales, &why);
     check(rule.has_value(), "{}", why);
     quant.scales = *rule;
+  }
+  if (quant.scales == backends::xnnpack::ScaleRule::Asym) {
+    check(quant.kind == backends::xnnpack::QuantScheme::Kind::Int4Groups,
+          "--quantize-scales asym is an int4 rule: it needs --quantize 8da4w[:G] or auto (given: --quantize {})",
+          o.quantize);
+    check(xnnpack, "--quantize-scales asym: the int4 offsets are applied inside XNNPACK regions (--backend xnnpack)");
+    check(o.calibrate_method.find("refit") == std::string::npos,
+          "--calibrate-method {}: +refit fits the symmetric grid's scales; --quantize-scales asym takes the "
+          "methods without it", o.calibrate_method);
   }
   check(o.calibrate_method.empty() || !o.calibrate.empty() || o.calibrate_self > 0,
         "--calibrate-method {}: --calibrate-method needs --calibrate FILE or --calibrate-self N", o.calibrate_method);

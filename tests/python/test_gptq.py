@@ -264,3 +264,31 @@ def test_sequential_gptq_calibrates_later_layers_on_the_quantized_ones(tiny, tmp
         et = et_execute(tmp_path / "seq.pte", [win, np.arange(T)])[0]
         got = kiln_run(tmp_path / "seq.pte", [win, np.arange(T)], tmp_path)[0]
         assert_close(got, et, "gptq+seq: kiln's runtime vs ExecuTorch's runtime, same file")
+
+
+@pytest.mark.parametrize("method", ["awq+gptq", "gptq-act"])
+def test_gptq_on_the_asym_grid(tiny, tmp_path, method):
+    """--quantize-scales asym with --calibrate: GPTQ picks each group's scale and offset (the asym rule on the
+    error-fed values, or the plain file's own with act-order) and feeds back the error of scale q + offset; the
+    file holds its codes with the offsets (4 offset products, the same size as the uncalibrated asym file), its
+    logits error on the calibration windows is well below the uncalibrated asym file's, and both runtimes agree."""
+    out, _, windows, refs, _ = tiny
+    plain = _lower(out, tmp_path / "plain.pte", "--quantize-scales", "asym")
+    meta = _lower(out, tmp_path / "cal.pte", "--quantize-scales", "asym", "--calibrate", out / "calibration.txt",
+                  "--calibrate-method", method)
+    assert meta["calibration"]["gptq_layers"] == 4, meta["calibration"]
+    for m in (plain, meta):
+        assert m["delegation"]["quantized_nodes"] == m["delegation"]["int4_offset_nodes"] == 4, m["delegation"]
+    assert (tmp_path / "cal.pte").stat().st_size == pytest.approx((tmp_path / "plain.pte").stat().st_size, abs=64)
+
+    def error(pte):
+        return float(np.mean([np.mean((et_execute(pte, [w, np.arange(T)])[0] - r) ** 2)
+                              for w, r in zip(windows, refs, strict=True)]))
+
+    e_plain, e_cal = error(tmp_path / "plain.pte"), error(tmp_path / "cal.pte")
+    print(f"asym {method}: logits mse {e_cal:.4g} vs {e_plain:.4g} uncalibrated asym")
+    assert e_cal < 0.7 * e_plain, (e_cal, e_plain)
+    for w in windows[:2]:
+        et = et_execute(tmp_path / "cal.pte", [w, np.arange(T)])[0]
+        got = kiln_run(tmp_path / "cal.pte", [w, np.arange(T)], tmp_path)[0]
+        assert_close(got, et, f"asym {method}: kiln's runtime vs ExecuTorch's runtime, same file")

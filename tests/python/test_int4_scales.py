@@ -164,3 +164,86 @@ def test_quantize_scales_bad_input(tmp_path):
         assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: ") and message in proc.stderr, proc.stderr
         assert proc.stderr.count("\n") == 1, proc.stderr
         assert not out.exists()
+
+
+# ---- --quantize-scales asym: an affine int4 grid per group (w ~ scale q + offset) ------------------------------------
+
+def test_asym_weight_error_not_above_mse_and_holds_q4_1_groups(tmp_path):
+    """Per group, the asym file's squared error is never above the mse file's (mse's scale with offset 0 is one of
+    its candidates) and clearly below it over the layer; the Q4_1-like rows (a minimum and a step per group of 32,
+    16 levels: a 4-bit GGUF's form) come back on their own grid but for the step's bf16 rounding (2^-9 of the step
+    at most, over up to 15 levels: |error| <= step / 16 everywhere), where a symmetric grid loses a large part of a step. The weights are read back through
+    ExecuTorch's runtime (identity input: its one-hot rows quantize to int8 exactly, and their group sums select
+    each group's offset), so this is what the file holds as ExecuTorch runs it."""
+    n, k = 48, 256
+    w = _realistic_weights(n, k, seed=11)
+    eye = np.eye(k, dtype=np.float32)
+    spec = _export(_linear(w), torch.from_numpy(eye), tmp_path / "m")
+    read = {}
+    for rule in ("mse", "asym"):
+        pte = tmp_path / f"{rule}.pte"
+        d = _lower(spec, pte, "8da4w", "--quantize-scales", rule)
+        assert d["quantized_nodes"] == 1 and d["int4_offset_nodes"] == (rule == "asym"), d
+        assert d["quantization"].endswith("(asym: scale + offset per group)") == (rule == "asym"), d
+        read[rule] = et_execute(pte, [eye])[0].T  # [n, k]: the dequantized weight
+        got = kiln_run(pte, [eye], tmp_path)[0].T
+        assert_close(got, read[rule], f"{rule}: kiln's runtime vs ExecuTorch's runtime, same file")
+    err = {r: ((w - v) ** 2).reshape(n, -1, 32).sum(-1) for r, v in read.items()}
+    tol = 1e-5 * (w.reshape(n, -1, 32) ** 2).sum(-1)
+    worse = err["asym"] > err["mse"] + tol
+    assert not worse.any(), f"{int(worse.sum())} groups with a larger error than mse's"
+    ratio = err["asym"].sum() / err["mse"].sum()
+    assert ratio < 0.75, f"asym's total weight error is {ratio:.3f} of mse's"
+    half = n // 2  # rows half.. are Q4_1-like (_realistic_weights)
+    g = w[half:].reshape(-1, 32)
+    step = (g.max(1) - g.min(1)) / 15
+    dev = np.abs(w[half:] - read["asym"][half:]).reshape(-1, 32).max(1)
+    assert (dev <= step / 16).all(), f"Q4_1 groups off their grid by up to {(dev / step).max():.3f} step"
+    dev_mse = np.abs(w[half:] - read["mse"][half:]).reshape(-1, 32).max(1)
+    assert np.median(dev_mse / step) > 0.2, "the symmetric grid holds the Q4_1 groups: the test shows nothing"
+
+
+def test_asym_file_runs_in_executorch_and_kiln(tmp_path):
+    """A small MLP on Q4_1-like weights (two layers with a bias, one sharing its input's group sums with nothing),
+    8da4w with asym scales: one XNNPACK region, ExecuTorch's runtime runs it, kiln's runtime (both engines) gives
+    its outputs, and the output error against fp32 eager is far below the mse file's (a third of it at most)."""
+    torch.manual_seed(5)
+    k, rows = 256, 6
+    model = torch.nn.Sequential(_linear(_realistic_weights(192, k, 4, 0.0), bias=True), torch.nn.SiLU(),
+                                _linear(_realistic_weights(128, 192, 5, 0.0)), torch.nn.GELU(),
+                                _linear(_realistic_weights(64, 128, 6, 0.0), bias=True)).eval()
+    x = torch.randn(rows, k)
+    spec = _export(model, x, tmp_path / "m")
+    with torch.no_grad():
+        fp32 = model(x).numpy()
+    out = {}
+    for rule in ("mse", "asym"):
+        pte = tmp_path / f"{rule}.pte"
+        d = _lower(spec, pte, "8da4w", "--quantize-scales", rule)
+        assert d["quantized_nodes"] == 3 and d["delegate_call_sites"] == 1 and d["fallback_count"] == 0, d
+        assert d["int4_offset_nodes"] == (3 if rule == "asym" else 0), d
+        et = et_execute(pte, [x.numpy()])[0]
+        for engine in ("kiln", "xnnpack"):
+            got = kiln_run(pte, [x.numpy()], tmp_path, "--engine", engine)[0]
+            assert_close(got, et, f"asym {rule}: kiln's runtime ({engine}) vs ExecuTorch's runtime, same file")
+        out[rule] = et
+    e = {r: float(np.sqrt(((o - fp32) ** 2).mean())) for r, o in out.items()}
+    print(f"output rms error vs fp32 eager: mse {e['mse']:.4g}, asym {e['asym']:.4g}")
+    assert e["asym"] < e["mse"] / 3, f"asym {e['asym']:.4g} vs mse {e['mse']:.4g}"
+
+
+def test_asym_bad_input(tmp_path):
+    """asym is an int4 rule for XNNPACK regions: one line and exit 1 elsewhere, and no file."""
+    spec = _export(_linear(_realistic_weights(8, 64, 0)), torch.randn(2, 64), tmp_path / "m")
+    text = tmp_path / "cal.txt"
+    text.write_text("some words")
+    out = tmp_path / "x.pte"
+    for args, message in [
+            (["--backend", "xnnpack", "--quantize", "8da8w", "--quantize-scales", "asym"], "is an int4 rule"),
+            (["--backend", "portable", "--quantize", "8da4w", "--quantize-scales", "asym"], "--backend xnnpack"),
+            (["--backend", "xnnpack", "--quantize", "8da4w", "--quantize-scales", "asym", "--calibrate", str(text),
+              "--calibrate-method", "awq+gptq+refit"], "+refit fits the symmetric grid's scales")]:
+        proc = run_kiln("lower", "--spec", spec, "--out", out, "-q", *args, check=False)
+        assert proc.returncode == 1 and proc.stderr.startswith("kiln: error: ") and message in proc.stderr, proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert not out.exists()

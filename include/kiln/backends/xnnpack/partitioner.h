@@ -35,6 +35,7 @@ struct DelegationSummary {
   std::string quantization = "none";    // --quantize scheme ("8da4w:32", "8da8w")
   int64_t quantized_nodes = 0;          // fully connected nodes on quantized weights
   int64_t prequantized_nodes = 0;       // of those, on weights the .pt2 held quantized (torchao's quantize_)
+  int64_t affine_nodes = 0;             // of those, int4 with an fp32 offset per group (--quantize-scales asym)
   int64_t prequantized_bits = 0;        // 4 or 8 (-1: both kinds)
   int64_t prequantized_group = 0;       // int4 group size (-1: several)
   int64_t kept_fp32_nodes = 0;          // linear layers kept fp32 by --quantize-skip

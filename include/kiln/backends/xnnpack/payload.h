@@ -86,6 +86,7 @@ struct PayloadStats {
   int64_t named_constants = 0;       // constant_data entries (all name program data)
   int64_t made_constants = 0;        // of those, constants the builder made (scalars, reduction rows, zeros)
   int64_t quantized_nodes = 0;       // fully connected nodes on quantized weights (--quantize, or quantized in the .pt2)
+  int64_t affine_nodes = 0;          // of those, int4 with an offset per group (--quantize-scales asym)
   int64_t prequantized_nodes = 0;    // of those, on weights the .pt2 held quantized
   int64_t prequantized_bits = 0;     // 4 or 8 when all of those are one kind, -1 when mixed
   int64_t prequantized_group = 0;    // their int4 group size (-1 when mixed)

@@ -15,6 +15,17 @@
 //              by a clipping-ratio search with least-squares refits
 //              (quantize.cpp), q from the stored scale; never a larger error
 //              than minmax's for the same group (minmax is one candidate)
+//   asym       (8da4w, opt-in) an affine grid per group: w ~ scale q + offset,
+//              q in [-8, 7], the bf16 scale and the fp32 offset least-squares
+//              fits (quantize.cpp: asym_fit; never a larger error than mse's,
+//              which is one candidate with offset 0). The codes and scales are
+//              stored as mse's (qb4w, bf16 scales: ExecuTorch's format); the
+//              offsets as an fp32 [N, K/G] matrix C, applied in the same XNNPACK
+//              region by two small fp32 fully connected nodes: the input's group
+//              sums S = x G^T (G [K/G, K] of ones) and the product S C^T, added
+//              to the int4 product (y = Q(x) (scale q)^T + S C^T). A 4-bit GGUF's
+//              Q4_1 / Q4_K weights (a minimum and a scale per group) lie on such a
+//              grid; a symmetric one cannot hold them. 8da8w layers keep mse.
 // Activations are quantized per row at run time (int8, asymmetric; see
 // kiln/cpu/quant.h). Stored in ExecuTorch's XNNPACK layouts: int4 two per byte,
 // the even input in the low nibble, as q + 8, with bf16 scales; int8 as is,
@@ -42,10 +53,10 @@ struct EdgeProgram;
 
 namespace kiln::backends::xnnpack {
 
-enum class ScaleRule : uint8_t { MinMax, Mse };
+enum class ScaleRule : uint8_t { MinMax, Mse, Asym };
 
-std::string_view scale_rule_name(ScaleRule r);  // "minmax", "mse"
-// "minmax" or "mse"; std::nullopt and *error set otherwise.
+std::string_view scale_rule_name(ScaleRule r);  // "minmax", "mse", "asym"
+// "minmax", "mse" or "asym"; std::nullopt and *error set otherwise.
 std::optional<ScaleRule> parse_scale_rule(std::string_view text, std::string* error);
 
 struct QuantScheme {
@@ -64,7 +75,8 @@ struct QuantScheme {
   // q = clamp(round_half_even(round(w * round(1 / scale)))). The int4 scale is stored as bf16 (exact from bf16;
   // from fp16 rounded, as XNNPACK's int4 blockwise scales are bf16), the int8 one as fp32 (exact).
   enum class Source : uint8_t { Float, BFloat16, Half } source = Source::Float;
-  // "8da4w:32", "8da8w", "int8w", "none"; with " (mse scales)" appended under ScaleRule::Mse
+  // "8da4w:32", "8da8w", "int8w", "none"; with " (mse scales)" appended under ScaleRule::Mse, " (asym: scale +
+  // offset per group)" for int4 under ScaleRule::Asym (8da8w under Asym: " (mse scales)", the rule it uses)
   std::string name() const;
 };
 
@@ -74,7 +86,13 @@ std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string
 struct QuantizedWeights {
   std::vector<std::byte> data;    // int4: [n, k/2] bytes; int8: [n, k]
   std::vector<std::byte> scales;  // int4: bf16 [n, k/group]; int8: fp32 [n]
+  std::vector<std::byte> offsets; // int4 under ScaleRule::Asym only: fp32 [n, k/group] (w ~ scale q + offset)
 };
+
+// True when `scheme` stores an fp32 offset per int4 group (ScaleRule::Asym on Int4Groups).
+inline bool has_offsets(const QuantScheme& scheme) {
+  return scheme.kind == QuantScheme::Kind::Int4Groups && scheme.scales == ScaleRule::Asym;
+}
 
 // w: [n, k] row-major fp32. Int4Groups needs k % group == 0 and k even.
 QuantizedWeights quantize_weights(const float* w, int64_t n, int64_t k, const QuantScheme& scheme);

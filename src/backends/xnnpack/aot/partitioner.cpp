@@ -147,6 +147,7 @@ XnnpackDelegation delegate_to_xnnpack(const passes::EdgeProgram& program, const 
     xnn::Payload& payload = payloads[ri];
     d.summary.xnnpack_nodes += payload.stats.xnodes;
     d.summary.quantized_nodes += payload.stats.quantized_nodes;
+    d.summary.affine_nodes += payload.stats.affine_nodes;
     if (payload.stats.prequantized_nodes) {
       auto merge = [](int64_t& into, int64_t v) { into = into == 0 ? v : (into == v ? into : -1); };
       d.summary.prequantized_nodes += payload.stats.prequantized_nodes;

@@ -250,6 +250,7 @@ class PayloadBuilder {
   std::map<graph::ValueId, uint32_t> ids_;
   std::map<std::pair<graph::ValueId, Dims>, uint32_t> constant_ids_;
   std::map<std::pair<std::string, Dims>, uint32_t> made_ids_;
+  std::map<std::pair<uint32_t, int64_t>, uint32_t> group_sums_;  // (input id, group) -> its group sums (asym int4)
   std::set<graph::ValueId> available_;
   int32_t node_index_ = 0;
   PayloadStats stats_;

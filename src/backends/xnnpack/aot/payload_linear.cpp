@@ -54,6 +54,11 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
   } else if (!shapes_only_) {
     qw = kn ? quantize_transposed(wc, n, k, q) : quantize_streamed(wc, n, k, q);
   }  // (shapes only: empty bytes; the graph is the same)
+  // --quantize-scales asym: the int4 grid's offsets, applied beside the int4 product (quantize.h)
+  const bool affine = !wc.quantized && has_offsets(q);  // (GPTQ's precomputed weights carry their offsets too)
+  std::vector<std::byte> offsets = std::move(qw.offsets);
+  check(!affine || shapes_only_ || offsets.size() == static_cast<size_t>(n * (k / q.group)) * 4,
+        "internal: the offsets of '{}' have the wrong size", name(wv));
   const std::string scales_key = content_key(qw.scales), data_key = content_key(qw.data);
   const uint32_t scales_index = named_constant(scales_key, pte::DataBlob::from_bytes(std::move(qw.scales)));
   const uint32_t data_index = named_constant(data_key, pte::DataBlob::from_bytes(std::move(qw.data)));
@@ -84,8 +89,44 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
                                           fbx::XNNQuantParams::PerTokenDynamicQuant,
                                           fbx::CreatePerTokenDynamicQuant(fb_, 1).Union(), 0);
   unary(XType::XNNConvert, x, xq);
-  if (auto fused = fusable_bias()) fully_connected(xq, filter, *fused, write(out), 0);
-  else with_added_bias([&](uint32_t into) { fully_connected(xq, filter, kInvalidValueId, into, 0); });
+  if (affine) {
+    // y = Q(x) (scale q)^T + S C^T (+ bias), S = x G^T the input's group sums (G [K/G, K]: ones on each group's
+    // inputs; one node per input and group size, shared by the layers reading the same x), C [N, K/G] the offsets.
+    // Both fp32 fully connected nodes: ExecuTorch's runtime runs them as any other.
+    const auto groups = static_cast<uint32_t>(k / q.group);
+    uint32_t sums = 0;
+    if (auto it = group_sums_.find({x, q.group}); it != group_sums_.end()) {
+      sums = it->second;
+    } else {
+      std::vector<float> ones(static_cast<size_t>(groups) * static_cast<size_t>(k), 0.0f);
+      for (uint32_t gi = 0; gi < groups; ++gi)
+        for (int64_t i = 0; i < q.group; ++i)
+          ones[static_cast<size_t>(gi) * static_cast<size_t>(k) + static_cast<size_t>(gi * q.group + i)] = 1.0f;
+      const uint32_t gsum = made_constant(ones, {groups, static_cast<uint32_t>(k)});
+      Dims sd = dims(a);
+      sd.back() = groups;
+      sums = temp(sd);
+      fully_connected(x, gsum, kInvalidValueId, sums, 0);
+      group_sums_[{x, q.group}] = sums;
+    }
+    const std::string offsets_key = content_key(offsets);
+    const uint32_t offsets_index = named_constant(offsets_key, pte::DataBlob::from_bytes(std::move(offsets)));
+    const uint32_t c = add_value({static_cast<uint32_t>(n), groups}, offsets_index, kInvalidValueId, 0);
+    const Dims od = dims(out);
+    auto both = [&](uint32_t bias, uint32_t into) {
+      const uint32_t p = temp(od), o = temp(od);
+      fully_connected(xq, filter, kInvalidValueId, p, 0);
+      fully_connected(sums, c, bias, o, 0);
+      binary(XType::XNNAdd, p, o, into);
+    };
+    if (auto fused = fusable_bias()) both(*fused, write(out));
+    else with_added_bias([&](uint32_t into) { both(kInvalidValueId, into); });
+    ++stats_.affine_nodes;
+  } else if (auto fused = fusable_bias()) {
+    fully_connected(xq, filter, *fused, write(out), 0);
+  } else {
+    with_added_bias([&](uint32_t into) { fully_connected(xq, filter, kInvalidValueId, into, 0); });
+  }
   ++stats_.quantized_nodes;
   return true;
 }

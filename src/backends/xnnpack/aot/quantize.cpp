@@ -151,6 +151,76 @@ KILN_QUANT_INLINE void quantize8(const float* v, float inv, float qmin, float qm
 }
 
 
+// ---- the asym rule (ScaleRule::Asym): an affine int4 grid per group ---------------------------------------------
+
+// The codes of v under (scale, offset): clamp(round((v - offset) / scale), -8, 7), the arithmetic quantize_rows uses
+// to store them ((v - offset) in float, times the float inverse, rounded half to even).
+KILN_QUANT_INLINE float affine_code(float v, float inv, float offset) {
+  return std::nearbyint(std::clamp((v - offset) * inv, -8.0f, 7.0f));
+}
+
+// sum (v - (scale q + offset))^2 over the group, q its codes under (scale, offset), in double
+KILN_QUANT_INLINE double affine_error(const float* v, int64_t n, float scale, float offset) {
+  const float inv = 1.0f / scale;
+  double e = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(v[i]) - (static_cast<double>(scale) * affine_code(v[i], inv, offset) + offset);
+    e += d * d;
+  }
+  return e;
+}
+
+struct AffineFit {
+  float scale = 1.0f, offset = 0.0f;
+};
+
+// The group's (bf16 scale, fp32 offset) under ScaleRule::Asym. Candidates: the symmetric one (`sym`, mse's scale,
+// offset 0: the result is never worse than mse's), and the min-max range [lo, hi] shrunk about its middle by
+// kShrink, lo on code -8 and hi on 7; from each, two rounds of: codes for the current (scale, offset), the
+// least-squares (scale, offset) for those codes (a 2x2 solve), the scale rounded to bf16 (as stored), the offset
+// refitted for that scale (the mean of v - scale q). Each candidate's error is measured with the codes its final
+// (scale, offset) give. A group of a 4-bit GGUF (Q4_1: m + d k, k = 0..15) comes back with d (bf16-rounded) and
+// m + 8d (least squares): the whole group on its grid but for d's rounding.
+KILN_QUANT_INLINE AffineFit asym_fit(const float* v, int64_t n, float sym) {
+  AffineFit best{sym, 0.0f};
+  double best_error = affine_error(v, n, sym, 0.0f);
+  float lo = v[0], hi = v[0];
+  double sum_v = 0.0;
+  for (int64_t i = 0; i < n; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]), sum_v += v[i];
+  if (!std::isfinite(lo) || !std::isfinite(hi) || !std::isfinite(sum_v) || best_error == 0.0) return best;
+  auto stored = [](double s) { return from_bf16(to_bf16(static_cast<float>(s))); };
+  if (!(hi > lo)) {  // a constant group: code 0 at the value itself
+    const float c = lo;
+    if (affine_error(v, n, sym, c) < best_error) best = {sym, c};
+    return best;
+  }
+  static constexpr double kShrink[] = {1.0, 0.93, 0.86, 0.8};
+  const double mid = 0.5 * (static_cast<double>(lo) + hi), half = 0.5 * (static_cast<double>(hi) - lo);
+  for (double r : kShrink) {
+    float s = stored(2.0 * half * r / 15.0);
+    if (!(s > 0.0f) || !std::isfinite(s)) continue;
+    float c = static_cast<float>(mid - half * r + 8.0 * s);
+    for (int round = 0; round < 2; ++round) {
+      const float inv = 1.0f / s;
+      double sq = 0.0, sqq = 0.0, svq = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double q = affine_code(v[i], inv, c);
+        sq += q, sqq += q * q, svq += q * v[i];
+      }
+      const double det = static_cast<double>(n) * sqq - sq * sq;
+      if (!(det > 0.0)) break;
+      const float s2 = stored((static_cast<double>(n) * svq - sq * sum_v) / det);
+      if (!(s2 > 0.0f) || !std::isfinite(s2)) break;
+      s = s2;
+      c = static_cast<float>((sum_v - static_cast<double>(s) * sq) / static_cast<double>(n));
+    }
+    if (!std::isfinite(c)) continue;
+    const double e = affine_error(v, n, s, c);
+    if (e < best_error) best = {s, c}, best_error = e;
+  }
+  return best;
+}
+
 // rows [r0, r1) under ScaleRule::MinMax with torchao's arithmetic in the weights' 16-bit type (QuantScheme::source);
 // w holds row r0 first
 KILN_QUANT_INLINE void quantize_rows_narrow_impl(const float* w, int64_t r0, int64_t r1, int64_t k,
@@ -228,17 +298,26 @@ KILN_QUANT_INLINE void quantize_rows_narrow_impl(const float* w, int64_t r0, int
 // rows [r0, r1) of quantize_weights' output (allocated, zeroed for int4); w holds row r0 first
 KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1, int64_t k, const QuantScheme& scheme,
                                           QuantizedWeights& q) {
-  const bool mse = scheme.scales == ScaleRule::Mse;
+  const bool mse = scheme.scales != ScaleRule::MinMax;  // (8da8w under Asym: mse)
   if (scheme.kind == QuantScheme::Kind::Int4Groups) {
     const int64_t g = scheme.group, groups = k / g;
+    const bool asym = scheme.scales == ScaleRule::Asym;
     auto* bytes = reinterpret_cast<uint8_t*>(q.data.data());
     int32_t codes[8];
+    float shifted[256];  // asym: the group less its offset (g <= 256)
     for (int64_t j = r0; j < r1; ++j)
       for (int64_t b = 0; b < groups; ++b) {
         const float* v = w + (j - r0) * k + b * g;
         float scale = symmetric_scale(v, g, 7.5f);
         // minmax: q from the fp32 scale, the bf16 scale stored (torchao's); mse: q from the stored bf16 scale
         if (mse) scale = mse_scale(v, g, -8.0f, 7.0f, true, scale);
+        if (asym) {  // q = clamp(round((v - offset) / scale)): the codes of the shifted values, as mse's
+          const AffineFit f = asym_fit(v, g, scale);
+          scale = f.scale;
+          std::memcpy(q.offsets.data() + static_cast<size_t>(j * groups + b) * 4, &f.offset, 4);
+          for (int64_t i = 0; i < g; ++i) shifted[i] = v[i] - f.offset;
+          v = shifted;
+        }
         const float inv = 1.0f / scale;
         const uint16_t s16 = to_bf16(scale);
         std::memcpy(q.scales.data() + static_cast<size_t>(j * groups + b) * 2, &s16, 2);
@@ -308,12 +387,15 @@ void quantize_rows(const float* w, int64_t r0, int64_t r1, int64_t k, const Quan
 
 }  // namespace
 
-std::string_view scale_rule_name(ScaleRule r) { return r == ScaleRule::MinMax ? "minmax" : "mse"; }
+std::string_view scale_rule_name(ScaleRule r) {
+  return r == ScaleRule::MinMax ? "minmax" : r == ScaleRule::Asym ? "asym" : "mse";
+}
 
 std::optional<ScaleRule> parse_scale_rule(std::string_view text, std::string* error) {
   if (text == "minmax") return ScaleRule::MinMax;
   if (text == "mse") return ScaleRule::Mse;
-  *error = fmt::format("unknown scale rule '{}' in --quantize-scales (minmax or mse)", text);
+  if (text == "asym") return ScaleRule::Asym;
+  *error = fmt::format("unknown scale rule '{}' in --quantize-scales (minmax, mse or asym)", text);
   return std::nullopt;
 }
 
@@ -325,7 +407,8 @@ std::string QuantScheme::name() const {
     case Kind::Int8WeightOnly: base = "int8w"; break;
     case Kind::None: return "none";
   }
-  return scales == ScaleRule::Mse ? base + " (mse scales)" : base;
+  if (scales == ScaleRule::Asym && kind == Kind::Int4Groups) return base + " (asym: scale + offset per group)";
+  return scales != ScaleRule::MinMax ? base + " (mse scales)" : base;
 }
 
 std::optional<QuantScheme> parse_quant_scheme(std::string_view text, std::string* error) {
@@ -394,6 +477,7 @@ QuantizedWeights allocate_quantized(int64_t n, int64_t k, const QuantScheme& sch
   if (scheme.kind == QuantScheme::Kind::Int4Groups) {
     q.data.assign(static_cast<size_t>(n * (k / 2)), std::byte{0});
     q.scales.resize(static_cast<size_t>(n * (k / scheme.group)) * 2);
+    if (has_offsets(scheme)) q.offsets.resize(static_cast<size_t>(n * (k / scheme.group)) * 4);
   } else {
     q.data.resize(static_cast<size_t>(n * k));
     q.scales.resize(static_cast<size_t>(n) * 4);

@@ -70,11 +70,14 @@ double weighted_error(const float* w, int64_t n, int64_t k, const QuantizedWeigh
     for (int64_t r = 0; r < n; ++r)
       for (int64_t b = 0; b < groups; ++b) {
         const float scale = bf16_to_float(q.scales.data() + static_cast<size_t>(r * groups + b) * 2);
+        float offset = 0.0f;  // asym: w ~ scale q + offset
+        if (has_offsets(s)) std::memcpy(&offset, q.offsets.data() + static_cast<size_t>(r * groups + b) * 4, 4);
         for (int64_t j = 0; j < s.group; ++j) {
           const int64_t i = b * s.group + j;
           const uint8_t byte = bytes[r * (k / 2) + i / 2];
           const int code = ((i & 1) ? byte >> 4 : byte & 0xf) - 8;  // the even input in the low nibble
-          const double d = static_cast<double>(w[r * k + i]) - static_cast<double>(scale * static_cast<float>(code));
+          const double d = static_cast<double>(w[r * k + i]) -
+                           (static_cast<double>(scale * static_cast<float>(code)) + static_cast<double>(offset));
           e += c[static_cast<size_t>(i)] * d * d;
         }
       }
@@ -198,7 +201,7 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     L.err8 = weighted_error(w.data(), L.n, L.k, quantize_weights(w.data(), L.n, L.k, q8), q8, c) / norm2;
     L.int4_possible = L.k % q4.group == 0 && L.k % 2 == 0;
     if (L.int4_possible) {
-      L.bytes4 = L.n * (L.k / 2) + L.n * (L.k / q4.group) * 2;
+      L.bytes4 = L.n * (L.k / 2) + L.n * (L.k / q4.group) * (has_offsets(q4) ? 6 : 2);  // (asym: fp32 offsets)
       L.err4 = weighted_error(w.data(), L.n, L.k, quantize_weights(w.data(), L.n, L.k, q4), q4, c) / norm2;
     } else {
       L.bytes4 = L.bytes8, L.err4 = L.err8, L.int8 = true;
@@ -220,6 +223,13 @@ AutoPlan plan_mixed_precision(const passes::EdgeProgram& program, int64_t max_by
     const auto& m = g.value(v).meta;
     plan.other_bytes += numel(m) * element_size(m.dtype);
     ++others;
+  }
+  // asym: the group-sum matrix [K/G, K] fp32, stored once per input width (counted whatever the plan)
+  if (has_offsets(q4)) {
+    std::set<int64_t> widths;
+    for (const AutoLayer& L : plan.layers)
+      if (L.int4_possible) widths.insert(L.k);
+    for (int64_t k : widths) plan.other_bytes += (k / q4.group) * k * 4;
   }
   // the graph, the payloads and the alignment of each blob: a small allowance, checked against the written file
   plan.other_bytes += 16 * 1024 + 256 * others + 2048 * static_cast<int64_t>(plan.layers.size());

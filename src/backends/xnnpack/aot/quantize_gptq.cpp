@@ -118,14 +118,14 @@ namespace {
 // group's scale: the error feedback goes to the columns that come later in that order.
 QuantizedWeights gptq_ordered(std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>& u,
                               const QuantScheme& scheme, const std::vector<int64_t>& order) {
-  const bool int4 = scheme.kind == QuantScheme::Kind::Int4Groups;
+  const bool int4 = scheme.kind == QuantScheme::Kind::Int4Groups, affine = has_offsets(scheme);
   const int64_t g = int4 ? scheme.group : k, groups = k / g;
   check(static_cast<int64_t>(order.size()) == k, "internal: GPTQ order size");
   QuantizedWeights q = quantize_weights(w.data(), n, k, scheme);  // the static scales (its codes are replaced)
   std::fill(q.data.begin(), q.data.end(), std::byte{0});
   const float qmin = int4 ? -8.0f : -128.0f, qmax = int4 ? 7.0f : 127.0f;
   auto rows = [&](int64_t r0, int64_t r1) {
-    std::vector<float> row(static_cast<size_t>(k)), scale(static_cast<size_t>(k));
+    std::vector<float> row(static_cast<size_t>(k)), scale(static_cast<size_t>(k)), offset(static_cast<size_t>(k), 0.0f);
     for (int64_t j = r0; j < r1; ++j) {
       float* orig = w.data() + j * k;
       for (int64_t i = 0; i < k; ++i) {
@@ -134,6 +134,7 @@ QuantizedWeights gptq_ordered(std::vector<float>& w, int64_t n, int64_t k, const
         float s;
         if (int4) {
           s = bf16_to_float(q.scales.data() + static_cast<size_t>(j * groups + c / g) * 2);
+          if (affine) std::memcpy(&offset[static_cast<size_t>(i)], q.offsets.data() + static_cast<size_t>(j * groups + c / g) * 4, 4);
         } else {
           std::memcpy(&s, q.scales.data() + static_cast<size_t>(j) * 4, 4);
         }
@@ -141,13 +142,13 @@ QuantizedWeights gptq_ordered(std::vector<float>& w, int64_t n, int64_t k, const
       }
       for (int64_t i = 0; i < k; ++i) {
         const float* ui = u.data() + i * k;
-        const float s = scale[static_cast<size_t>(i)], v = row[static_cast<size_t>(i)];
-        const float code = std::clamp(std::nearbyint(v * (1.0f / s)), qmin, qmax);
-        const float e = (v - code * s) / ui[i];
-        row[static_cast<size_t>(i)] = code * s;
+        const float s = scale[static_cast<size_t>(i)], o = offset[static_cast<size_t>(i)], v = row[static_cast<size_t>(i)];
+        const float code = std::clamp(std::nearbyint((v - o) * (1.0f / s)), qmin, qmax);
+        const float e = (v - (code * s + o)) / ui[i];
+        row[static_cast<size_t>(i)] = code * s + o;
         axpy_sub(row.data() + i + 1, e, ui + i + 1, k - i - 1);
         const int64_t c = order[static_cast<size_t>(i)];
-        orig[c] = code * s;
+        orig[c] = code * s + o;
         if (int4) {
           const auto nib = static_cast<uint8_t>(static_cast<int>(code) + 8);
           auto* out = reinterpret_cast<uint8_t*>(q.data.data()) + j * (k / 2) + c / 2;
@@ -171,7 +172,7 @@ QuantizedWeights gptq_ordered(std::vector<float>& w, int64_t n, int64_t k, const
 QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>& u,
                                        const QuantScheme& scheme, const std::vector<int64_t>* order) {
   if (order) return gptq_ordered(w, n, k, u, scheme, *order);
-  const bool int4 = scheme.kind == QuantScheme::Kind::Int4Groups;
+  const bool int4 = scheme.kind == QuantScheme::Kind::Int4Groups, affine = has_offsets(scheme);
   check(int4 || scheme.kind == QuantScheme::Kind::Int8Channels, "internal: GPTQ for 8da4w or 8da8w only");
   const int64_t g = int4 ? scheme.group : k, groups = k / g;
   check(k % g == 0 && static_cast<int64_t>(w.size()) == n * k && static_cast<int64_t>(u.size()) == k * k,
@@ -181,6 +182,7 @@ QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t
   if (int4) {
     q.data.assign(static_cast<size_t>(n * (k / 2)), std::byte{0});
     q.scales.resize(static_cast<size_t>(n * groups) * 2);
+    if (affine) q.offsets.resize(static_cast<size_t>(n * groups) * 4);
   } else {
     q.data.resize(static_cast<size_t>(n * k));
     q.scales.resize(static_cast<size_t>(n) * 4);
@@ -189,7 +191,7 @@ QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t
   QuantScheme one = scheme;      // the group's scale: the scheme's own rule on the error-fed values
   auto rows = [&](int64_t r0, int64_t r1) {
     std::vector<float> seg(static_cast<size_t>(kRows * g)), scale(static_cast<size_t>(kRows)),
-        inv(static_cast<size_t>(kRows));
+        inv(static_cast<size_t>(kRows)), offset(static_cast<size_t>(kRows), 0.0f);
     for (int64_t c0 = r0; c0 < r1; c0 += kRows) {
       const int64_t m = std::min(kRows, r1 - c0);
       for (int64_t i = 0; i < k; ++i) {
@@ -202,6 +204,11 @@ QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t
             if (int4) {
               scale[static_cast<size_t>(r)] = bf16_to_float(s);
               std::memcpy(q.scales.data() + static_cast<size_t>((c0 + r) * groups + i / g) * 2, s, 2);
+              if (affine) {  // the group's offset, chosen with its scale (asym_fit) on the error-fed values
+                std::memcpy(&offset[static_cast<size_t>(r)], part.offsets.data() + static_cast<size_t>(r) * 4, 4);
+                std::memcpy(q.offsets.data() + static_cast<size_t>((c0 + r) * groups + i / g) * 4,
+                            &offset[static_cast<size_t>(r)], 4);
+              }
             } else {
               std::memcpy(&scale[static_cast<size_t>(r)], s, 4);
               std::memcpy(q.scales.data() + static_cast<size_t>(c0 + r) * 4, s, 4);
@@ -215,9 +222,10 @@ QuantizedWeights quantize_weights_gptq(std::vector<float>& w, int64_t n, int64_t
           float* row = w.data() + (c0 + r) * k;
           const float v = row[i];
           // as the plain quantizer: v * (1 / scale), rounded half to even, clamped to the grid
-          const float code = std::clamp(std::nearbyint(v * inv[static_cast<size_t>(r)]), qmin, qmax);
-          const float e = (v - code * scale[static_cast<size_t>(r)]) / d;
-          row[i] = code * scale[static_cast<size_t>(r)];
+          const float o = offset[static_cast<size_t>(r)];
+          const float code = std::clamp(std::nearbyint((v - o) * inv[static_cast<size_t>(r)]), qmin, qmax);
+          const float e = (v - (code * scale[static_cast<size_t>(r)] + o)) / d;
+          row[i] = code * scale[static_cast<size_t>(r)] + o;
           axpy_sub(row + i + 1, e, ui + i + 1, k - i - 1);
           const int64_t j = c0 + r;
           if (int4) {  // the even input in the low nibble, as q + 8

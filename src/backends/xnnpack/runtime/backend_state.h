@@ -182,6 +182,8 @@ struct Step {
   float lo = -INFINITY, hi = INFINITY;
   const float* weights = nullptr;                    // fully connected: [k, n] row-major ([n, k] if weights_nk)
   bool weights_nk = false;                           // fully connected, a few rows: W as the file has it, [n, k]
+  bool group_sums = false;                           // fully connected on W = a block of ones per output (kiln's int4
+                                                     // offsets' group sums): out[r, j] = sum of x[r, j g .. j g + g), g = k / n
   bool weights_panels = false;                       // fully connected, many rows: W packed as cpu::sgemm_pack_b's panels
   bool trans_b = false;                              // Bmm: B is [.., n, k] (C = A · Bᵀ), a few rows of A
   // Attention over the live positions (Builder::find_live_attention): the scores product

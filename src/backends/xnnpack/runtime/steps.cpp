@@ -222,6 +222,27 @@ void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* w_p
 // out[m, n] = x[m, k] · W[k, n] (+ bias), clamped; parallel over column blocks
 // (over rows when W has a few columns).
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out) {
+  if (s.group_sums) {  // out[r, j] = sum_i x[r, j g + i] (+ bias), clamped (nodes/fully_connected.cpp)
+    const int64_t g = s.group;
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(s.m / 16, kTasksPerThread * ex.threads));
+    const int64_t per = (s.m + parts - 1) / parts;
+    ex.parallel_for(static_cast<size_t>(parts), [&](size_t t) {
+      const int64_t r0 = static_cast<int64_t>(t) * per, r1 = std::min(s.m, r0 + per);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t j = 0; j < s.n; ++j) {
+          const float* v = x + r * s.k + j * g;
+          float acc[8] = {};
+          int64_t i = 0;
+          for (; i + 8 <= g; i += 8)
+            for (int l = 0; l < 8; ++l) acc[l] += v[i + l];
+          float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+          for (; i < g; ++i) sum += v[i];
+          if (s.bias) sum += s.bias[j];
+          out[r * s.n + j] = std::min(std::max(sum, s.lo), s.hi);
+        }
+    });
+    return;
+  }
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();  // a few rows: streaming products (W read once)
   if (s.weights_nk && s.m < kGemvRows) {  // W [n, k], a few rows: each task reads one contiguous block of W's rows
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((s.n + 31) / 32, kTasksPerThread * ex.threads));

@@ -173,12 +173,36 @@ static Status step(const StepContext& c, Step& step) {
     return c.bad("input, weights and output shapes do not agree");
   step.m = in.numel / step.k;
   step.in.resize(1);  // x; the weights and bias are constants
+  if (io.in[2] != kInvalidId) {
+    if (st.values[io.in[2]].numel != step.n) return c.bad("bias size is not the output channels");
+    step.bias = static_cast<const float*>(st.values[io.in[2]].constant);
+  }
+  // W [N, K] with ones on each output's own block of K / N inputs and zeros elsewhere: the group sums of
+  // --quantize-scales asym's offsets (kiln/backends/xnnpack/quantize.h). Summed directly (K adds per row, not
+  // N K products); W is neither copied nor read again.
+  if (!kn && step.n > 1 && step.k % step.n == 0 && step.k / step.n >= 2) {
+    const auto* wv = static_cast<const float*>(w.constant);
+    const int64_t g = step.k / step.n;
+    bool blocks = true;
+    for (int64_t j = 0; j < step.n && blocks; ++j)
+      for (int64_t i = 0; i < step.k && blocks; ++i) blocks = wv[j * step.k + i] == (i / g == j ? 1.0f : 0.0f);
+    if (blocks) {
+      step.group_sums = true;
+      step.group = g;
+      step.label = "kiln group sums";
+      if (st.per_node) step.label += " " + std::to_string(step.n) + "x" + std::to_string(step.k);
+      return Status::Ok;
+    }
+  }
   // W's layout for the product: a few rows (one token) are dot products over W's rows, [N, K], so
   // that each task streams one contiguous block of W; many rows run the GEMM over [K, N]. A file
   // with the other layout is transposed once, into kiln's memory, and its copy leaves memory.
   // A dynamic delegate keeps W as the file has it for every size (run_fully_connected has a
   // GEMM over [N, K] for many rows), so that no plan holds a second copy of the weights.
-  step.weights_nk = c.dynamic ? !kn : step.m < kGemvRows;
+  // Few inputs (K <= 64, e.g. the int4 offsets' products on group sums): [K, N] for every size, where a
+  // few rows are K streaming row updates (axpy) rather than N dot products of K (each too short to pay).
+  const bool few_inputs = step.k <= 64 && step.n >= 4;
+  step.weights_nk = c.dynamic ? !kn && !few_inputs : step.m < kGemvRows && !few_inputs;
   if (!c.dynamic && step.m >= kGemvRows && step.n >= 4 && cpu::sgemm_pack_once()) {
     // Many rows of a static delegate, where the selected GEMM wants it (cpu::sgemm_pack_once): W packed once as the GEMM's panels (cpu::sgemm_pack_b: the selected
     // variant's column panels, each K rows of contiguous floats), so no product packs B per call; about the
@@ -221,10 +245,6 @@ static Status step(const StepContext& c, Step& step) {
     transpose_blocked(static_cast<const float*>(w.constant), rows, cols, wt);
     step.weights = wt;
     if (c.only_packed[io.in[1]] && c.file) c.file->release_pages(w.constant_bytes);
-  }
-  if (io.in[2] != kInvalidId) {
-    if (st.values[io.in[2]].numel != step.n) return c.bad("bias size is not the output channels");
-    step.bias = static_cast<const float*>(st.values[io.in[2]].constant);
   }
   return Status::Ok;
 }
