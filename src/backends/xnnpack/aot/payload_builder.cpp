@@ -124,6 +124,19 @@ const graph::Node* PayloadBuilder::producer_node(graph::ValueId v) const {
   return it == producer_.end() ? nullptr : &node(it->second);
 }
 
+graph::ValueId PayloadBuilder::view_root(graph::ValueId v) const {
+  for (int hops = 0; hops < 64; ++hops) {
+    const graph::Node* p = producer_node(v);
+    if (!p || (p->target != "aten.view_copy.default" && p->target != "aten.unsqueeze_copy.default" &&
+               p->target != "aten.squeeze_copy.dims" && p->target != "aten.alias_copy.default"))
+      return v;
+    const std::vector<graph::ValueId> in = reads_of(*p);
+    if (in.empty() || product(dims(in[0])) != product(dims(v))) return v;
+    v = in[0];
+  }
+  return v;
+}
+
 std::optional<graph::ValueId> PayloadBuilder::transpose_input(graph::ValueId v) const {
   const graph::Node* p = producer_node(v);
   if (!p || p->target != "aten.permute_copy.default") return std::nullopt;

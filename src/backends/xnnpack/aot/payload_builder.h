@@ -82,6 +82,9 @@ class PayloadBuilder {
   // ---- region nodes folded into the node that reads them --------------------
   const graph::Node* producer_node(graph::ValueId v) const;
 
+  // `v`, or the value it is a view of (through in-region view_copy / unsqueeze_copy / squeeze_copy / alias_copy
+  // nodes, which keep the elements and their order): equal roots hold equal values.
+  graph::ValueId view_root(graph::ValueId v) const;
   // The input of a permute_copy(x, [1, 0]) region node that computes `v`.
   std::optional<graph::ValueId> transpose_input(graph::ValueId v) const;
   void plan_absorptions();
@@ -250,7 +253,10 @@ class PayloadBuilder {
   std::map<graph::ValueId, uint32_t> ids_;
   std::map<std::pair<graph::ValueId, Dims>, uint32_t> constant_ids_;
   std::map<std::pair<std::string, Dims>, uint32_t> made_ids_;
-  std::map<std::pair<uint32_t, int64_t>, uint32_t> group_sums_;  // (input id, group) -> its group sums (asym int4)
+  // quantized products' inputs by (view_root, dims): their int8 rows (qdint8, per weight kind: int4 or not) and, per
+  // group size, their group sums (asym int4's offsets), made once for the layers that read the same values
+  std::map<std::pair<std::pair<graph::ValueId, Dims>, bool>, uint32_t> quantized_inputs_;
+  std::map<std::pair<std::pair<graph::ValueId, Dims>, int64_t>, uint32_t> group_sums_;
   std::set<graph::ValueId> available_;
   int32_t node_index_ = 0;
   PayloadStats stats_;

@@ -85,17 +85,28 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
   }
   const uint32_t filter = add_quantized_value({static_cast<uint32_t>(n), static_cast<uint32_t>(k)}, dtype, ptype, params, data_index);
   const uint32_t x = read(a);
-  const uint32_t xq = add_quantized_value(dims(a), fbx::XNNDatatype::xnn_datatype_qdint8,
-                                          fbx::XNNQuantParams::PerTokenDynamicQuant,
-                                          fbx::CreatePerTokenDynamicQuant(fb_, 1).Union(), 0);
-  unary(XType::XNNConvert, x, xq);
+  // The input's int8 rows: one convert per input, shared by the layers that read the same values (q/k/v, gate/up),
+  // each of which reads them through a view of its own. Per weight kind: kiln's engine lays the rows out for the
+  // int4 or the int8 kernel (a mixed plan's q/k/v may be both).
+  const std::pair<graph::ValueId, Dims> source{view_root(a), dims(a)};
+  const std::pair<std::pair<graph::ValueId, Dims>, bool> rows_key{source, q.kind == Kind::Int4Groups};
+  uint32_t xq = 0;
+  if (auto it = quantized_inputs_.find(rows_key); it != quantized_inputs_.end()) {
+    xq = it->second;
+  } else {
+    xq = add_quantized_value(dims(a), fbx::XNNDatatype::xnn_datatype_qdint8, fbx::XNNQuantParams::PerTokenDynamicQuant,
+                             fbx::CreatePerTokenDynamicQuant(fb_, 1).Union(), 0);
+    unary(XType::XNNConvert, x, xq);
+    quantized_inputs_[rows_key] = xq;
+  }
   if (affine) {
     // y = Q(x) (scale q)^T + S C^T (+ bias), S = x G^T the input's group sums (G [K/G, K]: ones on each group's
     // inputs; one node per input and group size, shared by the layers reading the same x), C [N, K/G] the offsets.
     // Both fp32 fully connected nodes: ExecuTorch's runtime runs them as any other.
     const auto groups = static_cast<uint32_t>(k / q.group);
     uint32_t sums = 0;
-    if (auto it = group_sums_.find({x, q.group}); it != group_sums_.end()) {
+    const std::pair<std::pair<graph::ValueId, Dims>, int64_t> sums_key{source, q.group};
+    if (auto it = group_sums_.find(sums_key); it != group_sums_.end()) {
       sums = it->second;
     } else {
       std::vector<float> ones(static_cast<size_t>(groups) * static_cast<size_t>(k), 0.0f);
@@ -107,7 +118,7 @@ bool PayloadBuilder::quantized_fc(graph::ValueId a, graph::ValueId wv, bool kn, 
       sd.back() = groups;
       sums = temp(sd);
       fully_connected(x, gsum, kInvalidValueId, sums, 0);
-      group_sums_[{x, q.group}] = sums;
+      group_sums_[sums_key] = sums;
     }
     const std::string offsets_key = content_key(offsets);
     const uint32_t offsets_index = named_constant(offsets_key, pte::DataBlob::from_bytes(std::move(offsets)));

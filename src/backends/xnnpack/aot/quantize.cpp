@@ -302,6 +302,7 @@ KILN_QUANT_INLINE void quantize_rows_impl(const float* w, int64_t r0, int64_t r1
   if (scheme.kind == QuantScheme::Kind::Int4Groups) {
     const int64_t g = scheme.group, groups = k / g;
     const bool asym = scheme.scales == ScaleRule::Asym;
+    check(!asym || g <= 256, "internal: asym int4 groups of {} (at most 256)", g);
     auto* bytes = reinterpret_cast<uint8_t*>(q.data.data());
     int32_t codes[8];
     float shifted[256];  // asym: the group less its offset (g <= 256)
