@@ -124,6 +124,20 @@ def test_gptq_act_order_keeps_the_plain_scales_and_cuts_the_objective(tiny, tmp_
     assert np.linalg.norm(act - w) < 0.4 * np.linalg.norm(w)
 
 
+def _logits_error(pte, windows, refs) -> float:
+    """Mean squared logits error of the file in ExecuTorch's runtime against the references, over the windows."""
+    return float(np.mean([np.mean((et_execute(pte, [w, np.arange(T)])[0] - r) ** 2)
+                          for w, r in zip(windows, refs, strict=True)]))
+
+
+def _runtimes_agree(pte, windows, tmp_path, what: str) -> None:
+    """kiln's runtime gives ExecuTorch's runtime's logits on the file, for the first two windows."""
+    for w in windows[:2]:
+        et = et_execute(pte, [w, np.arange(T)])[0]
+        got = kiln_run(pte, [w, np.arange(T)], tmp_path)[0]
+        assert_close(got, et, f"{what}: kiln's runtime vs ExecuTorch's runtime, same file")
+
+
 @pytest.mark.parametrize("method", ["gptq", "awq+gptq", "awq+gptq-act", "awq+gptq-act+refit", "awq+gptq-act+refit+seq"])
 def test_gptq_cuts_the_output_error_on_calibration_text(tiny, tmp_path, method):
     out, _, windows, refs, _ = tiny
@@ -133,17 +147,11 @@ def test_gptq_cuts_the_output_error_on_calibration_text(tiny, tmp_path, method):
     assert meta["delegation"]["quantized_nodes"] == plain["delegation"]["quantized_nodes"] == 4
     assert (tmp_path / "cal.pte").stat().st_size == pytest.approx((tmp_path / "plain.pte").stat().st_size, abs=64)
 
-    def error(pte):
-        return float(np.mean([np.mean((et_execute(pte, [w, np.arange(T)])[0] - r) ** 2)
-                              for w, r in zip(windows, refs, strict=True)]))
-
-    e_plain, e_cal = error(tmp_path / "plain.pte"), error(tmp_path / "cal.pte")
+    e_plain = _logits_error(tmp_path / "plain.pte", windows, refs)
+    e_cal = _logits_error(tmp_path / "cal.pte", windows, refs)
     print(f"{method}: logits mse {e_cal:.4g} vs {e_plain:.4g} uncalibrated")
     assert e_cal < 0.7 * e_plain, (e_cal, e_plain)
-    for w in windows[:2]:
-        et = et_execute(tmp_path / "cal.pte", [w, np.arange(T)])[0]
-        got = kiln_run(tmp_path / "cal.pte", [w, np.arange(T)], tmp_path)[0]
-        assert_close(got, et, f"{method}: kiln's runtime vs ExecuTorch's runtime, same file")
+    _runtimes_agree(tmp_path / "cal.pte", windows, tmp_path, method)
 
 
 def test_bad_calibration_method_is_one_error_line(tiny, tmp_path):
@@ -281,14 +289,8 @@ def test_gptq_on_the_asym_grid(tiny, tmp_path, method):
         assert m["delegation"]["quantized_nodes"] == m["delegation"]["int4_offset_nodes"] == 4, m["delegation"]
     assert (tmp_path / "cal.pte").stat().st_size == pytest.approx((tmp_path / "plain.pte").stat().st_size, abs=64)
 
-    def error(pte):
-        return float(np.mean([np.mean((et_execute(pte, [w, np.arange(T)])[0] - r) ** 2)
-                              for w, r in zip(windows, refs, strict=True)]))
-
-    e_plain, e_cal = error(tmp_path / "plain.pte"), error(tmp_path / "cal.pte")
+    e_plain = _logits_error(tmp_path / "plain.pte", windows, refs)
+    e_cal = _logits_error(tmp_path / "cal.pte", windows, refs)
     print(f"asym {method}: logits mse {e_cal:.4g} vs {e_plain:.4g} uncalibrated asym")
     assert e_cal < 0.7 * e_plain, (e_cal, e_plain)
-    for w in windows[:2]:
-        et = et_execute(tmp_path / "cal.pte", [w, np.arange(T)])[0]
-        got = kiln_run(tmp_path / "cal.pte", [w, np.arange(T)], tmp_path)[0]
-        assert_close(got, et, f"asym {method}: kiln's runtime vs ExecuTorch's runtime, same file")
+    _runtimes_agree(tmp_path / "cal.pte", windows, tmp_path, f"asym {method}")

@@ -81,6 +81,30 @@ def _minmax_dequantized(w: np.ndarray, group: int) -> np.ndarray:
     return ((_bf16(scale) if group else scale) * q).astype(np.float32).reshape(n, k)
 
 
+def _mlp_outputs(tmp_path, seeds, rules, scheme, check):
+    """A seeded MLP (three linear layers, two with a bias) on _realistic_weights(seeds, heavy_tailed=0), lowered
+    once per scale rule: ExecuTorch's runtime's outputs per rule (kiln's runtime, both engines, checked equal on
+    each file; `check(rule, delegation)` on each lowering's metadata) and fp32 eager's."""
+    k, rows = 256, 6
+    model = torch.nn.Sequential(_linear(_realistic_weights(192, k, seeds[0], 0.0), bias=True), torch.nn.SiLU(),
+                                _linear(_realistic_weights(128, 192, seeds[1], 0.0)), torch.nn.GELU(),
+                                _linear(_realistic_weights(64, 128, seeds[2], 0.0), bias=True)).eval()
+    x = torch.randn(rows, k)
+    spec = _export(model, x, tmp_path / "m")
+    with torch.no_grad():
+        fp32 = model(x).numpy()
+    out = {}
+    for rule in rules:
+        pte = tmp_path / f"{rule}.pte"
+        check(rule, _lower(spec, pte, scheme, "--quantize-scales", rule))
+        et = et_execute(pte, [x.numpy()])[0]
+        for engine in ("kiln", "xnnpack"):
+            got = kiln_run(pte, [x.numpy()], tmp_path, "--engine", engine)[0]
+            assert_close(got, et, f"{scheme} {rule}: kiln's runtime ({engine}) vs ExecuTorch's runtime, same file")
+        out[rule] = et
+    return spec, out, fp32
+
+
 @pytest.mark.parametrize("scheme,group", [("8da4w", 32), ("8da4w:64", 64), ("8da8w", 0)])
 def test_mse_weight_error_not_above_minmax(scheme, group, tmp_path):
     """Per group (per channel for 8da8w), the squared error sum (w - w_dequantized)^2 of the default rule's file is
@@ -124,24 +148,11 @@ def test_mse_file_runs_in_executorch_and_kiln(scheme, tmp_path):
     the same outputs, and (int4) its output error against fp32 eager is clearly below the minmax file's (seeded
     weights)."""
     torch.manual_seed(3)
-    k, rows = 256, 6
-    model = torch.nn.Sequential(_linear(_realistic_weights(192, k, 1, 0.0), bias=True), torch.nn.SiLU(),
-                                _linear(_realistic_weights(128, 192, 2, 0.0)), torch.nn.GELU(),
-                                _linear(_realistic_weights(64, 128, 3, 0.0), bias=True)).eval()
-    x = torch.randn(rows, k)
-    spec = _export(model, x, tmp_path / "m")
-    with torch.no_grad():
-        fp32 = model(x).numpy()
-    out = {}
-    for rule in ("minmax", "mse"):
-        pte = tmp_path / f"{rule}.pte"
-        d = _lower(spec, pte, scheme, "--quantize-scales", rule)
+
+    def check(rule, d):
         assert d["quantized_nodes"] == 3 and d["delegate_call_sites"] == 1, d
-        et = et_execute(pte, [x.numpy()])[0]
-        for engine in ("kiln", "xnnpack"):
-            got = kiln_run(pte, [x.numpy()], tmp_path, "--engine", engine)[0]
-            assert_close(got, et, f"{scheme} {rule}: kiln's runtime ({engine}) vs ExecuTorch's runtime, same file")
-        out[rule] = et
+
+    spec, out, fp32 = _mlp_outputs(tmp_path, (1, 2, 3), ("minmax", "mse"), scheme, check)
     # the default is mse: the same file as --quantize-scales mse
     pte = tmp_path / "default.pte"
     _lower(spec, pte, scheme)
@@ -208,25 +219,12 @@ def test_asym_file_runs_in_executorch_and_kiln(tmp_path):
     8da4w with asym scales: one XNNPACK region, ExecuTorch's runtime runs it, kiln's runtime (both engines) gives
     its outputs, and the output error against fp32 eager is far below the mse file's (a third of it at most)."""
     torch.manual_seed(5)
-    k, rows = 256, 6
-    model = torch.nn.Sequential(_linear(_realistic_weights(192, k, 4, 0.0), bias=True), torch.nn.SiLU(),
-                                _linear(_realistic_weights(128, 192, 5, 0.0)), torch.nn.GELU(),
-                                _linear(_realistic_weights(64, 128, 6, 0.0), bias=True)).eval()
-    x = torch.randn(rows, k)
-    spec = _export(model, x, tmp_path / "m")
-    with torch.no_grad():
-        fp32 = model(x).numpy()
-    out = {}
-    for rule in ("mse", "asym"):
-        pte = tmp_path / f"{rule}.pte"
-        d = _lower(spec, pte, "8da4w", "--quantize-scales", rule)
+
+    def check(rule, d):
         assert d["quantized_nodes"] == 3 and d["delegate_call_sites"] == 1 and d["fallback_count"] == 0, d
         assert d["int4_offset_nodes"] == (3 if rule == "asym" else 0), d
-        et = et_execute(pte, [x.numpy()])[0]
-        for engine in ("kiln", "xnnpack"):
-            got = kiln_run(pte, [x.numpy()], tmp_path, "--engine", engine)[0]
-            assert_close(got, et, f"asym {rule}: kiln's runtime ({engine}) vs ExecuTorch's runtime, same file")
-        out[rule] = et
+
+    _, out, fp32 = _mlp_outputs(tmp_path, (4, 5, 6), ("mse", "asym"), "8da4w", check)
     e = {r: float(np.sqrt(((o - fp32) ** 2).mean())) for r, o in out.items()}
     print(f"output rms error vs fp32 eager: mse {e['mse']:.4g}, asym {e['asym']:.4g}")
     assert e["asym"] < e["mse"] / 3, f"asym {e['asym']:.4g} vs mse {e['mse']:.4g}"
