@@ -180,12 +180,12 @@ def test_quantize_scales_bad_input(tmp_path):
 # ---- --quantize-scales asym: an affine int4 grid per group (w ~ scale q + offset) ------------------------------------
 
 def test_asym_weight_error_not_above_mse_and_holds_q4_1_groups(tmp_path):
-    """Per group, the asym file's squared error is never above the mse file's (mse's scale with offset 0 is one of
-    its candidates) and clearly below it over the layer; the Q4_1-like rows (a minimum and a step per group of 32,
-    16 levels: a 4-bit GGUF's form) come back on their own grid but for the step's bf16 rounding (2^-9 of the step
-    at most, over up to 15 levels: |error| <= step / 16 everywhere), where a symmetric grid loses a large part of a step. The weights are read back through
-    ExecuTorch's runtime (identity input: its one-hot rows quantize to int8 exactly, and their group sums select
-    each group's offset), so this is what the file holds as ExecuTorch runs it."""
+    """Per group, the asym file's squared error is never above the mse file's (mse's scale with offset 0 is one of its
+    candidates) and clearly below it over the layer; the Q4_1-like rows (a minimum and a step per group of 32, 16
+    levels: a 4-bit GGUF's form) come back on their own grid but for the step's bf16 rounding (2^-9 of the step at
+    most, over up to 15 levels: |error| <= step / 16 everywhere), where a symmetric grid loses a large part of a
+    step. The weights are read back through ExecuTorch's runtime (identity input: its one-hot rows quantize to int8
+    exactly, and their group sums select each group's offset), so this is what the file holds as ExecuTorch runs it."""
     n, k = 48, 256
     w = _realistic_weights(n, k, seed=11)
     eye = np.eye(k, dtype=np.float32)
