@@ -104,6 +104,9 @@ extern const Qd8GemmVariant qd8_gemm__amx;
 // past k), the same results as the generic loop; Signed: q itself and its sums per 32 inputs.
 void qd8_quantize_row__avx512(const float* x, int64_t k, bool signed_rows, uint8_t* dst, int64_t row_bytes,
                               float* scale, int32_t* zp, int32_t* sums);
+// The same with AVX2 (when the selected qd8 variant is the AVX2 one).
+void qd8_quantize_row__avx2(const float* x, int64_t k, bool signed_rows, uint8_t* dst, int64_t row_bytes,
+                            float* scale, int32_t* zp, int32_t* sums);
 #endif
 #ifdef KILN_CPU_ARM64
 extern const Qd8GemmVariant qd8_gemm__dotprod;

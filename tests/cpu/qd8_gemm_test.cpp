@@ -49,14 +49,14 @@ void torchao_row(const float* x, int64_t k, std::vector<int>* q, float* scale, i
 }
 
 int64_t layout_pos(int64_t k, Qd8Layout l) {
-  if (l == Qd8Layout::Plain) return k;
+  if (l != Qd8Layout::Nibbles) return k;  // Plain and Signed: in order
   const int64_t r = k % 128;
   return k - r + (r & 1) * 64 + r / 2;
 }
 
 TEST(Qd8Quantize, MatchesTorchaoFormulas) {
   std::mt19937 g(1);
-  for (Qd8Layout layout : {Qd8Layout::Plain, Qd8Layout::Nibbles})
+  for (Qd8Layout layout : {Qd8Layout::Plain, Qd8Layout::Nibbles, Qd8Layout::Signed})
     for (int64_t k : {1, 5, 64, 127, 128, 129, 576, 768}) {
       const int64_t m = 3;
       std::vector<float> x = randn(static_cast<size_t>(m * k), g, 2.0f);
@@ -71,14 +71,25 @@ TEST(Qd8Quantize, MatchesTorchaoFormulas) {
         float s;
         int zp;
         torchao_row(x.data() + r * k, k, &q, &s, &zp);
+        // Signed rows hold q itself (its zero point too) and its sums per 32 inputs; the others q + 128
+        const bool is_signed = layout == Qd8Layout::Signed;
+        const int off = is_signed ? 0 : 128;
         EXPECT_EQ(rows.scale[r], s) << "row " << r << " k " << k;
-        EXPECT_EQ(rows.zp[r], 128 + zp);
+        EXPECT_EQ(rows.zp[r], off + zp);
         std::vector<bool> used(static_cast<size_t>(rows.stride), false);
         for (int64_t i = 0; i < k; ++i) {
           const int64_t p = layout_pos(i, layout);
           used[static_cast<size_t>(p)] = true;
-          ASSERT_EQ(static_cast<int>(rows.data[r * rows.stride + p]), q[static_cast<size_t>(i)] + 128)
+          ASSERT_EQ(static_cast<int>(rows.data[r * rows.stride + p]), (q[static_cast<size_t>(i)] + off) & 0xff)
               << "row " << r << " input " << i << " of " << k;
+        }
+        if (is_signed) {
+          ASSERT_EQ(rows.sums_stride, (k + 31) / 32);
+          for (int64_t c = 0; c < rows.sums_stride; ++c) {
+            int t = 0;
+            for (int64_t i = 32 * c; i < std::min(k, 32 * c + 32); ++i) t += q[static_cast<size_t>(i)];
+            ASSERT_EQ(rows.sums[r * rows.sums_stride + c], t) << "row " << r << " sum " << c << " of k " << k;
+          }
         }
         for (int64_t p = 0; p < rows.stride; ++p)
           if (!used[static_cast<size_t>(p)]) {
@@ -275,6 +286,59 @@ TEST(Qd8Gemm, Qb4wPanelsMatchDequantizedProduct) {
     }
   }
   EXPECT_GT(ran, 0);  // the generic variant has the panels product everywhere
+}
+
+// The products' integer bounds: every input at q = -128 (or 127) against every weight at 7 (its
+// nibble 15) is the largest sum a variant's narrow accumulators meet (AVX2 keeps up to four steps
+// of a group in 16 bits: 4 x 4 x 15 x 128 = 30720); every variant, every group size, exact.
+TEST(Qd8Gemm, Qb4wPanelsAtTheIntegerBounds) {
+  std::mt19937 g(5);
+  int ran = 0;
+  for (int64_t group : {32, 64, 128, 256})
+    for (int64_t m : {1, 2, 3}) {
+      const Case c{m, 256, 70, group};
+      std::vector<float> x(size_t(c.m * c.k));
+      for (int64_t r = 0; r < c.m; ++r)  // a row of -1s quantizes to q = -128, of +1s to 127
+        for (int64_t i = 0; i < c.k; ++i) x[size_t(r * c.k + i)] = r % 2 ? 1.0f : -1.0f;
+      Aligned ws(qd8_rows_bytes(c.m, c.k, Qd8Layout::Signed));
+      Qd8Rows rows;
+      qd8_quantize_rows(x.data(), c.m, c.k, c.k, Qd8Layout::Signed, ws.p, &rows);
+      std::vector<int> q(size_t(c.m * c.k)), zx(size_t(c.m));
+      std::vector<float> sx(size_t(c.m));
+      for (int64_t r = 0; r < c.m; ++r) {
+        sx[size_t(r)] = rows.scale[r];
+        zx[size_t(r)] = rows.zp[r];
+        for (int64_t i = 0; i < c.k; ++i) q[size_t(r * c.k + i)] = static_cast<int8_t>(rows.data[r * rows.stride + i]);
+        ASSERT_EQ(q[size_t(r * c.k)], r % 2 ? 127 : -128);
+      }
+      Qb4wCase w = random_qb4w(c, g);
+      const int64_t ldw = c.k / 2;
+      for (int64_t j = 0; j < c.n; ++j)  // every weight 7 but in output 5 (-8: the other bound)
+        for (int64_t i = 0; i < c.k; ++i) {
+          const int v = j == 5 ? -8 : 7;
+          w.w4[size_t(j * c.k + i)] = v;
+          uint8_t& b = w.file[size_t(j * ldw + i / 2)];
+          b = uint8_t((b & (i & 1 ? 0x0f : 0xf0)) | ((v + 8) << ((i & 1) * 4)));
+        }
+      qb4w_weight_sums(w.file.data(), w.scales.data(), c.n, c.k, c.group, w.sums.data());
+      std::vector<double> ref;
+      reference_qb4w(q, sx, zx, w.w4, w.scales, w.bias, c, &ref);
+      double mx = 0;
+      for (double v : ref) mx = std::max(mx, std::abs(v));
+      Aligned packed(qb4w_panels_bytes(c.n, c.k, c.group));
+      qb4w_pack_panels(w.file.data(), w.scales.data(), c.n, c.k, c.group, reinterpret_cast<uint8_t*>(packed.p));
+      const Qb4wPanels wp{reinterpret_cast<const uint8_t*>(packed.p), w.sums.data(), c.group};
+      const int64_t panels = (c.n + kQb4wPanel - 1) / kQb4wPanel;
+      for (const Qd8GemmVariant& v : qd8_gemm_variants()) {
+        if (!qd8_gemm_runnable(v) || !v.qb4w_panels) continue;
+        ++ran;
+        std::vector<float> y(size_t(c.m * c.n), -1.0f);
+        v.qb4w_panels(rows, c.m, c.k, wp, c.n, 0, panels, w.bias.data(), y.data(), c.n, -INFINITY, INFINITY);
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_NEAR(y[i], ref[i], 1e-5 * mx + 1e-6) << v.name << " m " << c.m << " group " << c.group << " at " << i;
+      }
+    }
+  EXPECT_GT(ran, 0);
 }
 
 TEST(Qd8Gemm, Qc8wVariantsMatchDequantizedProduct) {

@@ -103,10 +103,14 @@ inline void block_rows(Avx2, RowBlock<MR>, const Qd8Rows& a, int64_t m0, int64_t
                            });
 }
 
-// qb4w panels (kiln/cpu/quant.h), Signed rows, AVX2: a panel's 64-byte vectors are two
-// 256-bit halves of 8 outputs each; one half panel (16 outputs) at a time, for one or two
-// rows (what the 16 ymm registers hold). The low- and high-nibble products of a step
-// meet in 16 bits (each at most 2 * 15 * 128, their sum fits) before vpmaddwd widens them.
+// qb4w panels (kiln/cpu/quant.h), Signed rows, AVX2: a panel step is 128 bytes, four 256-bit
+// vectors of 8 outputs each (outputs 8v .. 8v + 7 of the panel, byte b of an output's 4 holding
+// inputs b and 4 + b). One row takes the whole panel (V = 4 vectors: 4 accumulators, the panel
+// read once, in order); two rows take half a panel at a time (V = 2, at vector 2h: what 16 ymm
+// registers hold). The low- and high-nibble products of a step meet in 16 bits, and so do the
+// four steps' of 32 inputs (each step's at most 2 * 2 * 15 * 128 = 7680, four 30720 < 2^15)
+// before vpmaddwd widens them: one widening per 32 inputs, not per 8 (it shares the multiplier
+// pipe), and no 32-bit sums between the 16-bit ones and the float ones (no spills).
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
   __builtin_memcpy(&v, p, 4);
@@ -115,59 +119,77 @@ inline __m256i bcast4(const int8_t* p) {
 
 constexpr int64_t kPrefetchAhead = 1024;  // bytes: 8 steps of a panel (2048 measured no better)
 
-template <int MR>
-inline void qb4w_half_panel(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p, int h,
+template <int MR, int V>
+inline void qb4w_panel_part(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wPanels& w, int64_t n, int64_t p, int h,
                             const float* bias, float* y, int64_t ldy, float lo, float hi) {
-  const int64_t G = w.group, groups = k / G, steps = G / 8, per_group = G / 32;
+  static_assert(V == 2 || V == 4);
+  const int64_t G = w.group, groups = k / G, steps = G / 8, per_group = G / 32, gbytes = steps * 128 + 64;
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const int8_t* arow[MR];
   const int32_t* srow[MR];
   signed_rows(a, m0, arow, srow);
-  const uint8_t* wp = w.data + static_cast<size_t>(p) * qb4w_panel_bytes(k, G) + 64 * h;
-  __m256 f[MR][2];
+  const int v0 = V == 4 ? 0 : 2 * h;  // the first vector (of 4) this part reads
+  const uint8_t* panel = w.data + static_cast<size_t>(p) * qb4w_panel_bytes(k, G);
+  __m256 f[MR][V];
   #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 4
+    for (int q = 0; q < V; ++q) f[r][q] = _mm256_setzero_ps();
+  // Per 32 inputs (four steps: the 16-bit sums' bound), widen, take off 8 x (the rows' sum of q
+  // over those inputs: what the + 8 of the nibbles added) and scale into the float sums. The
+  // registers: V x MR float sums, V x MR 16-bit sums, the rows' inputs and a step's vector.
   for (int64_t g = 0; g < groups; ++g) {
-    __m256i acc[MR][2];
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    for (int64_t t = 0; t < steps; ++t, wp += 128) {
-      // The first half's pass reads every other line of the panel: ask for both lines ahead,
-      // so the stream arrives in order (and the second half's pass finds its lines in cache).
-      if (h == 0) {
-        _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchAhead, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchAhead + 64, _MM_HINT_T0);
-      }
+    const uint8_t* gp = panel + g * gbytes;
+    const uint8_t* sp = gp + steps * 128 + 16 * v0;  // the group's 32 scales follow its steps
+    for (int64_t c = 0; c < per_group; ++c) {
+      __m256i s16[MR][V];
       #pragma GCC unroll 8
-      for (int q = 0; q < 2; ++q) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32 * q));
-        const __m256i l = _mm256_and_si256(v, low4), u = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      for (int r = 0; r < MR; ++r)
+        #pragma GCC unroll 4
+        for (int q = 0; q < V; ++q) s16[r][q] = _mm256_setzero_si256();
+      #pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const uint8_t* wp = gp + (4 * c + t) * 128 + 32 * v0;
+        // The first (or only) part's pass asks for both lines of a step ahead, so the stream
+        // arrives in order (and the second half's pass finds its lines in cache).
+        if (v0 == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchAhead, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wp) + kPrefetchAhead + 64, _MM_HINT_T0);
+        }
+        __m256i xl[MR], xu[MR];
         #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
-          const int8_t* x = arow[r] + g * G + 8 * t;
-          const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(l, bcast4(x)), _mm256_maddubs_epi16(u, bcast4(x + 4)));
-          acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(s16, ones));
+          const int8_t* x = arow[r] + g * G + 32 * c + 8 * t;
+          xl[r] = bcast4(x);
+          xu[r] = bcast4(x + 4);
+        }
+        #pragma GCC unroll 4
+        for (int q = 0; q < V; ++q) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32 * q));
+          const __m256i l = _mm256_and_si256(v, low4), u = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          #pragma GCC unroll 8
+          for (int r = 0; r < MR; ++r)
+            s16[r][q] = _mm256_add_epi16(
+                s16[r][q], _mm256_add_epi16(_mm256_maddubs_epi16(l, xl[r]), _mm256_maddubs_epi16(u, xu[r])));
+        }
+      }
+      #pragma GCC unroll 4
+      for (int q = 0; q < V; ++q) {
+        const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16 * q));
+        const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(sb), 16));
+        #pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          const __m256i d = _mm256_sub_epi32(_mm256_madd_epi16(s16[r][q], ones),
+                                             _mm256_set1_epi32(8 * srow[r][g * per_group + c]));
+          f[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, f[r][q]);
         }
       }
     }
-    const uint8_t* sp = wp - 64 * h + 32 * h;  // the group's scales, this half's 16
-    #pragma GCC unroll 8
-    for (int q = 0; q < 2; ++q) {
-      const __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16 * q));
-      const __m256 sc = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(s16), 16));
-      #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const int32_t qsum = group_qsum(srow[r], g, per_group);
-        const __m256i d = _mm256_sub_epi32(acc[r][q], _mm256_set1_epi32(8 * qsum));
-        f[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, f[r][q]);
-      }
-    }
-    wp += 64;
   }
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  #pragma GCC unroll 8
-  for (int q = 0; q < 2; ++q) {
-    const int64_t j0 = p * kQb4wPanel + 16 * h + 8 * q, left = n - j0;
+  #pragma GCC unroll 4
+  for (int q = 0; q < V; ++q) {
+    const int64_t j0 = p * kQb4wPanel + 8 * (v0 + q), left = n - j0;
     if (left <= 0) break;
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(left < 8 ? left : 8)), iota);
     const __m256 sums = _mm256_maskload_ps(w.sums + j0, mask);
@@ -190,11 +212,14 @@ void qb4w_panels_avx2(const Qd8Rows& a, int64_t m, int64_t k, const Qb4wPanels& 
   for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
     const int64_t c1 = std::min(p1, c0 + chunk);
     for (int64_t m0 = 0; m0 < m; m0 += 2)
-      for (int64_t p = c0; p < c1; ++p)
-        for (int h = 0; h < 2 && p * kQb4wPanel + 16 * h < n; ++h) {
-          if (m0 + 2 <= m) qb4w_half_panel<2>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
-          else qb4w_half_panel<1>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
+      for (int64_t p = c0; p < c1; ++p) {
+        if (m0 + 2 > m) {
+          qb4w_panel_part<1, 4>(a, m0, k, w, n, p, 0, bias, y, ldy, lo, hi);
+          continue;
         }
+        for (int h = 0; h < 2 && p * kQb4wPanel + 16 * h < n; ++h)
+          qb4w_panel_part<2, 2>(a, m0, k, w, n, p, h, bias, y, ldy, lo, hi);
+      }
   }
 }
 

@@ -95,12 +95,14 @@ void qd8_quantize_rows(const float* x, int64_t m, int64_t k, int64_t ldx, Qd8Lay
   auto* scale = reinterpret_cast<float*>(data + data_bytes);
   auto* zp = reinterpret_cast<int32_t*>(scale + m);
 #ifdef KILN_CPU_X86
-  if (layout != Qd8Layout::Nibbles && (qd8_gemm_config().isa == Isa::Avx512 || qd8_gemm_config().isa == Isa::Amx)) {
+  const Isa isa = qd8_gemm_config().isa;
+  if (layout != Qd8Layout::Nibbles && (isa == Isa::Avx512 || isa == Isa::Amx || isa == Isa::Avx2)) {
     const bool is_signed = layout == Qd8Layout::Signed;
     const int64_t ns = sums_per_row(k, layout);
     int32_t* sums = zp + m;
+    const auto row = isa == Isa::Avx2 ? qd8_quantize_row__avx2 : qd8_quantize_row__avx512;
     for (int64_t r = 0; r < m; ++r)
-      qd8_quantize_row__avx512(x + r * ldx, k, is_signed, data + r * stride, stride, scale + r, zp + r, sums + r * ns);
+      row(x + r * ldx, k, is_signed, data + r * stride, stride, scale + r, zp + r, sums + r * ns);
     *out = Qd8Rows{data, stride, scale, zp, is_signed ? sums : nullptr, ns};
     return;
   }
