@@ -168,9 +168,13 @@ inline void qb4w_panel_part(const Qd8Rows& a, int64_t m0, int64_t k, const Qb4wP
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32 * q));
           const __m256i l = _mm256_and_si256(v, low4), u = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           #pragma GCC unroll 8
-          for (int r = 0; r < MR; ++r)
+          for (int r = 0; r < MR; ++r) {
             s16[r][q] = _mm256_add_epi16(
                 s16[r][q], _mm256_add_epi16(_mm256_maddubs_epi16(l, xl[r]), _mm256_maddubs_epi16(u, xu[r])));
+            // each step's sum now: GCC otherwise reassociates the four steps' integer sums into a tree
+            // over all 32 products of the 32 inputs, which spills most of them to the stack
+            __asm__("" : "+x"(s16[r][q]));
+          }
         }
       }
       #pragma GCC unroll 4
