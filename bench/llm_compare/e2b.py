@@ -4,6 +4,7 @@ the same weights (issue 38, item 6).
 
     nice -n 10 .venv/bin/python bench/llm_compare/llm_compare.py --model e2b [--rounds 5] [--threads 1,2]
         [-p 128] [-n 128] [--e2b-dir DIR] [--e2b-pte FILE] [--gguf-dir DIR] [--json FILE] [--under-load]
+        [--kiln-base BIN]
 
 Artifacts (made when missing; by default under --work/e2b_256):
   python -m kiln_export llm --arch gemma4 --config e2b --dtype bf16 --max-seq-len 256   (--e2b-dir: an existing
@@ -14,9 +15,10 @@ Artifacts (made when missing; by default under --work/e2b_256):
       quantizer (llama_model_quantize) to Q4_0 and Q4_K_M; the bf16 GGUF (9 GB) is removed afterwards
       (--gguf-dir: where the GGUF files go)
 Cells per thread count, alternating order each round, one fresh process each: kiln_bandwidth (the read
-bandwidth, for the roofline), kiln (the CPU's best ISA), kiln with KILN_CPU_ISA=avx2, llama.cpp Q4_0, Q4_K_M.
-kiln's E2B program takes one token per call (the export is not --dynamic), so its prefill is P decode-shaped
-calls; llama.cpp's prefill is one batch. p + n must fit the program's max_seq_len (256).
+bandwidth, for the roofline), kiln (the CPU's best ISA), kiln with KILN_CPU_ISA=avx2 (left out where AVX2 is
+the best: the same code), kiln --kiln-base BIN (optional: another build on the same file, before / after),
+llama.cpp Q4_0, Q4_K_M. An export made with --dynamic takes the prompt in one call; otherwise kiln's prefill is
+P decode-shaped calls; llama.cpp's prefill is one batch. p + n must fit the program's max_seq_len (256).
 """
 from __future__ import annotations
 
@@ -102,11 +104,24 @@ def main(args) -> None:
     lc.shutil.copy2(Path(args.kiln).parent / "kiln_bandwidth", work / "kiln_bandwidth.bin")
     files = make_artifacts(args, work, kiln)
     wb = weight_bytes(files)
+    spec = json.loads((Path(files["pt2"]).parent / "model_spec.json").read_text())
+    dynamic = bool(spec["llm"].get("dynamic"))
 
+    # Where the CPU's best ISA is AVX2, the forced-AVX2 cell would run the same code: left out (its
+    # column repeats kiln's). --kiln-base: a second kiln binary in the same rounds (before / after).
+    best = subprocess.run([str(kiln), "--version"], capture_output=True, text=True).stdout
+    avx2_best = "the CPU's best: avx2" in best
+    sides = [x for x in SIDES if not (avx2_best and x[0] == "kiln avx2")]
+    bins = {}
+    if getattr(args, "kiln_base", None):
+        base = work / "kiln_base.bin"
+        lc.shutil.copy2(args.kiln_base, base)
+        sides.insert(1, ("kiln base", "kiln_pte", {}))
+        bins["kiln base"] = base
     cells = []  # (side, file key, threads)
     for t in threads:
-        cells += [("bandwidth", "-", t)] + [(s, k, t) for s, k, _ in SIDES]
-    envs = {s: e for s, _, e in SIDES}
+        cells += [("bandwidth", "-", t)] + [(s, k, t) for s, k, _ in sides]
+    envs = {s: e for s, _, e in sides}
     results = {c: [] for c in cells}
     errors = {}
     state = {"start": datetime.datetime.now(datetime.timezone.utc).isoformat(), "load0": os.getloadavg(),
@@ -126,7 +141,7 @@ def main(args) -> None:
             if side == "bandwidth":
                 cmd = lc.cell_cmd("bandwidth", "", kiln, t, 0, 0, 0)
             elif side.startswith("kiln"):
-                cmd = lc.cell_cmd("kiln", files[key], kiln, t, args.p, args.n, args.reps)
+                cmd = lc.cell_cmd("kiln", files[key], bins.get(side, kiln), t, args.p, args.n, args.reps)
             else:
                 cmd = lc.cell_cmd("llama.cpp", files[key], kiln, t, args.p, args.n, args.reps)
             proc = lc.run(cmd, env=envs.get(side))
@@ -173,7 +188,8 @@ def main(args) -> None:
                f"--threads {args.threads} -p {args.p} -n {args.n}"
                + (f" --e2b-dir {args.e2b_dir}" if args.e2b_dir else "")
                + (f" --e2b-pte {args.e2b_pte}" if args.e2b_pte else "")
-               + (f" --gguf-dir {args.gguf_dir}" if args.gguf_dir else ""))
+               + (f" --gguf-dir {args.gguf_dir}" if args.gguf_dir else "")
+               + (f" --kiln-base {args.kiln_base}" if getattr(args, "kiln_base", None) else ""))
     md = ["## Gemma 4 E2B against llama.cpp (issue 38)", "", cmdline, ""]
     if rounds != args.rounds:
         md += [f"**{rounds} complete round(s)** of the {args.rounds} asked (the run was cut short; the cells of an "
@@ -209,8 +225,10 @@ def main(args) -> None:
                  + ". bench/llm_compare/test_gguf_gemma4.py checks the writer at tiny size, every position." if chk
                  else "the logit check did not run."))
     md.append("")
-    md.append(f"Prefill: {args.p} tokens from position 0 (kiln: {args.p} calls of one token, its E2B program is not "
-              f"--dynamic; llama.cpp: one batch); decode: {args.n} tokens after it, one call each. Tokens/s, median "
+    md.append(f"Prefill: {args.p} tokens from position 0 (kiln: "
+              + ("one call (its program takes 1 to max_seq_len tokens a call, `--dynamic`)" if dynamic else
+                 f"{args.p} calls of one token, its E2B program is not --dynamic")
+              + f"; llama.cpp: one batch); decode: {args.n} tokens after it, one call each. Tokens/s, median "
               f"over {rounds} rounds of fresh processes, each the median of {args.reps} pass(es) after a warm-up "
               "pass. Ratio > 1: kiln faster.")
     md.append("")
@@ -223,19 +241,29 @@ def main(args) -> None:
               "per-layer table, of which it reads the token's row; the tied token_embd is the output matrix). KV "
               "cache reads are left out.")
     md.append("")
-    md.append("| threads | test | kiln | kiln avx2 | llama.cpp Q4_0 | llama.cpp Q4_K_M | kiln/Q4_0 | kiln/Q4_K_M | "
+    if avx2_best:
+        md += ["The CPU's best ISA is AVX2: kiln's column is the AVX2 code (the forced-AVX2 cell is left out).", ""]
+    if bins:
+        bv = subprocess.run([str(bins["kiln base"]), "--version"], capture_output=True, text=True).stdout.strip()
+        md += [f"kiln base: `{args.kiln_base}` (`{bv}`), the same file in the same rounds; kiln/base > 1: the "
+               "current build faster.", ""]
+    has_base = bool(bins)
+    md.append("| threads | test | kiln | " + ("kiln base | kiln/base | " if has_base else "") +
+              "kiln avx2 | llama.cpp Q4_0 | llama.cpp Q4_K_M | kiln/Q4_0 | kiln/Q4_K_M | "
               "roofline kiln | kiln % | Q4_0 % | Q4_K_M % |")
-    md.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    md.append("|---:|---|---:|" + ("---:|---:|" if has_base else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in threads:
         for i, test in [(0, f"prefill {args.p}"), (1, f"decode {args.n}")]:
-            v = {s: med((s, k, t), i) for s, k, _ in SIDES}
+            v = {s: med((s, k, t), i) for s, k, _ in sides}
+            v.setdefault("kiln avx2", v["kiln"] if avx2_best else None)
             k, q0, qk = v["kiln"], v["llama.cpp Q4_0"], v["llama.cpp Q4_K_M"]
             roof = ["", "", "", ""]
             if i == 1 and bw.get(t):
                 rk = bw[t] * 1e9 / wb["kiln_pte"]
                 pct = lambda x, key: "—" if x is None else f"{100 * x * wb[key] / (bw[t] * 1e9):.0f}%"
                 roof = [f"{rk:.2f}", pct(k, "kiln_pte"), pct(q0, "gguf_q4_0"), pct(qk, "gguf_q4_k_m")]
-            md.append(f"| {t} | {test} | {fmt(k)} | {fmt(v['kiln avx2'])} | {fmt(q0)} | {fmt(qk)} | {ratio(k, q0)} | "
+            b = f"{fmt(v['kiln base'])} | {ratio(k, v['kiln base'])} | " if has_base else ""
+            md.append(f"| {t} | {test} | {fmt(k)} | {b}{fmt(v['kiln avx2'])} | {fmt(q0)} | {fmt(qk)} | {ratio(k, q0)} | "
                       f"{ratio(k, qk)} | " + " | ".join(roof) + " |")
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"
