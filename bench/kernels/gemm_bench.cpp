@@ -10,16 +10,22 @@
 // the int8 peak of the variant's product instruction (probed here, as the FMA
 // peak is) and GB/s of weights (int4: half a byte per weight plus the bf16 scales).
 //   build/kiln_gemm_bench [min_seconds_per_measurement [SECTION...]]
-// SECTION: f32-gemm, f32-gemv or qd8-gemm (default: all three).
+// SECTION: f32-gemm, f32-gemv or qd8-gemm (default: all three), or qd8-dram (not in the default):
+// the one-row (decode) qb4w panel product of each runnable variant over 256 MB of panels in huge
+// pages -- memory, not cache -- against a one-stream and a four-stream read of the same buffer, the
+// rounds alternating: whether a decode step's products run at the memory's speed, and at which
+// pattern's (kiln_bandwidth's roofline takes the faster).
 #include "kiln/cpu/config.h"
 #include "kiln/cpu/gemm.h"
 #include "kiln/cpu/quant.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <random>
 #include <string>
@@ -27,6 +33,9 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
 #endif
 
 namespace {
@@ -259,23 +268,136 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   return v;
 }
 
+// Sums of 32-bit words over [p, p + bytes) read as `streams` equal parts side by side (64 bytes of
+// each in turn), 8 independent sums: the loop waits on memory, not on the adds.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) uint32_t read_streams_avx2(const uint8_t* p, size_t bytes, int streams) {
+  const size_t part = bytes / static_cast<size_t>(streams) / 64 * 64;
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  if (streams == 1) {
+    for (size_t i = 0; i + 256 <= part; i += 256) {
+      const __m256i* q = reinterpret_cast<const __m256i*>(p + i);
+      s0 = _mm256_add_epi32(s0, _mm256_load_si256(q)), s1 = _mm256_add_epi32(s1, _mm256_load_si256(q + 1));
+      s2 = _mm256_add_epi32(s2, _mm256_load_si256(q + 2)), s3 = _mm256_add_epi32(s3, _mm256_load_si256(q + 3));
+      s4 = _mm256_add_epi32(s4, _mm256_load_si256(q + 4)), s5 = _mm256_add_epi32(s5, _mm256_load_si256(q + 5));
+      s6 = _mm256_add_epi32(s6, _mm256_load_si256(q + 6)), s7 = _mm256_add_epi32(s7, _mm256_load_si256(q + 7));
+    }
+  } else {  // four
+    for (size_t i = 0; i + 64 <= part; i += 64) {
+      const __m256i* a = reinterpret_cast<const __m256i*>(p + i);
+      const __m256i* b = reinterpret_cast<const __m256i*>(p + part + i);
+      const __m256i* c = reinterpret_cast<const __m256i*>(p + 2 * part + i);
+      const __m256i* d = reinterpret_cast<const __m256i*>(p + 3 * part + i);
+      s0 = _mm256_add_epi32(s0, _mm256_load_si256(a)), s1 = _mm256_add_epi32(s1, _mm256_load_si256(a + 1));
+      s2 = _mm256_add_epi32(s2, _mm256_load_si256(b)), s3 = _mm256_add_epi32(s3, _mm256_load_si256(b + 1));
+      s4 = _mm256_add_epi32(s4, _mm256_load_si256(c)), s5 = _mm256_add_epi32(s5, _mm256_load_si256(c + 1));
+      s6 = _mm256_add_epi32(s6, _mm256_load_si256(d)), s7 = _mm256_add_epi32(s7, _mm256_load_si256(d + 1));
+    }
+  }
+  const __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3)),
+                                     _mm256_add_epi32(_mm256_add_epi32(s4, s5), _mm256_add_epi32(s6, s7)));
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), t);
+  uint32_t r = 0;
+  for (uint32_t v : lanes) r += v;
+  return r;
+}
+#endif
+
+uint32_t read_streams(const uint8_t* p, size_t bytes, int streams) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx2")) return read_streams_avx2(p, bytes, streams);
+#endif
+  const size_t part = bytes / static_cast<size_t>(streams) / 64 * 64;
+  uint32_t acc[16] = {};
+  for (size_t i = 0; i + 64 <= part; i += 64)
+    for (int s = 0; s < streams; ++s) {
+      uint32_t w[16];
+      std::memcpy(w, p + static_cast<size_t>(s) * part + i, 64);
+      for (int j = 0; j < 16; ++j) acc[j] += w[j];
+    }
+  uint32_t r = 0;
+  for (uint32_t v : acc) r += v;
+  return r;
+}
+
+// The qd8-dram section (see the top of the file).
+void qd8_dram(std::mt19937& rng) {
+  using namespace kiln::cpu;
+  const int64_t k = 2048, group = 32, tile_n = 4096;  // one 2048 x 4096 matrix of panels, repeated
+  const size_t tile_bytes = qb4w_panels_bytes(tile_n, k, group), huge = size_t{2} << 20;
+  const int64_t tiles = static_cast<int64_t>((size_t{256} << 20) / tile_bytes), n = tiles * tile_n;
+  const size_t bytes = tile_bytes * static_cast<size_t>(tiles), alloc = (bytes + huge - 1) / huge * huge;
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(huge, alloc));
+  if (buf == nullptr) {
+    std::printf("\nqd8-dram: no memory for %zu bytes\n", alloc);
+    return;
+  }
+#if defined(__linux__)
+  ::madvise(buf, alloc, MADV_HUGEPAGE);  // as kiln's runtime keeps the weights a one-token step streams
+#endif
+  std::vector<uint8_t> w4(static_cast<size_t>(tile_n * k / 2));
+  for (auto& b : w4) b = static_cast<uint8_t>(rng());
+  const std::vector<uint16_t> sc(static_cast<size_t>(tile_n * (k / group)), f32_to_bf16(0.01f));
+  qb4w_pack_panels(w4.data(), sc.data(), tile_n, k, group, buf);
+  for (int64_t t = 1; t < tiles; ++t) std::memcpy(buf + static_cast<size_t>(t) * tile_bytes, buf, tile_bytes);
+  std::vector<float> sums(static_cast<size_t>(n), 1.0f), y(static_cast<size_t>(n));
+  const std::vector<float> x = random_floats(static_cast<size_t>(k), rng);
+  std::vector<uint8_t> ws(qd8_rows_bytes(1, k, Qd8Layout::Signed) + 64);
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
+  Qd8Rows rows;
+  qd8_quantize_rows(x.data(), 1, k, k, Qd8Layout::Signed, aligned, &rows);
+  const Qb4wPanels qp{buf, sums.data(), group};
+  std::vector<const Qd8GemmVariant*> vs;
+  for (const Qd8GemmVariant& v : qd8_gemm_variants())
+    if (qd8_gemm_runnable(v) && v.qb4w_panels) vs.push_back(&v);
+  // rounds alternate the order of the cells; wall-clock GB/s of the buffer, median of the rounds
+  const int rounds = 9;
+  std::vector<std::vector<double>> gbs(vs.size() + 2);
+  volatile uint32_t sink = 0;
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < gbs.size(); ++i) {
+      const size_t c = r % 2 ? gbs.size() - 1 - i : i;
+      const double w0 = now_wall();
+      if (c == 0) sink = sink + read_streams(buf, bytes, 1);
+      else if (c == 1) sink = sink + read_streams(buf, bytes, 4);
+      else vs[c - 2]->qb4w_panels(rows, 1, k, qp, n, 0, n / kQb4wPanel, nullptr, y.data(), n, -INFINITY, INFINITY);
+      gbs[c].push_back(static_cast<double>(bytes) / (now_wall() - w0) * 1e-9);
+    }
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double one = med(gbs[0]), four = med(gbs[1]);
+  std::printf("\nqd8-dram: one row (decode) x %lld x %lld qb4w panels, %.0f MB in huge pages (GB/s by wall clock, median of %d\n"
+              "alternating rounds; the reads: the same buffer summed as one stream, and as four parts side by side)\n"
+              "read, 1 stream          %8.1f GB/s\nread, 4 streams         %8.1f GB/s\n",
+              static_cast<long long>(k), static_cast<long long>(n), static_cast<double>(bytes) / 1e6, rounds, one, four);
+  for (size_t i = 0; i < vs.size(); ++i) {
+    const double g = med(gbs[i + 2]);
+    std::printf("%-24s%8.1f GB/s  (%.0f%% of 1 stream, %.0f%% of 4 streams)\n", vs[i]->name, g, 100 * g / one, 100 * g / four);
+  }
+  std::free(buf);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace kiln::cpu;
   const double min_seconds = argc > 1 ? std::atof(argv[1]) : 1.0;
-  bool want[3] = {argc <= 2, argc <= 2, argc <= 2};  // f32-gemm, f32-gemv, qd8-gemm
+  bool want[4] = {argc <= 2, argc <= 2, argc <= 2, false};  // f32-gemm, f32-gemv, qd8-gemm, qd8-dram
   bool usage_ok = min_seconds > 0;
   for (int i = 2; i < argc; ++i) {
     const std::string section = argv[i];
     if (section == "f32-gemm") want[0] = true;
     else if (section == "f32-gemv") want[1] = true;
     else if (section == "qd8-gemm") want[2] = true;
+    else if (section == "qd8-dram") want[3] = true;
     else usage_ok = false;
   }
   if (!usage_ok) {
     std::fprintf(stderr, "usage: kiln_gemm_bench [min_seconds_per_measurement > 0, default 1 [SECTION...]]\n"
-                         "  SECTION: f32-gemm, f32-gemv or qd8-gemm (default: all three)\n");
+                         "  SECTION: f32-gemm, f32-gemv or qd8-gemm (default: all three), or qd8-dram\n");
     return 2;
   }
   std::printf("kiln CPU micro-kernels, single thread. This CPU: best ISA %s; selected (KILN_CPU_ISA or best): %s -> %s, %s\n",
@@ -291,6 +413,7 @@ int main(int argc, char** argv) {
     }
 
   std::mt19937 rng(0);
+  if (want[3]) qd8_dram(rng);
   if (want[0]) {
   std::printf("\nf32-gemm (seq_len 128; B as rows [K, N], packed per call, then B packed once as the variant's panels: +P)\n%-24s %-20s %-12s %10s %10s %10s %7s %12s\n", "variant", "M x K x N", "layer",
               "ms/call", "GFLOP/s", "(cpu)", "%peak", "max rel err");
