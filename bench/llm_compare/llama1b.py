@@ -2,7 +2,7 @@
 seeded bf16 weights (issue 38, item 6), where a decode step reads ~0.8 GB and is bandwidth-bound.
 
     nice -n 10 .venv/bin/python bench/llm_compare/llm_compare.py --model llama1b [--rounds 5] [--threads 1,2]
-        [-p 128] [-n 128] [--quantize-embedding 4|8|none] [--json FILE]
+        [-p 128] [-n 128] [--quantize-embedding 4|8|none] [--json FILE] [--kiln-base BIN]
 
 Artifacts (made when missing, under --work/llama1b_<p+n>):
   python -m kiln_export llm --arch llama --config 1b --dtype bf16 --dynamic --last-logits-only --max-seq-len p+n
@@ -12,7 +12,9 @@ Artifacts (made when missing, under --work/llama1b_<p+n>):
       llama.cpp's own quantizer (llama_model_quantize) to Q4_0 and Q4_K_M; the bf16 GGUF's logits checked
       against transformers' eager fp32 on the same weights (8 tokens) before anything is timed
 Cells per thread count, alternating order each round, one fresh process each: kiln_bandwidth (the read
-bandwidth, for the roofline), kiln (the CPU's best ISA), kiln with KILN_CPU_ISA=avx2, llama.cpp Q4_0, Q4_K_M.
+bandwidth, for the roofline), kiln (the CPU's best ISA), kiln with KILN_CPU_ISA=avx2 (left out where AVX2 is
+the best: the same code), kiln --kiln-base BIN (optional: another build on the same file, before / after),
+llama.cpp Q4_0, Q4_K_M.
 Both sides take the prompt in one call (kiln: the --dynamic program; llama.cpp: one batch) and compute the
 logits of the last position only.
 """
@@ -89,10 +91,21 @@ def main(args) -> None:
     files = make_artifacts(work, kiln, args.p + args.n, args.quantize_embedding)
     wb = weight_bytes(files, args.quantize_embedding)
 
+    # Where the CPU's best ISA is AVX2, the forced-AVX2 cell would run the same code: left out (its
+    # column repeats kiln's). --kiln-base: a second kiln binary in the same rounds (before / after).
+    best = subprocess.run([str(kiln), "--version"], capture_output=True, text=True).stdout
+    avx2_best = "the CPU's best: avx2" in best
+    sides = [x for x in SIDES if not (avx2_best and x[0] == "kiln avx2")]
+    bins = {}
+    if getattr(args, "kiln_base", None):
+        base = work / "kiln_base.bin"
+        lc.shutil.copy2(args.kiln_base, base)
+        sides.insert(1, ("kiln base", "kiln_8da4w", {}))
+        bins["kiln base"] = base
     cells = []  # (side, file key, threads)
     for t in threads:
-        cells += [("bandwidth", "-", t)] + [(s, k, t) for s, k, _ in SIDES]
-    envs = {s: e for s, _, e in SIDES}
+        cells += [("bandwidth", "-", t)] + [(s, k, t) for s, k, _ in sides]
+    envs = {s: e for s, _, e in sides}
     results = {c: [] for c in cells}
     errors = {}
     state = {"start": datetime.datetime.now(datetime.timezone.utc).isoformat(), "load0": os.getloadavg(),
@@ -112,7 +125,7 @@ def main(args) -> None:
             if side == "bandwidth":
                 cmd = lc.cell_cmd("bandwidth", "", kiln, t, 0, 0, 0)
             elif side.startswith("kiln"):
-                cmd = lc.cell_cmd("kiln", files[key], kiln, t, args.p, args.n, args.reps)
+                cmd = lc.cell_cmd("kiln", files[key], bins.get(side, kiln), t, args.p, args.n, args.reps)
             else:
                 cmd = lc.cell_cmd("llama.cpp", files[key], kiln, t, args.p, args.n, args.reps)
             proc = lc.run(cmd, env=envs.get(side))
@@ -158,7 +171,8 @@ def main(args) -> None:
     qemb = args.quantize_embedding
     md = ["## 1 B Llama shape against llama.cpp (issue 38)", "",
           f"    nice -n 10 .venv/bin/python bench/llm_compare/llm_compare.py --model llama1b --rounds {args.rounds} "
-          f"--threads {args.threads} -p {args.p} -n {args.n} --quantize-embedding {qemb}", ""]
+          f"--threads {args.threads} -p {args.p} -n {args.n} --quantize-embedding {qemb}"
+          + (f" --kiln-base {args.kiln_base}" if getattr(args, "kiln_base", None) else ""), ""]
     if rounds != args.rounds:
         md += [f"**{rounds} complete round(s)** of the {args.rounds} asked (the run was cut short; the cells of an "
                "incomplete round count too).", ""]
@@ -199,19 +213,29 @@ def main(args) -> None:
               "token_embd is the output matrix). The KV cache reads (≤ 256 positions × 16 layers × 2 × 8 × 64 "
               "values) are left out.")
     md.append("")
-    md.append("| threads | test | kiln | kiln avx2 | llama.cpp Q4_0 | llama.cpp Q4_K_M | kiln/Q4_0 | kiln/Q4_K_M | "
+    if avx2_best:
+        md += ["The CPU's best ISA is AVX2: kiln's column is the AVX2 code (the forced-AVX2 cell is left out).", ""]
+    if bins:
+        bv = subprocess.run([str(bins["kiln base"]), "--version"], capture_output=True, text=True).stdout.strip()
+        md += [f"kiln base: `{args.kiln_base}` (`{bv}`), the same file in the same rounds; kiln/base > 1: the "
+               "current build faster.", ""]
+    has_base = bool(bins)
+    md.append("| threads | test | kiln | " + ("kiln base | kiln/base | " if has_base else "") +
+              "kiln avx2 | llama.cpp Q4_0 | llama.cpp Q4_K_M | kiln/Q4_0 | kiln/Q4_K_M | "
               "roofline kiln | kiln % | Q4_0 % | Q4_K_M % |")
-    md.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    md.append("|---:|---|---:|" + ("---:|---:|" if has_base else "") + "---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in threads:
         for i, test in [(0, f"prefill {args.p}"), (1, f"decode {args.n}")]:
-            v = {s: med((s, k, t), i) for s, k, _ in SIDES}
+            v = {s: med((s, k, t), i) for s, k, _ in sides}
+            v.setdefault("kiln avx2", v["kiln"] if avx2_best else None)
             k, q0, qk = v["kiln"], v["llama.cpp Q4_0"], v["llama.cpp Q4_K_M"]
             roof = ["", "", "", ""]
             if i == 1 and bw.get(t):
                 rk = bw[t] * 1e9 / wb["kiln_8da4w"]
                 pct = lambda x, key: "—" if x is None else f"{100 * x * wb[key] / (bw[t] * 1e9):.0f}%"
                 roof = [f"{rk:.1f}", pct(k, "kiln_8da4w"), pct(q0, "gguf_q4_0"), pct(qk, "gguf_q4_k_m")]
-            md.append(f"| {t} | {test} | {fmt(k)} | {fmt(v['kiln avx2'])} | {fmt(q0)} | {fmt(qk)} | {ratio(k, q0)} | "
+            b = f"{fmt(v['kiln base'])} | {ratio(k, v['kiln base'])} | " if has_base else ""
+            md.append(f"| {t} | {test} | {fmt(k)} | {b}{fmt(v['kiln avx2'])} | {fmt(q0)} | {fmt(qk)} | {ratio(k, q0)} | "
                       f"{ratio(k, qk)} | " + " | ".join(roof) + " |")
     md.append("")
     md.append("Files: " + ", ".join(f"`{k}` {Path(v).name} ({Path(v).stat().st_size / 1e6:.1f} MB)"

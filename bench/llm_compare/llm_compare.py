@@ -167,7 +167,7 @@ def main() -> None:
                     "--dtype bf16` folder (default: exported under --work/e2b_256)")
     ap.add_argument("--e2b-pte", default=None, help="e2b: an existing `kiln lower --recipe llm-int4` file of it")
     ap.add_argument("--gguf-dir", default=None, help="e2b: where the GGUF files are (made when missing)")
-    ap.add_argument("--kiln-base", default=None, help="e2b: a second kiln binary, run on the same file in the same "
+    ap.add_argument("--kiln-base", default=None, help="e2b, llama1b: a second kiln binary, run on the same file in the same "
                     "rounds (a before / after comparison)")
     args = ap.parse_args()
     if args.model == "e2b":
