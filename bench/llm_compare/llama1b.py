@@ -91,17 +91,8 @@ def main(args) -> None:
     files = make_artifacts(work, kiln, args.p + args.n, args.quantize_embedding)
     wb = weight_bytes(files, args.quantize_embedding)
 
-    # Where the CPU's best ISA is AVX2, the forced-AVX2 cell would run the same code: left out (its
-    # column repeats kiln's). --kiln-base: a second kiln binary in the same rounds (before / after).
-    best = subprocess.run([str(kiln), "--version"], capture_output=True, text=True).stdout
-    avx2_best = "the CPU's best: avx2" in best
-    sides = [x for x in SIDES if not (avx2_best and x[0] == "kiln avx2")]
-    bins = {}
-    if getattr(args, "kiln_base", None):
-        base = work / "kiln_base.bin"
-        lc.shutil.copy2(args.kiln_base, base)
-        sides.insert(1, ("kiln base", "kiln_8da4w", {}))
-        bins["kiln base"] = base
+    sides, bins, avx2_best, side_notes = lc.kiln_sides(SIDES, kiln, getattr(args, "kiln_base", None), work,
+                                                       "kiln_8da4w")
     cells = []  # (side, file key, threads)
     for t in threads:
         cells += [("bandwidth", "-", t)] + [(s, k, t) for s, k, _ in sides]
@@ -213,12 +204,7 @@ def main(args) -> None:
               "token_embd is the output matrix). The KV cache reads (≤ 256 positions × 16 layers × 2 × 8 × 64 "
               "values) are left out.")
     md.append("")
-    if avx2_best:
-        md += ["The CPU's best ISA is AVX2: kiln's column is the AVX2 code (the forced-AVX2 cell is left out).", ""]
-    if bins:
-        bv = subprocess.run([str(bins["kiln base"]), "--version"], capture_output=True, text=True).stdout.strip()
-        md += [f"kiln base: `{args.kiln_base}` (`{bv}`), the same file in the same rounds; kiln/base > 1: the "
-               "current build faster.", ""]
+    md += side_notes
     has_base = bool(bins)
     md.append("| threads | test | kiln | " + ("kiln base | kiln/base | " if has_base else "") +
               "kiln avx2 | llama.cpp Q4_0 | llama.cpp Q4_K_M | kiln/Q4_0 | kiln/Q4_K_M | "

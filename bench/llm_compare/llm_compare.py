@@ -125,6 +125,28 @@ def make_artifacts(work: Path, kiln: Path, max_seq: int, dynamic: bool = False, 
     return files
 
 
+def kiln_sides(sides: list, kiln: Path, kiln_base: str | None, work: Path, file_key: str):
+    """The llama1b / e2b sides: (side, file key, env) as given, less the forced-AVX2 cell where the CPU's best ISA
+    is AVX2 (it would run the same code: its column repeats kiln's), plus a 'kiln base' side running the binary
+    --kiln-base names (copied into work) on the same file in the same rounds. Returns (sides, {side: binary},
+    avx2_best, the lines the table is preceded by)."""
+    best = subprocess.run([str(kiln), "--version"], capture_output=True, text=True).stdout
+    avx2_best = "the CPU's best: avx2" in best
+    out = [x for x in sides if not (avx2_best and x[0] == "kiln avx2")]
+    bins, notes = {}, []
+    if avx2_best:
+        notes += ["The CPU's best ISA is AVX2: kiln's column is the AVX2 code (the forced-AVX2 cell is left out).", ""]
+    if kiln_base:
+        base = work / "kiln_base.bin"
+        shutil.copy2(kiln_base, base)
+        out.insert(1, ("kiln base", file_key, {}))
+        bins["kiln base"] = base
+        bv = subprocess.run([str(base), "--version"], capture_output=True, text=True).stdout.strip()
+        notes += [f"kiln base: `{kiln_base}` (`{bv}`), the same file in the same rounds; kiln/base > 1: the "
+                  "current build faster.", ""]
+    return out, bins, avx2_best, notes
+
+
 def cell_cmd(side: str, path: Path, kiln: Path, t: int, p: int, n: int, reps: int):
     if side == "bandwidth":  # the roofline's probe, a cell of its own: the host's bandwidth drifts during a run
         return [Path(kiln).parent / "kiln_bandwidth.bin", "--threads", t, "--reps", 3]
