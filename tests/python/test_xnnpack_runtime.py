@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
 from executorch.exir.schema import DataLocation
 
@@ -71,6 +72,38 @@ def test_few_tokens_match_eager(tiny_gpt2_few_tokens, producer, engine, tmp_path
     ins, refs = reference_io(spec)
     out = kiln_run(pte, ins, tmp_path, "--engine", engine, "--threads", "2")[0]
     assert_close(out, refs[0], f"{producer} tiny GPT-2 seq_len {ins[0].shape[1]}, --engine {engine}")
+
+
+class SoftCapGelu(torch.nn.Module):
+    """Gemma's final logit soft cap, then a per-row scale and a tanh GELU: one chain of elementwise
+    operations over rows far wider than the fused rows' 512-column chunks."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, rows).reshape(rows, 1))
+
+    def forward(self, x):
+        y = torch.tanh(x / 30.0) * 30.0 * self.scale
+        return torch.nn.functional.gelu(y, approximate="tanh") + x
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 40000), (3, 10000)])
+def test_long_elementwise_rows_split_over_threads(rows, cols, tmp_path):
+    """Fewer rows than the pool has tasks, each row tens of thousands wide (a one-token LM head's logits
+    through Gemma's soft cap): the tasks split the rows' column chunks, also across row ends (3 x 10000:
+    7 tasks over 60 chunks, the last chunk of each row part-full). Eager's outputs at 1 and 2 threads, and
+    the same bits at both (every element gets the same operations in the same order)."""
+    from test_xnnpack_lowering import export_module
+    torch.manual_seed(0)
+    spec = export_module(SoftCapGelu(rows), torch.randn(rows, cols) * 40.0, tmp_path / "softcap", "softcap")
+    pte = kiln_lower(spec, "xnnpack")
+    ins, refs = reference_io(spec)
+    # `kiln run` in fresh processes: an output the chain failed to write would hold no earlier call's values
+    two = run_pte_cli(pte, ins, tmp_path, "--threads", "2")[0]
+    one = run_pte_cli(pte, ins, tmp_path, "--threads", "1")[0]
+    assert_close(one, refs[0], f"soft cap + GELU chain {rows}x{cols}, 1 thread")
+    assert_close(two, refs[0], f"soft cap + GELU chain {rows}x{cols}, 2 threads")
+    assert np.array_equal(one, two), f"{rows}x{cols}: 1 and 2 threads differ"
 
 
 def test_per_op_program_matches_eager(tiny_gpt2, tmp_path):

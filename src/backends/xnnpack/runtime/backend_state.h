@@ -355,6 +355,8 @@ void run_transpose(const Exec& ex, const Step& s, const float* in, float* out);
 void run_slice(const Exec& ex, const Step& s, const float* in, float* out);
 void run_unary(const Exec& ex, const Step& s, const float* in, float* out);
 void run_concat(const Step& s, std::span<const float* const> ins, float* out);
+// The columns of a fused chain's row that one of its task units covers (all of them but in an elementwise chain).
+int64_t rows_chunk(const std::vector<RowOp>& ops, int64_t cols);
 void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args);
 bool row_mode(const Value& e, const Value& d, int64_t* period, bool* scalar);
 

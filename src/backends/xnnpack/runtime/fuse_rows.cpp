@@ -370,7 +370,9 @@ Status Builder::find_chains(State& st) {
     step.rows = rows;
     step.cols = cols;
     step.slots = static_cast<int64_t>(slot_scalar.size());
-    step.tasks = st.exec.threads > 1 ? elementwise_pieces(rows, kTasksPerThread * st.exec.threads, rows * cols) : 1;
+    // the tasks split the rows, or an elementwise chain's column chunks of them (rows_chunk)
+    const int64_t chunk = rows_chunk(step.row_ops, cols), units = rows * std::max<int64_t>(1, (cols + chunk - 1) / chunk);
+    step.tasks = st.exec.threads > 1 ? elementwise_pieces(units, kTasksPerThread * st.exec.threads, rows * cols) : 1;
     for (int32_t grp : mem) step.in.push_back(Operand{grp});
     for (size_t k = 0; k < slot_scalar.size(); ++k) {
       step.slot_offset.push_back(step.scratch_per_task);

@@ -537,34 +537,42 @@ static void row_unary(RowOpKind k, const float* in, float* o, int64_t n) {
   }
 }
 
-// Runs a fused chain: rows split into step.tasks blocks; each row goes through
-// every op with its intermediate rows in the task's scratch (L1/L2-resident).
+// Runs a fused chain: its rows (for an elementwise chain, the rows' column chunks: rows_chunk)
+// split into step.tasks blocks; each row goes through every op with its intermediate rows in the
+// task's scratch (L1/L2-resident).
 constexpr int64_t kRowChunk = 512;  // floats: 2 KiB of each slot
+
+// A chain of elementwise operations only (no row reduction, no softmax, no per-row scalar) runs over each
+// row in column chunks, all its operations on one chunk before the next: the chunks of its slots stay in
+// L1 (whole rows of GPT-2's MLP, 12 KiB a slot, did not: its tanh GELU's nine operations ran at a third
+// of the speed). Every element gets the same operations in the same order either way. The chunks are
+// also what the tasks split: one long row (a 262144-wide LM head's logits through Gemma's soft cap)
+// runs on every thread.
+int64_t rows_chunk(const std::vector<RowOp>& ops, int64_t cols) {
+  bool elementwise = cols > kRowChunk;
+  for (const RowOp& op : ops)
+    elementwise = elementwise && !op.out_scalar && op.kind != RowOpKind::Softmax &&
+                  op.kind != RowOpKind::ScaledSoftmax && op.kind != RowOpKind::RowDot;
+  // (a row of no columns still runs once: its per-row scalars are written)
+  return elementwise ? kRowChunk : std::max<int64_t>(cols, 1);
+}
 
 void run_rows(const Exec& ex, Step& s, const std::vector<Group>& groups, std::byte* arena, std::span<EValue*> args) {
   for (size_t m = 0; m < s.in.size(); ++m)  // memory operands and written groups, resolved once per call
     s.slot_ptr[static_cast<size_t>(s.tasks * s.slots) + m] = const_cast<float*>(s.in[m].data(groups, arena, args));
   float* const* base = s.slot_ptr.data() + s.tasks * s.slots;
-  const int64_t per = (s.rows + s.tasks - 1) / s.tasks, C = s.cols;
+  const int64_t C = s.cols;
   const cpu::F32GemvVariant& gemv = cpu::f32_gemv_config();
   const cpu::F32RowsVariant& rows = cpu::f32_rows_config();
   const cpu::F32VUnaryVariant& vu = cpu::f32_vunary_config();
-  // A chain of elementwise operations only (no row reduction, no softmax, no per-row scalar) runs over each
-  // row in column chunks, all its operations on one chunk before the next: the chunks of its slots stay in
-  // L1 (whole rows of GPT-2's MLP, 12 KiB a slot, did not: its tanh GELU's nine operations ran at a third
-  // of the speed). Every element gets the same operations in the same order either way.
-  bool elementwise = C > kRowChunk;
-  for (const RowOp& op : s.row_ops)
-    elementwise = elementwise && !op.out_scalar && op.kind != RowOpKind::Softmax &&
-                  op.kind != RowOpKind::ScaledSoftmax && op.kind != RowOpKind::RowDot;
-  // (a row of no columns still runs once: its per-row scalars are written)
-  const int64_t chunk = elementwise ? kRowChunk : std::max<int64_t>(C, 1);
+  const int64_t chunk = rows_chunk(s.row_ops, C);
   const int64_t chunks = std::max<int64_t>(1, (C + chunk - 1) / chunk);
+  const int64_t units = s.rows * chunks, per = (units + s.tasks - 1) / s.tasks;
   ex.parallel_for(static_cast<size_t>(s.tasks), [&](size_t t) {
     float** sp = s.slot_ptr.data() + static_cast<int64_t>(t) * s.slots;
     float* scratch = s.scratch.data() + static_cast<int64_t>(t) * s.scratch_per_task;
-    const int64_t r1 = std::min(s.rows, (static_cast<int64_t>(t) + 1) * per);
-    for (int64_t rc = static_cast<int64_t>(t) * per * chunks; rc < r1 * chunks; ++rc) {
+    const int64_t u1 = std::min(units, (static_cast<int64_t>(t) + 1) * per);
+    for (int64_t rc = static_cast<int64_t>(t) * per; rc < u1; ++rc) {
       const int64_t r = rc / chunks, c0 = rc % chunks * chunk;  // one chunk of a row: all of it unless `elementwise`
       for (const RowOp& op : s.row_ops) {
         auto fetch = [&](const RowOperand& x) -> const float* {
