@@ -347,7 +347,9 @@ constexpr float kMaskedBelow = -1e30f;
 // ones, are then reproduced).
 LiveSpan live_span(const float* mask, int64_t rows, int64_t n);
 // w_panels: Wᵀ packed as cpu::sgemm_pack_b's panels (a static delegate's many rows), or null
-void run_lm_head(const Exec& ex, const Step& s, const float* w, const float* w_panels, const float* xt, float* out);
+void run_lm_head(const Exec& ex, Step& s, const float* w, const float* w_panels, const float* xt, float* out);
+// floats of the LM head step's scratch for m rows of k (0 below kGemvRows: the one-pass rows need none)
+int64_t lm_head_scratch_floats(int64_t m, int64_t k);
 void run_quantize_rows(const Exec& ex, const Step& s, const float* x, float* out);
 void run_qfully_connected(const Exec& ex, const Step& s, const float* rows, float* y);
 void run_fully_connected(const Exec& ex, const Step& s, const float* x, float* out);

@@ -215,6 +215,8 @@ Status run_plan(State& st, std::span<EValue*> args, ErrorMessage* error) {
           else
             KILN_TRY(table_in_weight_memory(st, step, &w, error));
         }
+        if (static_cast<size_t>(lm_head_scratch_floats(step.m, step.k)) > step.scratch.size())
+          return fail(error, Status::Internal, "LM head: %lld rows, more than its scratch was planned for", static_cast<long long>(step.m));
         run_lm_head(st.exec, step, w, panels, in(1), out);
         break;
       }

@@ -32,6 +32,8 @@ Status Builder::fuse_lm_head(State& st) {
     fused.n = mm.m;   // vocabulary
     fused.k = mm.k;
     if (fused.m > 256 || fused.k > 1024) continue;
+    // x's rows or xt's packed panels at the rows' upper bound (steps.cpp: run_lm_head), planned here
+    fused.scratch.assign(static_cast<size_t>(lm_head_scratch_floats(fused.m, fused.k)), 0.0f);
     mm = std::move(fused);
     st.steps.erase(st.steps.begin() + static_cast<std::ptrdiff_t>(s + 2));
     if (!dynamic_ && mm.m >= kGemvRows && cpu::sgemm_pack_once())
