@@ -133,14 +133,8 @@ static void transpose_tile(const float* tile, int64_t mb, int64_t nb, float* out
   cpu::f32_rows_config().transpose(tile, mb, nb, mb, out, ldo);
 }
 
-// The LM head's buffer for x's rows or xt's packed panels: the step's scratch, sized by fuse_lm_head for
-// the rows' upper bound (lm_head_scratch_floats; the executor checks this call's rows against it), so a
-// run allocates nothing.
-static float* lm_head_scratch(Step& s, int64_t floats) {
-  (void)floats;  // <= s.scratch.size(): executor.cpp
-  return s.scratch.data();
-}
-
+// x's rows or xt's packed panels (run_lm_head) go into the step's scratch, sized by fuse_lm_head for the
+// rows' upper bound (the executor checks this call's rows against it), so a run allocates nothing.
 int64_t lm_head_scratch_floats(int64_t m, int64_t k) {
   return m < kGemvRows ? 0 : std::max(m * k, cpu::sgemm_packed_floats(k, m));
 }
@@ -173,7 +167,7 @@ void run_lm_head(const Exec& ex, Step& s, const float* w, const float* w_panels,
   }
   if (w_panels) {  // Wᵀ packed once (fuse_lm_head, or the first call: lm_head_panels): x · Wᵀ into the logits' rows, tasks of whole panels
     // x [M, K] from xt [K, M], in the step's scratch (M x K floats, small next to the product)
-    float* x = lm_head_scratch(s, M * K);
+    float* x = s.scratch.data();  // M x K floats (lm_head_scratch_floats)
     for (int64_t p = 0; p < K; ++p)
       for (int64_t m = 0; m < M; ++m) x[m * K + p] = xt[p * M + m];
     const int64_t width = cpu::sgemm_panel_width();
@@ -195,7 +189,7 @@ void run_lm_head(const Exec& ex, Step& s, const float* w, const float* w_panels,
     // With W as A and xt as B (below), the last panel of every block ran part empty: 144 columns computed for
     // 128, 12.5% of the head's multiply-adds wasted. Each output is the same sum in the same order either way
     // (K in the same blocks, the same fused multiply-adds), so the logits are the same bits.
-    float* x = lm_head_scratch(s, M * K);
+    float* x = s.scratch.data();  // M x K floats (lm_head_scratch_floats)
     for (int64_t p = 0; p < K; ++p)
       for (int64_t m = 0; m < M; ++m) x[m * K + p] = xt[p * M + m];
     const int64_t width = cpu::sgemm_panel_width(), rows = std::max<int64_t>(width, kBlock / width * width);
@@ -225,7 +219,7 @@ void run_lm_head(const Exec& ex, Step& s, const float* w, const float* w_panels,
   }
   // xt [K, M] packed once per run as the GEMM's B panels (each of W's row blocks reads them in place), in
   // the step's scratch
-  float* xp = lm_head_scratch(s, cpu::sgemm_packed_floats(K, M));
+  float* xp = s.scratch.data();  // sgemm_packed_floats(K, M) floats (lm_head_scratch_floats)
   cpu::sgemm_pack_b(K, M, xt, M, false, xp);
   // W's rows in blocks of whole register tiles (the last tile of a 128-row block of 6-row tiles was a third full)
   const int64_t mr = cpu::f32_gemm_config().mr, rows = std::max<int64_t>(mr, kBlock / mr * mr);
